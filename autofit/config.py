@@ -1,0 +1,133 @@
+"""One training configuration: the canonical keys of DESIGN.md's config table.
+
+A :class:`Config` is what the search space enumerates, what the cost model
+prices, what a probe runs and what ``emit`` turns into a DeepSpeed JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from autofit.errors import AutofitError
+
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+OPTIMIZERS = ("adamw", "adamw8bit", "lion", "adafactor", "sgd")
+ZERO_STAGES = (0, 1, 2, 3)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+ATTENTIONS = ("eager", "sdpa", "flash")
+
+#: bytes of one element of the 16-bit (or 8-bit) working copy for each precision
+WORKING_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A point of the search space. Field names are the public config keys."""
+
+    micro_batch_size: int = 1
+    """Samples per device per forward pass."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step (global batch = micro x accum x data-parallel size)."""
+    checkpoint_ratio: float = 0.0
+    """The first ``round(r x L)`` of the L repeated layers run under activation checkpointing."""
+    precision: str = "fp32"
+    """fp32, or bf16/fp16/fp8 as DeepSpeed means them (16-bit weights and grads, fp32 master)."""
+    optimizer: str = "adamw"
+    """adamw, adamw8bit (bitsandbytes), lion, adafactor or sgd."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage 0-3."""
+    offload_optimizer: str = "none"
+    """Where ZeRO keeps optimizer states: none, cpu or nvme."""
+    offload_params: str = "none"
+    """Where ZeRO-3 keeps parameters: none, cpu or nvme."""
+    attention: str = "sdpa"
+    """Attention kernel: eager, sdpa or flash (only where the workload lets it be chosen)."""
+
+    def __post_init__(self) -> None:
+        _check_int("micro_batch_size", self.micro_batch_size)
+        _check_int("grad_accum_steps", self.grad_accum_steps)
+        if not 0.0 <= float(self.checkpoint_ratio) <= 1.0:
+            raise AutofitError(f"checkpoint_ratio must be within 0.0 ... 1.0, but got {self.checkpoint_ratio!r}")
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("zero_stage", self.zero_stage, ZERO_STAGES)
+        _check_choice("offload_optimizer", self.offload_optimizer, OFFLOAD_DEVICES)
+        _check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
+        _check_choice("attention", self.attention, ATTENTIONS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Config:
+        unknown = set(values) - set(CONFIG_KEYS)
+        if unknown:
+            raise AutofitError(f"unknown config key {sorted(unknown)[0]!r}; known keys: {', '.join(CONFIG_KEYS)}")
+        return cls(**{k: coerce_value(k, v) for k, v in values.items()})
+
+    def with_(self, **changes: Any) -> Config:
+        return replace(self, **changes)
+
+    def checkpointed_layers(self, n_layers: int) -> int:
+        """``round(r x L)``: how many of the first layers run under checkpointing."""
+        return int(round(self.checkpoint_ratio * n_layers))
+
+    def label(self) -> str:
+        """A short human-readable name, stable for one config."""
+        parts = [
+            f"mb{self.micro_batch_size}x{self.grad_accum_steps}",
+            self.precision,
+            self.optimizer,
+            f"z{self.zero_stage}",
+            f"ckpt{self.checkpoint_ratio:g}",
+            self.attention,
+        ]
+        if self.offload_optimizer != "none":
+            parts.append(f"opt>{self.offload_optimizer}")
+        if self.offload_params != "none":
+            parts.append(f"par>{self.offload_params}")
+        return " ".join(parts)
+
+
+CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Config))
+_INT_KEYS = {"micro_batch_size", "grad_accum_steps", "zero_stage"}
+
+
+def coerce_value(key: str, value: Any) -> Any:
+    """Turn a value from YAML or ``--set key=value`` into the key's type, naming both on failure."""
+    if key not in CONFIG_KEYS:
+        raise AutofitError(f"unknown config key {key!r}; known keys: {', '.join(CONFIG_KEYS)}")
+    try:
+        if key in _INT_KEYS:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if key == "checkpoint_ratio":
+            return float(value)
+        return str(value).lower()
+    except (TypeError, ValueError):
+        raise AutofitError(f"{key} must be a number, but got {value!r}") from None
+
+
+def parse_set(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``["zero_stage=2", "precision=bf16"]`` -> ``{"zero_stage": 2, "precision": "bf16"}``."""
+    fixed: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise AutofitError(f"--set takes key=value, but got {pair!r}")
+        fixed[key] = coerce_value(key, value.strip())
+        Config.from_dict({key: fixed[key]})  # validate the value alone, with a clear message
+    return fixed
+
+
+def _check_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise AutofitError(f"{name} must be an integer >= 1, but got {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    if value not in choices:
+        raise AutofitError(f"{name} must be one of {', '.join(map(str, choices))}, but got {value!r}")

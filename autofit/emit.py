@@ -1,0 +1,128 @@
+"""The DeepSpeed JSON of a candidate: every DeepSpeed key is written here, once.
+
+DeepSpeed's JSON cannot say everything a config means: the checkpoint ratio, the
+attention kernel and a bitsandbytes optimizer go in an ``"autofit"`` section that
+DeepSpeed ignores and :func:`autofit.apply.apply_to_model` (or the user, see the
+README) applies. ``train_batch_size``, the micro-batch and the accumulation are
+all written, so DeepSpeed checks the global batch itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofit.config import Config
+
+#: bucket sizes, in elements, that the emitted JSON pins so the cost model can price them
+#: (DeepSpeed's defaults are 5e8 / 5e8 / 5e7 / 1e9 / 1e5, see deepspeed/runtime/zero/config.py)
+REDUCE_BUCKET_ELEMENTS = 50_000_000
+ALLGATHER_BUCKET_ELEMENTS = 50_000_000
+STAGE3_PREFETCH_ELEMENTS = 50_000_000
+STAGE3_MAX_LIVE_ELEMENTS = 1_000_000_000
+STAGE3_PERSISTENCE_THRESHOLD = 100_000
+LEARNING_RATE = 1e-4
+WEIGHT_DECAY = 0.01
+
+#: optimizer key -> DeepSpeed "optimizer.type"; DeepSpeed falls back to ``getattr(torch.optim, type)``
+#: for names outside its own list (deepspeed/runtime/engine.py, _configure_basic_optimizer)
+DEEPSPEED_OPTIMIZER_TYPE = {"adamw": "AdamW", "lion": "Lion", "adafactor": "Adafactor", "sgd": "SGD"}
+#: optimizers DeepSpeed's JSON cannot name: the training script passes them as a client optimizer
+CLIENT_OPTIMIZERS = ("adamw8bit",)
+
+
+def deepspeed_config(config: Config, world_size: int = 1) -> dict[str, Any]:
+    """The exact DeepSpeed config ``config`` runs with on ``world_size`` data-parallel ranks."""
+    ds: dict[str, Any] = {
+        "train_batch_size": config.micro_batch_size * config.grad_accum_steps * world_size,
+        "train_micro_batch_size_per_gpu": config.micro_batch_size,
+        "gradient_accumulation_steps": config.grad_accum_steps,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 1_000_000,
+        "wall_clock_breakdown": False,
+        "zero_optimization": _zero_section(config),
+    }
+    if config.precision in ("bf16", "fp8"):
+        ds["bf16"] = {"enabled": True}
+    elif config.precision == "fp16":
+        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    if config.optimizer in DEEPSPEED_OPTIMIZER_TYPE:
+        ds["optimizer"] = {"type": DEEPSPEED_OPTIMIZER_TYPE[config.optimizer], "params": optimizer_params(config)}
+    if config.zero_stage > 0 or config.optimizer not in ("adamw", "lion"):
+        ds["zero_allow_untested_optimizer"] = True
+    ds["autofit"] = autofit_section(config)
+    return ds
+
+
+def optimizer_params(config: Config) -> dict[str, Any]:
+    """Hyper-parameters written into the JSON (memory and speed do not depend on their values)."""
+    if config.optimizer == "sgd":
+        return {"lr": LEARNING_RATE, "momentum": 0.9, "weight_decay": WEIGHT_DECAY}
+    if config.optimizer == "adafactor":
+        return {"lr": 1e-2, "weight_decay": WEIGHT_DECAY}
+    if config.optimizer == "lion":
+        return {"lr": LEARNING_RATE, "weight_decay": WEIGHT_DECAY}
+    return {"lr": LEARNING_RATE, "weight_decay": WEIGHT_DECAY}
+
+
+def autofit_section(config: Config) -> dict[str, Any]:
+    """What DeepSpeed's JSON cannot express; DeepSpeed ignores unknown top-level keys."""
+    section: dict[str, Any] = {
+        "config": config.to_dict(),
+        "checkpoint_ratio": config.checkpoint_ratio,
+        "attention": config.attention,
+    }
+    if config.optimizer in CLIENT_OPTIMIZERS:
+        section["client_optimizer"] = {
+            "class": "bitsandbytes.optim.AdamW8bit",
+            "params": {"lr": LEARNING_RATE, "weight_decay": WEIGHT_DECAY},
+        }
+    if config.precision == "fp8":
+        section["fp8"] = "matmuls in fp8 (Transformer Engine / torchao); DeepSpeed runs bf16 around them"
+    return section
+
+
+def _zero_section(config: Config) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": config.zero_stage}
+    if config.zero_stage == 0:
+        return zero
+    zero |= {
+        "reduce_bucket_size": REDUCE_BUCKET_ELEMENTS,
+        "allgather_bucket_size": ALLGATHER_BUCKET_ELEMENTS,
+        "overlap_comm": False,
+        "contiguous_gradients": True,
+        "reduce_scatter": True,
+    }
+    if config.zero_stage == 3:
+        zero |= {
+            "stage3_prefetch_bucket_size": STAGE3_PREFETCH_ELEMENTS,
+            "stage3_max_live_parameters": STAGE3_MAX_LIVE_ELEMENTS,
+            "stage3_param_persistence_threshold": STAGE3_PERSISTENCE_THRESHOLD,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        }
+    if config.offload_optimizer != "none":
+        zero["offload_optimizer"] = _offload(config.offload_optimizer)
+    if config.offload_params != "none":
+        zero["offload_param"] = _offload(config.offload_params)
+    return zero
+
+
+def _offload(device: str) -> dict[str, Any]:
+    section: dict[str, Any] = {"device": device, "pin_memory": False}
+    if device == "nvme":
+        section["nvme_path"] = "/local_nvme"
+    return section
+
+
+def check_with_deepspeed(ds: dict[str, Any]) -> None:
+    """Let DeepSpeed's own ``DeepSpeedConfig`` parse ``ds``; raises its error if it refuses.
+
+    Outside a distributed run DeepSpeedConfig assumes one rank, so a multi-rank
+    config is checked with ``train_batch_size`` left for DeepSpeed to derive.
+    """
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    checked = dict(ds)
+    per_rank = ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
+    if ds["train_batch_size"] != per_rank:
+        checked.pop("train_batch_size")
+    DeepSpeedConfig(checked)

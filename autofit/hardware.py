@@ -1,0 +1,214 @@
+"""Devices: presets, detection and a stable fingerprint.
+
+Figures are vendor datasheet numbers for dense math (no sparsity):
+NVIDIA H100 SXM5 / H200 / A100 / L4 / RTX 4090 datasheets and the Ada and
+Hopper architecture whitepapers. Memory is what ``nvidia-smi`` reports as total
+(MiB). A CPU preset makes no assumption about bf16 speed: it claims the same
+nominal FLOP/s for every dtype, and probes calibrate the truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from autofit.errors import AutofitError
+
+GB = 10**9
+MIB = 2**20
+TFLOPS = 10**12
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device of a training job, and how it is connected."""
+
+    name: str
+    """Preset name (``h100-80gb``) or ``cpu``/detected name."""
+    kind: str
+    """``cuda`` or ``cpu``: decides how memory is measured and what a probe launches."""
+    memory_bytes: int
+    """Memory one training process may use on the device."""
+    peak_flops: dict[str, float] = field(default_factory=dict)
+    """Dense peak FLOP/s per compute dtype (fp32, bf16, fp16, fp8); a missing dtype is unsupported."""
+    memory_bandwidth_bytes_per_s: float = 0.0
+    """Device memory bandwidth."""
+    intra_node_bytes_per_s: float = 0.0
+    """Per-device bus bandwidth between devices of a node (NVLink; PCIe where there is none)."""
+    inter_node_bytes_per_s: float = 0.0
+    """Per-device network bandwidth between nodes."""
+    pcie_bytes_per_s: float = 0.0
+    """Host <-> device bandwidth, one direction (what CPU offload moves over)."""
+    nvme_bytes_per_s: float = 0.0
+    """NVMe read/write bandwidth (what NVMe offload moves over)."""
+    context_bytes: int = 0
+    """Memory the runtime takes before any tensor (the CUDA context); 0 on the CPU."""
+    supports_flash: bool = False
+    """Whether flash attention kernels run here (CUDA, sm80 and newer)."""
+    host_memory_bytes: int = 0
+    """Host RAM available to offload to (per node)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("cuda", "cpu"):
+            raise AutofitError(f"hardware kind must be cuda or cpu, but got {self.kind!r}")
+        if self.memory_bytes <= 0:
+            raise AutofitError(f"hardware memory must be positive, but got {self.memory_bytes!r}")
+
+    def supports_precision(self, precision: str) -> bool:
+        return precision in self.peak_flops
+
+    def with_memory(self, memory_bytes: int) -> Hardware:
+        return replace(self, memory_bytes=memory_bytes)
+
+    def fingerprint(self) -> str:
+        """A stable short hash of everything that changes a prediction."""
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"fingerprint": self.fingerprint()}
+
+
+def _hopper(name: str, memory_mib: int, bandwidth: float) -> Hardware:
+    return Hardware(
+        name=name,
+        kind="cuda",
+        memory_bytes=memory_mib * MIB,
+        peak_flops={"fp32": 67 * TFLOPS, "bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS, "fp8": 1979 * TFLOPS},
+        memory_bandwidth_bytes_per_s=bandwidth,
+        intra_node_bytes_per_s=450 * GB,  # NVLink 4: 900 GB/s bidirectional
+        inter_node_bytes_per_s=50 * GB,  # 400 Gb/s InfiniBand NDR per GPU
+        pcie_bytes_per_s=64 * GB,  # PCIe Gen5 x16, one direction
+        nvme_bytes_per_s=6 * GB,
+        context_bytes=530 * MIB,
+        supports_flash=True,
+        host_memory_bytes=2048 * GB,
+    )
+
+
+def _ampere(name: str, memory_mib: int, bandwidth: float) -> Hardware:
+    return Hardware(
+        name=name,
+        kind="cuda",
+        memory_bytes=memory_mib * MIB,
+        peak_flops={"fp32": 19.5 * TFLOPS, "bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS},
+        memory_bandwidth_bytes_per_s=bandwidth,
+        intra_node_bytes_per_s=300 * GB,  # NVLink 3: 600 GB/s bidirectional
+        inter_node_bytes_per_s=25 * GB,  # 200 Gb/s HDR per GPU
+        pcie_bytes_per_s=32 * GB,  # PCIe Gen4 x16
+        nvme_bytes_per_s=5 * GB,
+        context_bytes=480 * MIB,
+        supports_flash=True,
+        host_memory_bytes=1024 * GB,
+    )
+
+
+PRESETS: dict[str, Hardware] = {
+    "h100-80gb": _hopper("h100-80gb", 81559, 3.35e12),
+    "h200": _hopper("h200", 143771, 4.8e12),
+    "a100-40gb": _ampere("a100-40gb", 40960, 1.555e12),
+    "a100-80gb": _ampere("a100-80gb", 81920, 2.039e12),
+    "l4": Hardware(
+        name="l4",
+        kind="cuda",
+        memory_bytes=23034 * MIB,
+        peak_flops={"fp32": 30.3 * TFLOPS, "bf16": 121 * TFLOPS, "fp16": 121 * TFLOPS, "fp8": 242.5 * TFLOPS},
+        memory_bandwidth_bytes_per_s=300 * GB,
+        intra_node_bytes_per_s=32 * GB,  # no NVLink: PCIe Gen4
+        inter_node_bytes_per_s=12.5 * GB,
+        pcie_bytes_per_s=32 * GB,
+        nvme_bytes_per_s=3 * GB,
+        context_bytes=400 * MIB,
+        supports_flash=True,
+        host_memory_bytes=256 * GB,
+    ),
+    "rtx4090": Hardware(
+        name="rtx4090",
+        kind="cuda",
+        memory_bytes=24564 * MIB,
+        # fp16/bf16 tensor math with fp32 accumulate; fp8 likewise (Ada whitepaper, dense)
+        peak_flops={"fp32": 82.6 * TFLOPS, "bf16": 165.2 * TFLOPS, "fp16": 165.2 * TFLOPS, "fp8": 330.3 * TFLOPS},
+        memory_bandwidth_bytes_per_s=1008 * GB,
+        intra_node_bytes_per_s=32 * GB,
+        inter_node_bytes_per_s=12.5 * GB,
+        pcie_bytes_per_s=32 * GB,
+        nvme_bytes_per_s=7 * GB,
+        context_bytes=400 * MIB,
+        supports_flash=True,
+        host_memory_bytes=128 * GB,
+    ),
+}
+HARDWARE_NAMES = (*PRESETS, "cpu", "auto")
+
+
+def get_hardware(name: str, memory_bytes: int | None = None) -> Hardware:
+    """A preset, ``cpu`` (this machine's CPU) or ``auto`` (CUDA device 0 if any, else the CPU)."""
+    key = name.lower()
+    if key in PRESETS:
+        hardware = PRESETS[key]
+    elif key == "cpu":
+        hardware = detect_cpu()
+    elif key == "auto":
+        hardware = detect_cuda() or detect_cpu()
+    else:
+        raise AutofitError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE_NAMES)}")
+    return hardware.with_memory(memory_bytes) if memory_bytes is not None else hardware
+
+
+def detect_cpu() -> Hardware:
+    """This machine's CPU as the device: its RAM is the memory, its cores the compute.
+
+    The nominal FLOP/s (cores x 2.5 GHz x 32 fp32 FLOP/cycle, AVX2 FMA) is only a
+    starting point: probes calibrate an efficiency per dtype, which is how a CPU
+    without native bf16 is learned rather than assumed.
+    """
+    total = _meminfo_bytes("MemTotal") or 8 * GB
+    n_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    nominal = n_cores * 2.5e9 * 32
+    return Hardware(
+        name="cpu",
+        kind="cpu",
+        memory_bytes=total,
+        peak_flops={"fp32": nominal, "bf16": nominal, "fp16": nominal},
+        memory_bandwidth_bytes_per_s=20 * GB,
+        intra_node_bytes_per_s=5 * GB,  # gloo over loopback shared memory
+        inter_node_bytes_per_s=1.25 * GB,
+        pcie_bytes_per_s=20 * GB,  # "offload" to the same RAM: a memory copy
+        nvme_bytes_per_s=2 * GB,
+        context_bytes=0,
+        supports_flash=False,
+        host_memory_bytes=total,
+    )
+
+
+def detect_cuda() -> Hardware | None:
+    """CUDA device 0 matched to the closest preset by name and memory; None without CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    device_name = props.name.lower()
+    for key, preset in PRESETS.items():
+        family = key.split("-")[0]
+        if family in device_name.replace(" ", "") and abs(preset.memory_bytes - props.total_memory) < 0.1 * preset.memory_bytes:
+            return replace(preset, name=f"{key} ({props.name})", memory_bytes=props.total_memory)
+    major = props.major
+    base = PRESETS["h100-80gb"] if major >= 9 else PRESETS["a100-80gb"]
+    return replace(base, name=props.name, memory_bytes=props.total_memory, supports_flash=major >= 8)
+
+
+def _meminfo_bytes(key: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
