@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.config import Config
+from autofit.errors import AutofitError
 
 #: bucket sizes, in elements, that the emitted JSON pins so the cost model can price them
 #: (DeepSpeed's defaults are 5e8 / 5e8 / 5e7 / 1e9 / 1e5, see deepspeed/runtime/zero/config.py)
@@ -28,10 +29,16 @@ WEIGHT_DECAY = 0.01
 DEEPSPEED_OPTIMIZER_TYPE = {"adamw": "AdamW", "lion": "Lion", "adafactor": "Adafactor", "sgd": "SGD"}
 #: optimizers DeepSpeed's JSON cannot name: the training script passes them as a client optimizer
 CLIENT_OPTIMIZERS = ("adamw8bit",)
+#: client optimizer classes, by import path: what ``autofit.apply.build_client_optimizer`` builds
+CLIENT_OPTIMIZER_CLASS = {"adamw8bit": "bitsandbytes.optim.AdamW8bit", "lion": "autofit.optim.make_lion"}
 
 
-def deepspeed_config(config: Config, world_size: int = 1) -> dict[str, Any]:
-    """The exact DeepSpeed config ``config`` runs with on ``world_size`` data-parallel ranks."""
+def deepspeed_config(config: Config, world_size: int = 1, device_kind: str = "cuda") -> dict[str, Any]:
+    """The exact DeepSpeed config ``config`` runs with on ``world_size`` data-parallel ranks.
+
+    ``device_kind`` is ``cuda`` or ``cpu``: on the CPU DeepSpeed has no Lion kernel
+    (FusedLion is CUDA-only) unless the optimizer is offloaded, so Lion goes as a client optimizer.
+    """
     ds: dict[str, Any] = {
         "train_batch_size": config.micro_batch_size * config.grad_accum_steps * world_size,
         "train_micro_batch_size_per_gpu": config.micro_batch_size,
@@ -45,12 +52,20 @@ def deepspeed_config(config: Config, world_size: int = 1) -> dict[str, Any]:
         ds["bf16"] = {"enabled": True}
     elif config.precision == "fp16":
         ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
-    if config.optimizer in DEEPSPEED_OPTIMIZER_TYPE:
+    client = uses_client_optimizer(config, device_kind)
+    if not client:
         ds["optimizer"] = {"type": DEEPSPEED_OPTIMIZER_TYPE[config.optimizer], "params": optimizer_params(config)}
-    if config.zero_stage > 0 or config.optimizer not in ("adamw", "lion"):
+    if config.zero_stage > 0 or client or config.optimizer not in ("adamw", "lion"):
         ds["zero_allow_untested_optimizer"] = True
-    ds["autofit"] = autofit_section(config)
+    ds["autofit"] = autofit_section(config, client)
     return ds
+
+
+def uses_client_optimizer(config: Config, device_kind: str) -> bool:
+    """Whether the training script must build the optimizer itself (DeepSpeed's JSON cannot name it here)."""
+    if config.optimizer in CLIENT_OPTIMIZERS:
+        return True
+    return config.optimizer == "lion" and device_kind == "cpu" and config.offload_optimizer == "none"
 
 
 def optimizer_params(config: Config) -> dict[str, Any]:
@@ -64,17 +79,17 @@ def optimizer_params(config: Config) -> dict[str, Any]:
     return {"lr": LEARNING_RATE, "weight_decay": WEIGHT_DECAY}
 
 
-def autofit_section(config: Config) -> dict[str, Any]:
+def autofit_section(config: Config, client: bool) -> dict[str, Any]:
     """What DeepSpeed's JSON cannot express; DeepSpeed ignores unknown top-level keys."""
     section: dict[str, Any] = {
         "config": config.to_dict(),
         "checkpoint_ratio": config.checkpoint_ratio,
         "attention": config.attention,
     }
-    if config.optimizer in CLIENT_OPTIMIZERS:
+    if client:
         section["client_optimizer"] = {
-            "class": "bitsandbytes.optim.AdamW8bit",
-            "params": {"lr": LEARNING_RATE, "weight_decay": WEIGHT_DECAY},
+            "class": CLIENT_OPTIMIZER_CLASS[config.optimizer],
+            "params": optimizer_params(config),
         }
     if config.precision == "fp8":
         section["fp8"] = "matmuls in fp8 (Transformer Engine / torchao); DeepSpeed runs bf16 around them"
@@ -124,5 +139,11 @@ def check_with_deepspeed(ds: dict[str, Any]) -> None:
     checked = dict(ds)
     per_rank = ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
     if ds["train_batch_size"] != per_rank:
+        # DeepSpeed would check train = micro x accum x world; with world unknown here, check divisibility
+        if ds["train_batch_size"] % per_rank:
+            raise AutofitError(
+                f"train_batch_size {ds['train_batch_size']} is not micro-batch x accumulation {per_rank} "
+                "x a whole number of ranks"
+            )
         checked.pop("train_batch_size")
     DeepSpeedConfig(checked)
