@@ -1,0 +1,180 @@
+"""Config: validation of each key, ``--set`` parsing and value coercion."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.config import (
+    ATTENTIONS,
+    CONFIG_KEYS,
+    OFFLOAD_DEVICES,
+    OPTIMIZERS,
+    PRECISIONS,
+    ZERO_STAGES,
+    Config,
+    coerce_value,
+    parse_set,
+)
+from autofit.errors import AutofitError
+
+
+def test_config_keys_are_the_design_table():
+    assert CONFIG_KEYS == (
+        "micro_batch_size",
+        "grad_accum_steps",
+        "checkpoint_ratio",
+        "precision",
+        "optimizer",
+        "zero_stage",
+        "offload_optimizer",
+        "offload_params",
+        "attention",
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "choices"),
+    [
+        ("precision", PRECISIONS),
+        ("optimizer", OPTIMIZERS),
+        ("zero_stage", ZERO_STAGES),
+        ("offload_optimizer", OFFLOAD_DEVICES),
+        ("offload_params", OFFLOAD_DEVICES),
+        ("attention", ATTENTIONS),
+    ],
+)
+def test_every_listed_choice_is_valid(key, choices):
+    for value in choices:
+        assert getattr(Config(**{key: value}), key) == value
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("micro_batch_size", 0),
+        ("micro_batch_size", -2),
+        ("micro_batch_size", 1.5),
+        ("micro_batch_size", True),
+        ("grad_accum_steps", 0),
+        ("grad_accum_steps", "4"),
+        ("checkpoint_ratio", -0.1),
+        ("checkpoint_ratio", 1.01),
+        ("checkpoint_ratio", "0.5"),
+        ("checkpoint_ratio", True),
+        ("checkpoint_ratio", None),
+        ("precision", "fp64"),
+        ("precision", "BF16"),
+        ("optimizer", "adam"),
+        ("zero_stage", 4),
+        ("zero_stage", "2"),
+        ("offload_optimizer", "disk"),
+        ("offload_params", None),
+        ("attention", "xformers"),
+    ],
+)
+def test_an_invalid_field_names_the_field_and_the_value(key, value):
+    with pytest.raises(AutofitError) as info:
+        Config(**{key: value})
+    assert key in str(info.value)
+    assert repr(value) in str(info.value)
+
+
+def test_config_is_frozen_hashable_and_round_trips():
+    config = Config(micro_batch_size=4, grad_accum_steps=2, precision="bf16", zero_stage=3, offload_params="cpu")
+    assert Config.from_dict(config.to_dict()) == config
+    assert len({config, Config.from_dict(config.to_dict())}) == 1
+    with pytest.raises(AttributeError):
+        config.micro_batch_size = 8  # type: ignore[misc]
+    assert config.with_(zero_stage=2).zero_stage == 2
+    with pytest.raises(AutofitError, match="zero_stage"):
+        config.with_(zero_stage=7)
+
+
+@pytest.mark.parametrize(("ratio", "n_layers"), [(0.0, 12), (0.25, 12), (0.5, 7), (1.0, 12), (0.75, 1)])
+def test_checkpointed_layers_is_round_r_times_l(ratio, n_layers):
+    assert Config(checkpoint_ratio=ratio).checkpointed_layers(n_layers) == round(ratio * n_layers)
+
+
+def test_label_names_what_differs():
+    base = Config()
+    assert base.label() != base.with_(offload_optimizer="cpu", zero_stage=1).label()
+    assert "opt>cpu" in base.with_(offload_optimizer="cpu", zero_stage=1).label()
+
+
+def test_from_dict_refuses_unknown_keys():
+    with pytest.raises(AutofitError, match="learning_rate"):
+        Config.from_dict({"learning_rate": 1e-3})
+
+
+@pytest.mark.parametrize(
+    ("key", "raw", "expected"),
+    [
+        ("micro_batch_size", "8", 8),
+        ("micro_batch_size", 8.0, 8),
+        ("zero_stage", "3", 3),
+        ("grad_accum_steps", 4, 4),
+        ("checkpoint_ratio", "0.5", 0.5),
+        ("checkpoint_ratio", 1, 1.0),
+        ("precision", "BF16", "bf16"),
+        ("attention", "Flash", "flash"),
+    ],
+)
+def test_coerce_value(key, raw, expected):
+    value = coerce_value(key, raw)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("key", "raw"),
+    [
+        ("micro_batch_size", "eight"),
+        ("micro_batch_size", "2.5"),
+        ("micro_batch_size", 2.5),
+        ("micro_batch_size", True),
+        ("zero_stage", None),
+        ("checkpoint_ratio", "half"),
+        ("checkpoint_ratio", False),
+        ("no_such_key", 1),
+    ],
+)
+def test_coerce_value_names_the_key_and_the_value(key, raw):
+    with pytest.raises(AutofitError) as info:
+        coerce_value(key, raw)
+    assert key in str(info.value)
+    if key != "no_such_key":
+        assert repr(raw) in str(info.value)
+
+
+def test_parse_set_coerces_each_pair():
+    assert parse_set(["zero_stage=2", "precision=BF16", " checkpoint_ratio = 0.25 ", "micro_batch_size=4"]) == {
+        "zero_stage": 2,
+        "precision": "bf16",
+        "checkpoint_ratio": 0.25,
+        "micro_batch_size": 4,
+    }
+    assert parse_set([]) == {}
+    assert parse_set(["zero_stage=1", "zero_stage=3"]) == {"zero_stage": 3}
+
+
+@pytest.mark.parametrize(
+    ("pair", "words"),
+    [
+        ("zero_stage", ["zero_stage"]),
+        ("=2", ["=2"]),
+        ("zero_stage=9", ["zero_stage", "9"]),
+        ("precision=fp64", ["precision", "fp64"]),
+        ("micro_batch_size=0", ["micro_batch_size", "0"]),
+        ("micro_batch_size=big", ["micro_batch_size", "big"]),
+        ("checkpoint_ratio=2", ["checkpoint_ratio", "2"]),
+        ("learning_rate=1e-3", ["learning_rate"]),
+        ("attention=", ["attention"]),
+    ],
+)
+def test_parse_set_errors_name_the_key_and_the_value(pair, words):
+    with pytest.raises(AutofitError) as info:
+        parse_set([pair])
+    message = str(info.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message

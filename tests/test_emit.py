@@ -1,0 +1,79 @@
+"""The DeepSpeed JSON: every optimizer x ZeRO stage x precision is accepted by DeepSpeed itself."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+# DeepSpeedConfig asks the accelerator for its dtypes; pin the CPU one before deepspeed is imported
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import pytest  # noqa: E402
+
+from autofit.config import OFFLOAD_DEVICES, OPTIMIZERS, PRECISIONS, ZERO_STAGES, Config  # noqa: E402
+from autofit.emit import CLIENT_OPTIMIZERS, DEEPSPEED_OPTIMIZER_TYPE, check_with_deepspeed, deepspeed_config  # noqa: E402
+
+pytest.importorskip("deepspeed")
+
+GRID = list(itertools.product(OPTIMIZERS, ZERO_STAGES, PRECISIONS))
+
+
+@pytest.mark.parametrize(("optimizer", "stage", "precision"), GRID)
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_deepspeed_accepts_every_optimizer_stage_and_precision(optimizer, stage, precision, world_size):
+    config = Config(micro_batch_size=2, grad_accum_steps=3, optimizer=optimizer, zero_stage=stage, precision=precision)
+    ds = deepspeed_config(config, world_size=world_size)
+    check_with_deepspeed(ds)
+    assert json.loads(json.dumps(ds)) == ds  # plain JSON, nothing only Python can hold
+    assert ds["train_batch_size"] == config.micro_batch_size * config.grad_accum_steps * world_size
+    assert ds["train_micro_batch_size_per_gpu"] == config.micro_batch_size
+    assert ds["gradient_accumulation_steps"] == config.grad_accum_steps
+    assert ds["zero_optimization"]["stage"] == stage
+    assert ds.get("bf16", {}).get("enabled", False) == (precision in ("bf16", "fp8"))
+    assert ds.get("fp16", {}).get("enabled", False) == (precision == "fp16")
+    if optimizer in CLIENT_OPTIMIZERS:
+        assert "optimizer" not in ds
+        assert "client_optimizer" in ds["autofit"]
+    else:
+        assert ds["optimizer"]["type"] == DEEPSPEED_OPTIMIZER_TYPE[optimizer]
+    assert Config.from_dict(ds["autofit"]["config"]) == config
+
+
+@pytest.mark.parametrize(
+    ("stage", "offload_optimizer", "offload_params"),
+    [
+        (s, o, p)
+        for s, o, p in itertools.product(ZERO_STAGES, OFFLOAD_DEVICES, OFFLOAD_DEVICES)
+        if (p == "none" or s == 3) and (o == "none" or s >= 1) and (o != "nvme" or s == 3)
+    ],
+)
+@pytest.mark.parametrize("optimizer", ["adamw", "lion"])
+def test_deepspeed_accepts_the_offloads_the_space_allows(stage, offload_optimizer, offload_params, optimizer):
+    config = Config(
+        zero_stage=stage,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+        optimizer=optimizer,
+        precision="bf16",
+    )
+    ds = deepspeed_config(config)
+    check_with_deepspeed(ds)
+    zero = ds["zero_optimization"]
+    assert zero.get("offload_optimizer", {}).get("device", "none") == offload_optimizer
+    assert zero.get("offload_param", {}).get("device", "none") == offload_params
+
+
+def test_check_with_deepspeed_refuses_an_inconsistent_batch():
+    ds = deepspeed_config(Config(micro_batch_size=2, grad_accum_steps=3))
+    ds["train_batch_size"] = 7
+    with pytest.raises(Exception, match="train_batch_size"):
+        check_with_deepspeed(ds)
+
+
+def test_autofit_section_carries_what_deepspeed_cannot_say():
+    config = Config(checkpoint_ratio=0.5, attention="flash", precision="fp8")
+    section = deepspeed_config(config)["autofit"]
+    assert section["checkpoint_ratio"] == 0.5
+    assert section["attention"] == "flash"
+    assert "fp8" in section

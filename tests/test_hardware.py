@@ -1,0 +1,103 @@
+"""Hardware presets, detection and the fingerprint."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.errors import AutofitError
+from autofit.hardware import HARDWARE_NAMES, PRESETS, Hardware, detect_cpu, get_hardware
+
+PRESET_NAMES = ["h100-80gb", "h200", "a100-40gb", "a100-80gb", "l4", "rtx4090"]
+
+
+def test_the_documented_names_exist():
+    assert set(PRESET_NAMES) <= set(PRESETS)
+    assert {*PRESET_NAMES, "cpu", "auto"} <= set(HARDWARE_NAMES)
+
+
+@pytest.mark.parametrize("name", [*PRESET_NAMES, "cpu", "auto"])
+def test_every_name_resolves_to_valid_hardware(name):
+    hardware = get_hardware(name)
+    assert isinstance(hardware, Hardware)
+    assert hardware.memory_bytes > 0
+    assert hardware.supports_precision("fp32")
+    assert all(value > 0 for value in hardware.peak_flops.values())
+    assert hardware.to_dict()["fingerprint"] == hardware.fingerprint()
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_presets_are_cuda_with_flash_and_bf16(name):
+    hardware = PRESETS[name]
+    assert hardware.name == name
+    assert hardware.kind == "cuda"
+    assert hardware.supports_flash
+    assert hardware.supports_precision("bf16")
+    assert hardware.context_bytes > 0
+    # bf16 tensor cores outrun fp32 on every one of them
+    assert hardware.peak_flops["bf16"] > hardware.peak_flops["fp32"]
+
+
+@pytest.mark.parametrize(("name", "fp8"), [("h100-80gb", True), ("h200", True), ("a100-40gb", False), ("l4", True)])
+def test_fp8_only_where_the_hardware_has_it(name, fp8):
+    assert PRESETS[name].supports_precision("fp8") == fp8
+
+
+def test_memory_sizes_are_ordered_as_the_cards():
+    mem = {name: PRESETS[name].memory_bytes for name in PRESET_NAMES}
+    assert mem["a100-40gb"] < mem["a100-80gb"]
+    assert mem["h100-80gb"] < mem["h200"]
+    assert mem["l4"] < mem["rtx4090"] < mem["a100-40gb"]
+
+
+def test_cpu_is_the_process():
+    cpu = detect_cpu()
+    assert cpu.kind == "cpu"
+    assert not cpu.supports_flash
+    assert not cpu.supports_precision("fp8")
+    assert cpu.context_bytes == 0
+
+
+def test_names_are_case_insensitive():
+    assert get_hardware("H100-80GB") == PRESETS["h100-80gb"]
+
+
+@pytest.mark.parametrize("name", ["h100", "v100", "", "gpu"])
+def test_unknown_hardware_names_it_and_lists_the_known(name):
+    with pytest.raises(AutofitError) as info:
+        get_hardware(name)
+    assert repr(name) in str(info.value)
+    assert "h100-80gb" in str(info.value)
+
+
+def test_fingerprint_is_stable_and_short():
+    a, b = get_hardware("a100-40gb"), get_hardware("a100-40gb")
+    assert a.fingerprint() == b.fingerprint()
+    assert len(a.fingerprint()) == 16
+    assert a.fingerprint() != get_hardware("a100-80gb").fingerprint()
+
+
+def test_fingerprint_changes_with_memory():
+    h100 = PRESETS["h100-80gb"]
+    smaller = h100.with_memory(h100.memory_bytes - 2**30)
+    assert smaller.fingerprint() != h100.fingerprint()
+    assert smaller.with_memory(h100.memory_bytes).fingerprint() == h100.fingerprint()
+
+
+def test_with_memory_changes_only_memory():
+    h100 = PRESETS["h100-80gb"]
+    smaller = h100.with_memory(2 * 2**30)
+    assert smaller.memory_bytes == 2 * 2**30
+    assert smaller.peak_flops == h100.peak_flops and smaller.name == h100.name
+    assert h100.memory_bytes != smaller.memory_bytes  # the preset itself is untouched
+    assert get_hardware("h100-80gb", memory_bytes=2 * 2**30) == smaller
+
+
+@pytest.mark.parametrize("memory_bytes", [0, -1])
+def test_with_memory_refuses_no_memory(memory_bytes):
+    with pytest.raises(AutofitError, match=repr(memory_bytes)):
+        PRESETS["l4"].with_memory(memory_bytes)
+
+
+def test_hardware_validates_its_kind():
+    with pytest.raises(AutofitError, match="tpu"):
+        Hardware(name="x", kind="tpu", memory_bytes=1)
