@@ -1,0 +1,99 @@
+"""Apply what DeepSpeed's JSON cannot say: the checkpoint ratio and a client optimizer.
+
+``emit.deepspeed_config`` writes these into the JSON's ``"autofit"`` section; a
+training script (and the probe) calls :func:`apply_to_model` before
+``deepspeed.initialize``::
+
+    ds = json.load(open("ds_config.json"))
+    model = workload.build_model(attention=ds["autofit"]["attention"])
+    apply_to_model(model, ds, workload.repeated_layers(model))
+    optimizer = client_optimizer(model.parameters(), ds)   # None when DeepSpeed builds it
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      optimizer=optimizer, config=ds)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from autofit.errors import AutofitError
+
+#: attribute set on a layer whose forward runs under checkpointing (so wrapping is idempotent)
+CHECKPOINTED_ATTR = "_autofit_checkpointed"
+
+
+def n_checkpointed(n_layers: int, ratio: float) -> int:
+    """``round(r x L)``, the number of leading layers that run under checkpointing."""
+    if not 0.0 <= float(ratio) <= 1.0:
+        raise AutofitError(f"checkpoint_ratio must be within 0.0 ... 1.0, but got {ratio!r}")
+    return int(round(float(ratio) * n_layers))
+
+
+def apply_checkpointing(model: Any, layers: Sequence[Any], ratio: float) -> int:
+    """Run the forward of the first ``round(ratio x len(layers))`` layers under
+    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
+
+    The layers are patched in place (their ``forward`` is wrapped; parameters,
+    state-dict keys and outputs are unchanged), so DeepSpeed and optimizers see
+    the same module tree. Wrapping an already wrapped layer is a no-op.
+    ``model`` is accepted for symmetry with other transforms and is not touched
+    beyond ``layers``. Returns how many layers are wrapped.
+    """
+    del model  # the layers are the model's own modules; nothing else changes
+    n_wrap = n_checkpointed(len(layers), ratio)
+    if n_wrap and not layers:
+        raise AutofitError("checkpoint_ratio > 0 but the workload has no repeated layers to checkpoint")
+    for layer in list(layers)[:n_wrap]:
+        _wrap_forward(layer)
+    return n_wrap
+
+
+def is_checkpointed(layer: Any) -> bool:
+    """True when :func:`apply_checkpointing` wrapped ``layer``."""
+    return bool(getattr(layer, CHECKPOINTED_ATTR, False))
+
+
+def _wrap_forward(layer: Any) -> None:
+    if is_checkpointed(layer):
+        return
+    from torch.utils.checkpoint import checkpoint
+
+    inner = layer.forward
+
+    @functools.wraps(inner)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    layer.forward = forward
+    setattr(layer, CHECKPOINTED_ATTR, True)
+
+
+def client_optimizer(parameters: Iterable[Any], ds: dict[str, Any]) -> Any | None:
+    """The optimizer the training script must build itself, or None when DeepSpeed's JSON names one.
+
+    Reads ``ds["autofit"]["client_optimizer"] = {"class": "pkg.mod.Class", "params": {...}}``
+    (for ``adamw8bit``: ``bitsandbytes.optim.AdamW8bit``).
+    """
+    spec = ds.get("autofit", {}).get("client_optimizer")
+    if spec is None or "optimizer" in ds:
+        return None
+    module_name, _, class_name = spec["class"].rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise AutofitError(f"client optimizer {spec['class']!r} cannot be imported: {exc}") from exc
+    return cls(list(parameters), **spec.get("params", {}))
+
+
+def apply_to_model(model: Any, ds: dict[str, Any], layers: Sequence[Any]) -> int:
+    """Apply the ``"autofit"`` section of a DeepSpeed JSON to a freshly built model.
+
+    Today that is the checkpoint ratio (the attention kernel is chosen when the
+    model is built, the client optimizer by :func:`client_optimizer`). Returns the
+    number of checkpointed layers.
+    """
+    ratio = float(ds.get("autofit", {}).get("checkpoint_ratio", 0.0))
+    return apply_checkpointing(model, layers, ratio)

@@ -1,0 +1,189 @@
+"""Run one candidate for a few real (or fake) training steps, out of process, and measure it.
+
+:func:`run_probe` starts ``world_size`` subprocess ranks of
+:mod:`autofit.probe.worker`, each of which builds the workload's model, applies
+the candidate (:mod:`autofit.apply`), calls ``deepspeed.initialize`` with the
+candidate's own JSON (:func:`autofit.emit.deepspeed_config`) and times warm-up and
+measured steps. Memory is measured as DESIGN.md defines it. ``mode="fake"`` runs
+the model under ``FakeTensorMode`` at full size instead and reports the peak a
+real device would see (:mod:`autofit.probe.fake`), without time.
+
+This module imports no torch: the ranks do.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autofit.config import Config
+from autofit.errors import AutofitError
+from autofit.hardware import Hardware
+
+STATUSES = ("ok", "oom", "timeout", "error")
+MODES = ("real", "fake")
+#: a failure status wins over a rank's ``ok``; ``oom`` wins over the errors it causes in its peers
+_STATUS_RANK = {"oom": 3, "timeout": 2, "error": 1, "ok": 0}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe measured; ``to_dict`` is DESIGN.md's ``autofit probe`` JSON."""
+
+    config: Config
+    """The candidate that ran."""
+    status: str
+    """``ok``, ``oom`` (out of device memory, or past the budget on the CPU), ``timeout`` or ``error``."""
+    peak_bytes: int
+    """Most device memory any rank held, model construction through the measured steps
+    (for ``oom``: what was held when it stopped)."""
+    step_time_s: float
+    """Median seconds of one optimizer step (``grad_accum_steps`` micro-batches); 0.0 when not measured."""
+    samples_per_s: float
+    """``micro_batch_size x grad_accum_steps x world_size / step_time_s``; 0.0 when not measured."""
+    tokens_per_s: float | None
+    """``samples_per_s x tokens_per_sample`` when the workload has tokens."""
+    message: str | None
+    """One line: why it failed, or a note (fake mode)."""
+    overhead_s: float
+    """Seconds before the first step: process start + imports + model build + ``deepspeed.initialize``."""
+    per_rank_peak_bytes: list[int] = field(default_factory=list)
+    """``peak_bytes`` of each rank, rank order."""
+    phases_s: dict[str, float] = field(default_factory=dict)
+    """Rank 0's overhead by phase: process_start_s, imports_s, model_build_s, initialize_s, steps_s."""
+    world_size: int = 1
+    """Data-parallel ranks the probe ran with."""
+    mode: str = "real"
+    """``real`` (DeepSpeed steps) or ``fake`` (FakeTensorMode, memory only)."""
+    wall_s: float = 0.0
+    """Seconds the whole probe took, seen from the caller."""
+    predicted: dict[str, Any] | None = None
+    """The cost model's prediction for this config, filled in by the caller."""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise AutofitError(f"probe status must be one of {', '.join(STATUSES)}, but got {self.status!r}")
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "ok"
+
+    def with_predicted(self, predicted: dict[str, Any] | None) -> ProbeResult:
+        return _replace(self, predicted=predicted)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["config"] = self.config.to_dict()
+        out["predicted"] = self.predicted if self.predicted is not None else {}
+        return out
+
+
+def _replace(result: ProbeResult, **changes: Any) -> ProbeResult:
+    from dataclasses import replace
+
+    return replace(result, **changes)
+
+
+def run_probe(
+    entry: str,
+    config: Config,
+    hardware: Hardware,
+    world_size: int = 1,
+    *,
+    mode: str = "real",
+    steps: int = 3,
+    warmup_steps: int = 1,
+    timeout_s: float = 300.0,
+) -> ProbeResult:
+    """Run ``config`` of the workload at ``entry`` on ``world_size`` ranks of ``hardware`` and measure it.
+
+    ``hardware.kind`` picks the backend: ``cpu`` (gloo on loopback, ``DS_ACCELERATOR=cpu``,
+    a memory watchdog at ``hardware.memory_bytes`` per rank) or ``cuda`` (NCCL, one GPU
+    per rank). ``timeout_s`` bounds the whole probe, start-up included (the first
+    DeepSpeed start on a machine JIT-builds an op: allow ~2 minutes for it).
+    Never raises for what happens inside the probe: that is the result's ``status``.
+    """
+    from autofit.emit import deepspeed_config
+    from autofit.probe.launch import launch
+
+    if mode not in MODES:
+        raise AutofitError(f"probe mode must be real or fake, but got {mode!r}")
+    if world_size < 1:
+        raise AutofitError(f"world_size must be >= 1, but got {world_size!r}")
+    if steps < 1 or warmup_steps < 0:
+        raise AutofitError(f"probe needs steps >= 1 and warmup_steps >= 0, but got {steps=}, {warmup_steps=}")
+    spec = {
+        "entry": entry,
+        "config": config.to_dict(),
+        "deepspeed": deepspeed_config(config, world_size),
+        "world_size": world_size,
+        "mode": mode,
+        "steps": steps,
+        "warmup_steps": warmup_steps,
+        "kind": hardware.kind,
+        "budget_bytes": hardware.memory_bytes if hardware.kind == "cpu" and mode == "real" else None,
+        "memory_bytes": hardware.memory_bytes,
+    }
+    # fake mode simulates every rank in one process
+    n_procs = 1 if mode == "fake" else world_size
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="autofit-probe-") as tmp:
+        outcomes, timed_out = launch(spec, Path(tmp), n_procs, timeout_s)
+    wall_s = time.monotonic() - t0
+    results = [o.result for o in outcomes]
+    statuses = [_rank_status(o.result, timed_out) for o in outcomes]
+    status = max(statuses, key=_STATUS_RANK.__getitem__)
+    per_rank = [int(r.get("peak_bytes", 0)) if r else 0 for r in results]
+    if mode == "fake" and results[0]:
+        per_rank = [int(b) for b in results[0].get("per_rank_peak_bytes", per_rank)]
+    # the slowest rank sets the pace of a data-parallel step
+    step_time = max((float(r.get("step_time_s", 0.0)) for r in results if r), default=0.0) if status == "ok" else 0.0
+    samples = config.micro_batch_size * config.grad_accum_steps * world_size / step_time if step_time > 0 else 0.0
+    tokens_per_sample = next((r.get("tokens_per_sample") for r in results if r and r.get("tokens_per_sample")), None)
+    phases = dict(results[0].get("phases_s", {})) if results[0] else {}
+    return ProbeResult(
+        config=config,
+        status=status,
+        peak_bytes=max(per_rank, default=0),
+        step_time_s=step_time,
+        samples_per_s=samples,
+        tokens_per_s=samples * tokens_per_sample if tokens_per_sample and samples else None,
+        message=_message(outcomes, statuses, status, timeout_s),
+        overhead_s=sum(v for k, v in phases.items() if k != "steps_s"),
+        per_rank_peak_bytes=per_rank,
+        phases_s=phases,
+        world_size=world_size,
+        mode=mode,
+        wall_s=wall_s,
+    )
+
+
+def _rank_status(result: dict[str, Any] | None, timed_out: bool) -> str:
+    if result is not None:
+        return str(result.get("status", "error"))
+    return "timeout" if timed_out else "error"
+
+
+def _message(outcomes: list[Any], statuses: list[str], status: str, timeout_s: float) -> str | None:
+    """One line: the first failing rank's own message, else the last line of its log."""
+    if status == "ok":
+        note = outcomes[0].result.get("message") if outcomes[0].result else None
+        return str(note) if note else None
+    if status == "timeout":
+        return f"probe did not finish within {timeout_s:g} s"
+    for outcome, rank_status in zip(outcomes, statuses):
+        if rank_status != status:
+            continue
+        if outcome.result and outcome.result.get("message"):
+            return str(outcome.result["message"])
+        lines = [line for line in outcome.log_tail.splitlines() if line.strip()]
+        code = outcome.returncode
+        last = lines[-1].strip() if lines else "no output"
+        return f"rank {outcome.rank} exited with code {code}: {last}"[:500]
+    return None
+
+
+__all__ = ["ProbeResult", "run_probe", "STATUSES", "MODES"]

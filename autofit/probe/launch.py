@@ -1,0 +1,158 @@
+"""Start the ranks of one probe as subprocesses, wait with a deadline, and collect their results.
+
+No launcher (no ``deepspeed`` CLI, pdsh or ssh): ``world_size`` copies of
+:mod:`autofit.probe.worker` are started here with the environment
+``torch.distributed`` reads (MASTER_ADDR=127.0.0.1, a free MASTER_PORT, RANK,
+LOCAL_RANK, WORLD_SIZE). Each rank leads its own session (process group), so a
+timeout or an early failure kills everything it started, and every rank asks
+the kernel to kill it if this process dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: seconds the other ranks get to report once one rank has finished with a failure
+FAILURE_GRACE_S = 5.0
+#: ``MALLOC_MMAP_THRESHOLD_``: glibc serves allocations above this many bytes with mmap,
+#: so a freed tensor returns to the OS and RSS tracks live memory (DESIGN.md)
+MMAP_THRESHOLD_BYTES = 65536
+
+
+@dataclass
+class RankOutcome:
+    """What one rank left behind: its result file (or None) and the tail of its log."""
+
+    rank: int
+    returncode: int | None
+    result: dict[str, Any] | None
+    log_tail: str
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rank_env(base: dict[str, str], rank: int, world_size: int, port: int, kind: str) -> dict[str, str]:
+    """The environment of one rank: torch.distributed rendezvous, allocator and threading settings."""
+    env = dict(base)
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD_BYTES),
+        PYTHONUNBUFFERED="1",
+    )
+    if kind == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+        # ranks share the cores: without this each rank starts one thread per core
+        n_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, n_cores // world_size)))
+    else:
+        env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    # the probe must import this autofit, wherever the caller runs from
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: float) -> tuple[list[RankOutcome], bool]:
+    """Run ``world_size`` worker ranks of ``spec``; returns each rank's outcome and whether the deadline passed."""
+    spec_path = workdir / "spec.json"
+    port = free_port()
+    spec = dict(spec, result_dir=str(workdir), spawn_time=time.time())
+    spec_path.write_text(json.dumps(spec))
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
+    try:
+        for rank in range(world_size):
+            log = open(workdir / f"rank{rank}.log", "wb")
+            logs.append(log)
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "autofit.probe.worker", str(spec_path)],
+                    env=rank_env(dict(os.environ), rank, world_size, port, spec["kind"]),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=os.getcwd(),
+                )
+            )
+        timed_out = _wait(procs, workdir, time.monotonic() + timeout_s)
+    finally:
+        for proc in procs:
+            kill_group(proc)
+        for log in logs:
+            log.close()
+    outcomes = [
+        RankOutcome(rank, proc.returncode, _read_json(workdir / f"rank{rank}.json"), _tail(workdir / f"rank{rank}.log"))
+        for rank, proc in enumerate(procs)
+    ]
+    return outcomes, timed_out
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], workdir: Path, deadline: float) -> bool:
+    """Wait until all ranks exit; stop early when one failed. True when the deadline passed."""
+    failed_at: float | None = None
+    while True:
+        codes = [proc.poll() for proc in procs]
+        if all(code is not None for code in codes):
+            return False
+        now = time.monotonic()
+        if now > deadline:
+            return True
+        if failed_at is None and any(_finished_badly(workdir, rank, code) for rank, code in enumerate(codes)):
+            failed_at = now
+        if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
+            return False  # the peers of a failed rank would wait forever in a collective
+        time.sleep(0.02)
+
+
+def _finished_badly(workdir: Path, rank: int, code: int | None) -> bool:
+    if code is None:
+        return False
+    result = _read_json(workdir / f"rank{rank}.json")
+    return result is None or result.get("status") != "ok"
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the rank's whole session (it and anything it started), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path: Path, n_bytes: int = 4000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-n_bytes:].decode("utf-8", "replace")
