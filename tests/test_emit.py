@@ -12,7 +12,13 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import pytest  # noqa: E402
 
 from autofit.config import OFFLOAD_DEVICES, OPTIMIZERS, PRECISIONS, ZERO_STAGES, Config  # noqa: E402
-from autofit.emit import CLIENT_OPTIMIZERS, DEEPSPEED_OPTIMIZER_TYPE, check_with_deepspeed, deepspeed_config  # noqa: E402
+from autofit.emit import (  # noqa: E402
+    CLIENT_OPTIMIZERS,
+    DEEPSPEED_OPTIMIZER_TYPE,
+    check_with_deepspeed,
+    deepspeed_config,
+    uses_client_optimizer,
+)
 
 pytest.importorskip("deepspeed")
 
@@ -21,9 +27,10 @@ GRID = list(itertools.product(OPTIMIZERS, ZERO_STAGES, PRECISIONS))
 
 @pytest.mark.parametrize(("optimizer", "stage", "precision"), GRID)
 @pytest.mark.parametrize("world_size", [1, 4])
-def test_deepspeed_accepts_every_optimizer_stage_and_precision(optimizer, stage, precision, world_size):
+@pytest.mark.parametrize("device_kind", ["cuda", "cpu"])
+def test_deepspeed_accepts_every_optimizer_stage_and_precision(optimizer, stage, precision, world_size, device_kind):
     config = Config(micro_batch_size=2, grad_accum_steps=3, optimizer=optimizer, zero_stage=stage, precision=precision)
-    ds = deepspeed_config(config, world_size=world_size)
+    ds = deepspeed_config(config, world_size=world_size, device_kind=device_kind)
     check_with_deepspeed(ds)
     assert json.loads(json.dumps(ds)) == ds  # plain JSON, nothing only Python can hold
     assert ds["train_batch_size"] == config.micro_batch_size * config.grad_accum_steps * world_size
@@ -32,7 +39,8 @@ def test_deepspeed_accepts_every_optimizer_stage_and_precision(optimizer, stage,
     assert ds["zero_optimization"]["stage"] == stage
     assert ds.get("bf16", {}).get("enabled", False) == (precision in ("bf16", "fp8"))
     assert ds.get("fp16", {}).get("enabled", False) == (precision == "fp16")
-    if optimizer in CLIENT_OPTIMIZERS:
+    if uses_client_optimizer(config, device_kind):
+        assert optimizer in CLIENT_OPTIMIZERS or optimizer == "lion"
         assert "optimizer" not in ds
         assert "client_optimizer" in ds["autofit"]
     else:
