@@ -47,8 +47,9 @@ class Config:
     def __post_init__(self) -> None:
         _check_int("micro_batch_size", self.micro_batch_size)
         _check_int("grad_accum_steps", self.grad_accum_steps)
-        if not 0.0 <= float(self.checkpoint_ratio) <= 1.0:
-            raise AutofitError(f"checkpoint_ratio must be within 0.0 ... 1.0, but got {self.checkpoint_ratio!r}")
+        ratio = self.checkpoint_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+            raise AutofitError(f"checkpoint_ratio must be a number within 0.0 ... 1.0, but got {ratio!r}")
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("zero_stage", self.zero_stage, ZERO_STAGES)
@@ -104,10 +105,13 @@ def coerce_value(key: str, value: Any) -> Any:
                 raise ValueError
             return int(value)
         if key == "checkpoint_ratio":
+            if isinstance(value, bool):
+                raise ValueError
             return float(value)
         return str(value).lower()
     except (TypeError, ValueError):
-        raise AutofitError(f"{key} must be a number, but got {value!r}") from None
+        kind = "an integer" if key in _INT_KEYS else "a number"
+        raise AutofitError(f"{key} must be {kind}, but got {value!r}") from None
 
 
 def parse_set(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:

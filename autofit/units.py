@@ -23,6 +23,8 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 def parse_bytes(text: str | int) -> int:
     """``"1.5GiB"`` -> 1610612736. Decimal (GB) and binary (GiB) units; a bare number is bytes."""
+    if isinstance(text, bool):
+        raise AutofitError(f"memory size must be a number of bytes or a string such as 2GiB, but got {text!r}")
     if isinstance(text, int):
         if text <= 0:
             raise AutofitError(f"memory size must be positive, but got {text!r}")
@@ -33,7 +35,7 @@ def parse_bytes(text: str | int) -> int:
             f"cannot parse memory size {text!r}: expected a number with a unit such as 2GiB, 1.5GiB, 800MiB"
         )
     value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if value <= 0:
+    if int(value) <= 0:  # also "0.5" (bytes): less than one byte is no budget
         raise AutofitError(f"memory size must be positive, but got {text!r}")
     return int(value)
 
