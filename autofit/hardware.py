@@ -196,11 +196,19 @@ def detect_cuda() -> Hardware | None:
     device_name = props.name.lower()
     for key, preset in PRESETS.items():
         family = key.split("-")[0]
-        if family in device_name.replace(" ", "") and abs(preset.memory_bytes - props.total_memory) < 0.1 * preset.memory_bytes:
+        close = abs(preset.memory_bytes - props.total_memory) < 0.1 * preset.memory_bytes
+        if family in device_name.replace(" ", "") and close:
             return replace(preset, name=f"{key} ({props.name})", memory_bytes=props.total_memory)
     major = props.major
     base = PRESETS["h100-80gb"] if major >= 9 else PRESETS["a100-80gb"]
-    return replace(base, name=props.name, memory_bytes=props.total_memory, supports_flash=major >= 8)
+    # bf16 tensor math needs sm80 (Ampere), fp8 sm89 (Ada/Hopper): an older card must not claim them
+    capability = (props.major, props.minor)
+    flops = {
+        dtype: value
+        for dtype, value in base.peak_flops.items()
+        if not (dtype == "bf16" and capability < (8, 0)) and not (dtype == "fp8" and capability < (8, 9))
+    }
+    return replace(base, name=props.name, memory_bytes=props.total_memory, peak_flops=flops, supports_flash=major >= 8)
 
 
 def _meminfo_bytes(key: str) -> int | None:
