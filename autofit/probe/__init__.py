@@ -54,6 +54,8 @@ class ProbeResult:
     """``peak_bytes`` of each rank, rank order."""
     phases_s: dict[str, float] = field(default_factory=dict)
     """Rank 0's overhead by phase: process_start_s, imports_s, model_build_s, initialize_s, steps_s."""
+    breakdown: dict[str, int] = field(default_factory=dict)
+    """Fake mode: bytes by category at the peak (params, grads, optimizer, activations, other)."""
     world_size: int = 1
     """Data-parallel ranks the probe ran with."""
     mode: str = "real"
@@ -118,7 +120,7 @@ def run_probe(
     spec = {
         "entry": entry,
         "config": config.to_dict(),
-        "deepspeed": deepspeed_config(config, world_size),
+        "deepspeed": deepspeed_config(config, world_size, hardware.kind),
         "world_size": world_size,
         "mode": mode,
         "steps": steps,
@@ -126,6 +128,7 @@ def run_probe(
         "kind": hardware.kind,
         "budget_bytes": hardware.memory_bytes if hardware.kind == "cpu" and mode == "real" else None,
         "memory_bytes": hardware.memory_bytes,
+        "context_bytes": hardware.context_bytes,
     }
     # fake mode simulates every rank in one process
     n_procs = 1 if mode == "fake" else world_size
@@ -155,6 +158,7 @@ def run_probe(
         overhead_s=sum(v for k, v in phases.items() if k != "steps_s"),
         per_rank_peak_bytes=per_rank,
         phases_s=phases,
+        breakdown=dict(results[0].get("breakdown", {})) if results[0] else {},
         world_size=world_size,
         mode=mode,
         wall_s=wall_s,
@@ -174,7 +178,7 @@ def _message(outcomes: list[Any], statuses: list[str], status: str, timeout_s: f
         return str(note) if note else None
     if status == "timeout":
         return f"probe did not finish within {timeout_s:g} s"
-    for outcome, rank_status in zip(outcomes, statuses):
+    for outcome, rank_status in zip(outcomes, statuses, strict=True):
         if rank_status != status:
             continue
         if outcome.result and outcome.result.get("message"):

@@ -1,0 +1,176 @@
+"""The ``autofit`` command: thin click commands over the library.
+
+Every command takes the same device and space options. ``--json`` prints one
+JSON document on stdout; progress and logs go to stderr. A user's mistake is one
+line on stderr and exit status 1 (a traceback only with ``--debug``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from autofit.errors import AutofitError
+
+
+
+def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every command shares (DESIGN.md, CLI)."""
+    options = [
+        click.argument("entry"),
+        click.option("--hardware", default="auto", show_default=True,
+                      help="Preset (h100-80gb, h200, a100-40gb, a100-80gb, l4, rtx4090), cpu, or auto."),
+        click.option("--memory", default=None, help="Device memory budget, e.g. 2GiB, 1.5GiB, 800MiB."),
+        click.option("--gpus", default=1, show_default=True, type=click.IntRange(min=1), help="Devices per node."),
+        click.option("--nodes", default=1, show_default=True, type=click.IntRange(min=1), help="Nodes."),
+        click.option("--global-batch", "global_batch", default=None, type=click.IntRange(min=1),
+                     help="Samples per optimizer step over all devices."),
+        click.option("--space", default=None, help="Search space: a name in search_spaces/ or a YAML file."),
+        click.option("--set", "set_values", multiple=True, metavar="KEY=VALUE",
+                     help="Fix a dimension, e.g. --set zero_stage=2 (repeatable)."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout."),
+        click.option("--debug", is_flag=True, help="Show tracebacks."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """AutofitError (and any other failure) -> one line on stderr, exit 1; traceback with --debug."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = kwargs.get("debug", False)
+        try:
+            return command(*args, **kwargs)
+        except AutofitError as exc:
+            if debug:
+                raise
+            click.echo(f"autofit: error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("autofit: interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:  # a bug or an environment problem: still one line without --debug
+            if debug:
+                raise
+            click.echo(f"autofit: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+@click.group()
+@click.version_option(package_name="autofit")
+def main() -> None:
+    """Find the fastest training configuration that fits a device."""
+
+
+class Setup:
+    """The parsed common options: workload, hardware, space, world size, fixed values."""
+
+    def __init__(self, entry: str, hardware: str, memory: str | None, gpus: int, nodes: int,
+                 global_batch: int | None, space: str | None, set_values: tuple[str, ...]) -> None:
+        from autofit.config import parse_set
+        from autofit.hardware import get_hardware
+        from autofit.space import load_space
+        from autofit.units import parse_bytes
+        from autofit.workload import load_workload
+
+        self.entry = entry
+        self.fixed = parse_set(set_values)
+        self.hardware = get_hardware(hardware, parse_bytes(memory) if memory is not None else None)
+        if self.hardware.kind == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        self.space = load_space(space)
+        self.world_size = gpus * nodes
+        self.global_batch = global_batch
+        self.workload = load_workload(entry)
+
+
+@main.command()
+@common_options
+@user_errors
+def estimate(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
+             space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool) -> None:
+    """Cost model only: rank the space's candidates by predicted step time; no training step runs."""
+    from autofit.estimate import estimate as run_estimate
+
+    setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
+    result = run_estimate(setup.workload, setup.hardware, setup.space, world_size=setup.world_size,
+                          global_batch=setup.global_batch, fixed=setup.fixed)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=1))
+        return
+    from autofit.tables import print_estimate
+
+    print_estimate(result)
+
+
+@main.command()
+@common_options
+@click.option("--mode", type=click.Choice(["real", "fake"]), default="real", show_default=True,
+              help="real: DeepSpeed steps on the device; fake: FakeTensorMode at full size, memory only.")
+@click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Measured steps.")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Warm-up steps.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float, help="Seconds for the probe.")
+@user_errors
+def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
+          space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, mode: str, steps: int,
+          warmup: int, timeout_s: float) -> None:
+    """Run one candidate (the fastest predicted that fits, after --set) for a few real steps."""
+    from autofit.estimate import estimate as run_estimate
+    from autofit.probe import run_probe
+
+    setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
+    result = run_estimate(setup.workload, setup.hardware, setup.space, world_size=setup.world_size,
+                          global_batch=setup.global_batch, fixed=setup.fixed)
+    chosen = (result.fitting or result.candidates)[0]
+    click.echo(f"probing {chosen.config.label()} ({mode})", err=True)
+    measured = run_probe(setup.entry, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,
+                         warmup_steps=warmup, timeout_s=timeout_s)
+    document = measured.to_dict() | {"predicted": chosen.prediction.to_dict()}
+    if as_json:
+        click.echo(json.dumps(document, indent=1))
+    else:
+        from autofit.tables import print_probe
+
+        print_probe(document)
+    if measured.status != "ok":
+        sys.exit(2)
+
+
+@main.command()
+@common_options
+@click.option("--trials", default=20, show_default=True, type=click.IntRange(min=1), help="Most probes to run.")
+@click.option("--timeout", "timeout_s", default=None, type=float, help="Stop the search after this many seconds.")
+@click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///autofit.db here).")
+@click.option("--study", "study_name", default=None, help="Study name; the same name resumes a search.")
+@click.option("--out", "out_path", default="ds_config.json", show_default=True, help="Where the winner's JSON goes.")
+@click.option("--report", "report_dir", default=None, help="Write a report (HTML + PNG) to this folder.")
+@click.option("--margin", default=0.10, show_default=True, type=click.FloatRange(0.0, 0.9),
+              help="Fraction of the device memory the verified winner must leave free.")
+@user_errors
+def run(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
+        space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, trials: int,
+        timeout_s: float | None, storage: str | None, study_name: str | None, out_path: str,
+        report_dir: str | None, margin: float) -> None:
+    """The search: probe the most promising candidates and write the fastest that fits as DeepSpeed JSON."""
+    from autofit.search import run_search
+
+    setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
+    result = run_search(setup.entry, setup.workload, setup.hardware, setup.space, world_size=setup.world_size,
+                        global_batch=setup.global_batch, fixed=setup.fixed, trials=trials, timeout_s=timeout_s,
+                        storage=storage, study_name=study_name, out_path=out_path, report_dir=report_dir,
+                        margin=margin, progress=True)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=1))
+    else:
+        click.echo(f"wrote {out_path}", err=True)

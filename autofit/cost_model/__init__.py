@@ -1,0 +1,102 @@
+"""The analytic cost model: predicted peak memory and step time of a config. Pure, no torch.
+
+``predict(config, facts, hardware, world_size, coefficients)`` composes the
+traced facts of the model (:mod:`autofit.cost_model.facts`) with the memory
+formulas (:mod:`autofit.cost_model.memory`) and the time formulas
+(:mod:`autofit.cost_model.time`). Coefficients are what probes calibrate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autofit.config import Config
+from autofit.cost_model.coefficients import Coefficients
+from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
+from autofit.cost_model.memory import MemoryBreakdown, predict_memory
+from autofit.cost_model.time import predict_step_time
+from autofit.hardware import Hardware
+
+__all__ = [
+    "ActivationProfile",
+    "Coefficients",
+    "MemoryBreakdown",
+    "ModelFacts",
+    "PeakPoint",
+    "Prediction",
+    "predict",
+]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the cost model says of one config on one device."""
+
+    peak_bytes: int
+    """Most memory the training process holds on one device, construction through steps."""
+    breakdown: MemoryBreakdown
+    """``peak_bytes`` split into params, grads, optimizer, activations and other."""
+    step_time_s: float
+    """One optimizer step (all micro-batches of the accumulation)."""
+    samples_per_s: float
+    """Global samples per second over all data-parallel ranks."""
+    tokens_per_s: float | None
+    """``samples_per_s x tokens_per_sample`` for token workloads."""
+    fits: bool
+    """Whether ``peak_bytes`` is within the device memory."""
+    reason: str | None = None
+    """Why it does not fit (None when it does)."""
+    time_breakdown: dict[str, float] = field(default_factory=dict)
+    """Seconds per step by cause: compute, recompute, communication, offload, overhead."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak_bytes": self.peak_bytes,
+            "breakdown": asdict(self.breakdown),
+            "step_time_s": self.step_time_s,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "time_breakdown": self.time_breakdown,
+        }
+
+
+def predict(
+    config: Config,
+    facts: ModelFacts,
+    hardware: Hardware,
+    world_size: int = 1,
+    coefficients: Coefficients | None = None,
+) -> Prediction:
+    """Price ``config`` for ``facts`` on ``world_size`` ranks of ``hardware``."""
+    coefficients = coefficients or Coefficients.for_hardware(hardware)
+    memory = predict_memory(config, facts, hardware, world_size, coefficients)
+    peak = memory.total
+    time_parts = predict_step_time(config, facts, hardware, world_size, coefficients)
+    step_time_s = sum(time_parts.values())
+    samples = config.micro_batch_size * config.grad_accum_steps * world_size
+    samples_per_s = samples / step_time_s if step_time_s > 0 else 0.0
+    tokens_per_s = samples_per_s * facts.tokens_per_sample if facts.tokens_per_sample else None
+    fits = peak <= hardware.memory_bytes
+    reason = None if fits else _not_fit_reason(peak, hardware, memory)
+    return Prediction(
+        peak_bytes=peak,
+        breakdown=memory,
+        step_time_s=step_time_s,
+        samples_per_s=samples_per_s,
+        tokens_per_s=tokens_per_s,
+        fits=fits,
+        reason=reason,
+        time_breakdown=time_parts,
+    )
+
+
+def _not_fit_reason(peak: int, hardware: Hardware, memory: MemoryBreakdown) -> str:
+    from autofit.units import format_bytes
+
+    parts = asdict(memory)
+    biggest = max(parts, key=lambda k: parts[k])
+    return (
+        f"needs {format_bytes(peak)} but {hardware.name} has {format_bytes(hardware.memory_bytes)} "
+        f"(largest part: {biggest} {format_bytes(parts[biggest])})"
+    )

@@ -1,0 +1,84 @@
+"""The cost model's tunable constants: defaults per device kind, refined by probes.
+
+A probe measures what an analytic model cannot know (how close a kernel gets to
+the datasheet FLOP/s, what the runtime itself holds); :mod:`autofit.search`
+fits these from probe results as the search goes, so later predictions improve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from autofit.errors import AutofitError
+from autofit.hardware import Hardware
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Calibratable constants of the time and memory formulas."""
+
+    compute_efficiency: dict[str, float] = field(default_factory=lambda: {"fp32": 0.5, "bf16": 0.5, "fp16": 0.5, "fp8": 0.5})
+    """Achieved / peak FLOP/s for each compute dtype (MFU). A CPU without native bf16 shows a tiny value."""
+    micro_batch_overhead_s: float = 0.0
+    """Fixed seconds per micro-batch: kernel launches, Python, dispatch."""
+    step_overhead_s: float = 0.0
+    """Fixed seconds per optimizer step (DeepSpeed bookkeeping, clipping, scheduling)."""
+    optimizer_bytes_per_s: float = 1e12
+    """Speed of the optimizer update, in bytes of parameters + states + gradients touched per second."""
+    comm_efficiency: float = 0.7
+    """Achieved / nominal interconnect bandwidth for collectives."""
+    offload_efficiency: float = 0.7
+    """Achieved / nominal PCIe or NVMe bandwidth for offload traffic."""
+    runtime_overhead_bytes: int = 0
+    """Memory the runtime holds beyond tensors once training runs (allocator arenas, thread pools,
+    communicator buffers); the CUDA context is counted separately from the hardware preset."""
+    memory_scale: float = 1.0
+    """Multiplicative correction of the predicted peak, fitted from probes (1.0 = uncalibrated)."""
+
+    def __post_init__(self) -> None:
+        for dtype, value in self.compute_efficiency.items():
+            if not 0.0 < value <= 1.0:
+                raise AutofitError(f"compute_efficiency[{dtype!r}] must be within (0, 1], but got {value!r}")
+        if self.memory_scale <= 0:
+            raise AutofitError(f"memory_scale must be positive, but got {self.memory_scale!r}")
+
+    def efficiency(self, dtype: str) -> float:
+        return self.compute_efficiency.get(dtype, min(self.compute_efficiency.values()))
+
+    def with_(self, **changes: Any) -> Coefficients:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Coefficients:
+        return cls(**data)
+
+    @classmethod
+    def for_hardware(cls, hardware: Hardware) -> Coefficients:
+        """Starting values before any probe.
+
+        CUDA: ~45% MFU for dense training (the range Megatron-LM and PaLM report),
+        ~20 us per kernel launch folded into a per-micro-batch overhead.
+        CPU: MKL/oneDNN reach ~35% of nominal fp32 on large matmuls; bf16 is given the
+        same nominal value (not assumed faster or slower) until a probe measures it.
+        """
+        if hardware.kind == "cuda":
+            return cls(
+                compute_efficiency={"fp32": 0.45, "bf16": 0.45, "fp16": 0.45, "fp8": 0.35},
+                micro_batch_overhead_s=0.005,
+                step_overhead_s=0.005,
+                optimizer_bytes_per_s=0.7 * hardware.memory_bandwidth_bytes_per_s,
+                runtime_overhead_bytes=0,
+            )
+        return cls(
+            compute_efficiency={"fp32": 0.35, "bf16": 0.35, "fp16": 0.35},
+            micro_batch_overhead_s=0.002,
+            step_overhead_s=0.005,
+            optimizer_bytes_per_s=0.25 * hardware.memory_bandwidth_bytes_per_s,
+            runtime_overhead_bytes=14 * MIB,
+        )

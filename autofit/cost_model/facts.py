@@ -1,0 +1,121 @@
+"""What the cost model knows about a model: measured by ``autofit.trace``, pure data here.
+
+No torch import: a ``ModelFacts`` can be saved as JSON and priced anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PeakPoint:
+    """One traced forward+backward of a micro-batch; bytes exclude the parameters themselves."""
+
+    micro_batch_size: int
+    """Samples in the traced micro-batch."""
+    peak_with_grads_bytes: int
+    """Most bytes live at once when every gradient stays allocated as it is produced (plain PyTorch)."""
+    peak_without_grads_bytes: int
+    """The same with the gradients not counted (they are moved out as produced, as ZeRO-2/3 do)."""
+    activation_bytes: int
+    """Bytes live when the loss is computed: everything the backward pass will read."""
+    grad_bytes: int
+    """Bytes of all parameter gradients (the working precision)."""
+    flops: int
+    """FLOPs of forward + backward (+ recompute when checkpointed)."""
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Traced points of one (dtype, attention, checkpointed) at several micro-batch sizes."""
+
+    dtype: str
+    """``fp32`` or ``bf16`` (fp16/fp8 runs use the bf16 trace: same element sizes)."""
+    attention: str
+    """Attention kernel traced."""
+    checkpointed: bool
+    """True when every repeated layer ran under checkpointing."""
+    points: tuple[PeakPoint, ...]
+    """At increasing micro-batch sizes."""
+
+    @staticmethod
+    def key(dtype: str, attention: str, checkpointed: bool) -> str:
+        return f"{dtype}/{attention}/{'ckpt' if checkpointed else 'full'}"
+
+    def at(self, micro_batch_size: int, attr: str) -> float:
+        """``attr`` of the points at ``micro_batch_size``: piecewise-linear between traced sizes,
+        extended along the last segment beyond them (activations grow linearly in the batch)."""
+        xs = [p.micro_batch_size for p in self.points]
+        ys = [float(getattr(p, attr)) for p in self.points]
+        if len(xs) == 1:
+            return ys[0] * micro_batch_size / xs[0]
+        for i in range(1, len(xs)):
+            if micro_batch_size <= xs[i] or i == len(xs) - 1:
+                x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+                return y0 + (y1 - y0) * (micro_batch_size - x0) / (x1 - x0)
+        raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Everything about the model that the memory and time formulas use."""
+
+    name: str
+    """Workload name."""
+    n_params: int
+    """All parameters (Psi in the ZeRO paper)."""
+    n_trainable_params: int
+    """Parameters with ``requires_grad``: what gradients and optimizer states cover."""
+    n_layers: int
+    """Repeated layers that checkpointing may wrap (L)."""
+    layer_params: tuple[int, ...]
+    """Parameters of each repeated layer."""
+    largest_module_params: int
+    """Most parameters owned directly by one module (what ZeRO-3 gathers at once, at least)."""
+    largest_param_numel: int
+    """Elements of the largest trainable tensor (bounds per-tensor optimizer temporaries)."""
+    n_small_params: int
+    """Elements in tensors under 4096 elements (bitsandbytes keeps 32-bit states for them)."""
+    factored_state_numel: int
+    """Adafactor's state elements: rows + columns for each matrix, full size otherwise."""
+    n_param_tensors: int
+    """Number of trainable tensors."""
+    buffer_bytes: int
+    """Module buffers (running stats, rotary tables), in fp32."""
+    tokens_per_sample: int | None
+    """Tokens in one sample, or None."""
+    profiles: dict[str, ActivationProfile] = field(default_factory=dict)
+    """Traced activation profiles by :meth:`ActivationProfile.key`."""
+    trace_mode: str = "fake"
+    """``fake`` (shapes only) or ``real`` (data-dependent models, traced on CPU tensors)."""
+    trace_seconds: float = 0.0
+    """How long tracing took."""
+
+    def profile(self, dtype: str, attention: str, checkpointed: bool) -> ActivationProfile:
+        key = ActivationProfile.key(dtype, attention, checkpointed)
+        if key in self.profiles:
+            return self.profiles[key]
+        fallback = ActivationProfile.key(dtype, "sdpa", checkpointed)  # workloads without an attention choice
+        if fallback in self.profiles:
+            return self.profiles[fallback]
+        raise KeyError(f"no trace for {key}; traced: {sorted(self.profiles)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelFacts:
+        profiles = {
+            key: ActivationProfile(
+                dtype=p["dtype"],
+                attention=p["attention"],
+                checkpointed=p["checkpointed"],
+                points=tuple(PeakPoint(**point) for point in p["points"]),
+            )
+            for key, p in data.get("profiles", {}).items()
+        }
+        values = {k: v for k, v in data.items() if k != "profiles"}
+        values["layer_params"] = tuple(values.get("layer_params", ()))
+        return cls(**values, profiles=profiles)

@@ -1,0 +1,254 @@
+"""Peak memory of one training process: model states, activations and runtime buffers.
+
+The peak is the largest of three phases (DESIGN.md measures from model
+construction through the measured steps):
+
+* **init** -- the fp32 model as built, plus what ``deepspeed.initialize`` copies
+  while it flattens and partitions parameters (ZeRO keeps the old and the new
+  storage alive together for a moment).
+* **backward** -- resident states (parameters, fp32 master copy, optimizer
+  states, gradient buffers DeepSpeed keeps) plus the traced peak of live
+  activations and gradients during forward+backward.
+* **step** -- resident states plus every gradient, plus the largest temporary of
+  the optimizer step: DeepSpeed's flattened gradient bucket or fp32 gradient
+  partition, or the optimizer's own scratch (``transient_bytes_per_element``).
+
+Model-state bytes per parameter follow the ZeRO paper (Rajbhandari et al. 2020,
+sec. 3 and 5: 2Psi + 2Psi + K*Psi with K = 12 for mixed-precision Adam, the
+optimizer part divided by N_d under P_os, gradients too under P_os+g, and
+everything under P_os+g+p). DeepSpeed's concrete buffers on top of the paper are
+named where they are added; their sources are deepspeed/runtime/zero/stage_1_and_2.py,
+stage3.py and fp16/fused_optimizer.py, and benchmarks/deepspeed_states.py
+measures each of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autofit.config import WORKING_BYTES, Config
+from autofit.cost_model.coefficients import Coefficients
+from autofit.cost_model.facts import ModelFacts
+from autofit.emit import REDUCE_BUCKET_ELEMENTS, STAGE3_MAX_LIVE_ELEMENTS
+from autofit.hardware import Hardware
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on one device at the peak, by what holds them. ``total`` is their sum."""
+
+    params: int
+    """Model parameters in the working precision (the shard under ZeRO-3, plus gathered ones)."""
+    grads: int
+    """Gradients and DeepSpeed's gradient buffers (buckets, fp32 partitions)."""
+    optimizer: int
+    """Optimizer states, the fp32 master copy for 16-bit training, and the step's scratch."""
+    activations: int
+    """Tensors saved for backward and the temporaries of forward/backward, from the trace."""
+    other: int
+    """The runtime: CUDA context, allocator and thread-pool overhead, the model's buffers."""
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.other
+
+
+def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float) -> float:
+    """Optimizer-state bytes for ``n_elements`` trainable parameters (a shard of the model).
+
+    * AdamW: ``m`` and ``v`` in fp32, 8 B/param (Loshchilov & Hutter 2019; ZeRO paper's K counts them).
+    * AdamW 8-bit (bitsandbytes, Dettmers et al. 2022): two uint8 states (2 B/param) plus one fp32
+      absmax per 256-element block per state (8/256 B/param); tensors under 4096 elements keep
+      fp32 states (8 B/param).
+    * Lion (Chen et al. 2023): one momentum, 4 B/param.
+    * Adafactor (Shazeer & Stern 2018): factored second moment, row + column vectors per matrix,
+      no first moment (beta1=None, torch's default).
+    * SGD with momentum: one buffer, 4 B/param.
+    """
+    share = n_elements / max(facts.n_trainable_params, 1)
+    if optimizer == "adamw":
+        return 8.0 * n_elements
+    if optimizer == "adamw8bit":
+        small = facts.n_small_params * share
+        large = n_elements - small
+        return large * (2.0 + 8.0 / 256) + small * 8.0
+    if optimizer in ("lion", "sgd"):
+        return 4.0 * n_elements
+    if optimizer == "adafactor":
+        return FP32 * facts.factored_state_numel * share
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+#: scratch bytes per element of the tensor an optimizer step works on, beyond its states.
+#: CPU values: measured on DeepSpeed 0.19 / bitsandbytes 0.50 / torch 2.13 (benchmarks/deepspeed_states.py);
+#: bitsandbytes' CPU path dequantizes both states to fp32 and builds the update in fp32.
+#: CUDA: fused kernels (FusedAdam, FusedLion, bitsandbytes' CUDA kernels) update in place.
+TRANSIENT_BYTES_PER_ELEMENT = {
+    "cpu": {"adamw": 0.0, "adamw8bit": 20.0, "lion": 4.0, "adafactor": 8.0, "sgd": 0.0},
+    "cuda": {"adamw": 0.0, "adamw8bit": 0.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0},
+}
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Per-rank bytes of everything but activations, by role and by when they are alive."""
+
+    params: float
+    """Working-precision parameters resident on the device (the shard under ZeRO-3)."""
+    master: float
+    """fp32 master copy (16-bit training) or ZeRO's fp32 partition (kept in any precision)."""
+    optimizer: float
+    """Optimizer states."""
+    grads_resident: float
+    """Gradient buffers alive through forward and backward (ZeRO-3's partition, the reduce bucket)."""
+    gathered_params: float
+    """ZeRO-3: parameters gathered from the other ranks while a layer runs."""
+    grads_step: float
+    """Gradient bytes alive at the optimizer step beyond ``grads_resident``."""
+    step_scratch: float
+    """The largest temporary of the step (flattened bucket copy, or the optimizer's scratch)."""
+    init_extra: float
+    """Bytes ``deepspeed.initialize`` holds briefly above the built fp32 model."""
+
+
+def reduce_bucket_bytes(n_elements: float, bucket_elements: int, element_bytes: int, device_kind: str) -> float:
+    """A gradient bucket of ``bucket_elements`` (``torch.empty``): a CUDA allocator reserves all of it;
+    on the CPU only the pages written count, at most the gradients that exist."""
+    size = bucket_elements if device_kind == "cuda" else min(n_elements, bucket_elements)
+    return float(element_bytes * size)
+
+
+def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind: str) -> ModelStates:
+    """Model-state bytes of one rank: the ZeRO paper's accounting with DeepSpeed's buffers.
+
+    Psi = trainable parameters, N_d = ``world_size``, w = working bytes (4 fp32, 2 bf16/fp16).
+    Stage 0: w*Psi params, 4*Psi master (16-bit), K*Psi optimizer, w*Psi grads; the engine
+    flattens all gradients into one all-reduce bucket (engine.allreduce_gradients) even on one rank.
+    Stage 1/2: the optimizer steps on a flat fp32 partition of Psi/N_d (``single_partition_of_fp32_groups``,
+    made even in fp32); gradients go through a reduce bucket (fp32 for stage 1, w for stage 2,
+    stage_1_and_2.setup_buckets) into an fp32 partition.
+    Stage 3: parameters too are partitioned; a gradient partition buffer and the reduce bucket live
+    for the whole run; layers gather their parameters while they run.
+    """
+    psi = float(facts.n_trainable_params)
+    frozen = float(facts.n_params - facts.n_trainable_params)
+    dp = float(world_size)
+    w = WORKING_BYTES[config.precision]
+    sixteen_bit = config.precision != "fp32"
+    stage = config.zero_stage
+    shard = psi / dp if stage >= 1 else psi
+    optimizer = optimizer_state_bytes(config.optimizer, facts, shard)
+    scratch_per_element = TRANSIENT_BYTES_PER_ELEMENT[device_kind][config.optimizer]
+    offloaded = config.offload_optimizer != "none"
+    if offloaded:
+        optimizer, scratch_per_element = 0.0, 0.0
+    stepped_elements = shard if stage >= 1 else facts.largest_param_numel
+    optimizer_scratch = scratch_per_element * stepped_elements
+    built = float(FP32 * facts.n_params)
+
+    if stage == 0:
+        params = w * (psi + frozen)
+        master = FP32 * psi if sixteen_bit else 0.0
+        grads_resident, gathered = 0.0, 0.0
+        grads_step = w * psi + (FP32 * psi if sixteen_bit else 0.0)  # 16-bit: fp32 grads of the master copy
+        bucket = w * psi
+        init_extra = (w + FP32) * psi if sixteen_bit else 0.0
+    elif stage in (1, 2):
+        bucket_dtype_bytes = FP32 if stage == 1 else w
+        params = w * (psi + frozen)
+        master = FP32 * shard
+        grads_resident = reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, bucket_dtype_bytes, device_kind)
+        gathered = 0.0
+        grads_step = FP32 * shard
+        bucket = 0.0
+        init_extra = w * psi + FP32 * shard - (built - w * (psi + frozen))
+    else:
+        params = w * (psi / dp + frozen)
+        master = FP32 * shard
+        grads_resident = w * shard + reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind)
+        gathered = w * min(psi - psi / dp + facts.largest_module_params, STAGE3_MAX_LIVE_ELEMENTS)
+        grads_step = FP32 * shard
+        bucket = FP32 * shard
+        init_extra = w * psi + FP32 * shard + w * shard - (built - params)
+    if offloaded:
+        master, grads_step = 0.0, min(grads_step, w * shard)
+    if config.offload_params != "none":
+        params, gathered = 0.0, w * min(psi, 2 * facts.largest_module_params)
+    return ModelStates(
+        params=params,
+        master=master,
+        optimizer=optimizer,
+        grads_resident=grads_resident,
+        gathered_params=gathered,
+        grads_step=grads_step,
+        step_scratch=max(bucket, optimizer_scratch),
+        init_extra=max(0.0, init_extra),
+    )
+
+
+def activation_peak_bytes(config: Config, facts: ModelFacts, keep_grads: bool) -> float:
+    """Peak live bytes of forward+backward from the trace, at this micro-batch and checkpoint ratio.
+
+    Checkpointing the first k of L layers is interpolated linearly between the
+    traces with none and with all layers checkpointed (each layer saves its own
+    activations, or only its input, independently of the others).
+    ``keep_grads``: gradients stay where autograd puts them (plain PyTorch, ZeRO 0/1)
+    rather than being moved out as they are produced (ZeRO-2/3).
+    """
+    dtype = "fp32" if config.precision == "fp32" else "bf16"
+    attr = "peak_with_grads_bytes" if keep_grads else "peak_without_grads_bytes"
+    full = facts.profile(dtype, config.attention, False).at(config.micro_batch_size, attr)
+    n_ckpt = config.checkpointed_layers(facts.n_layers)
+    if n_ckpt == 0 or facts.n_layers == 0:
+        return full
+    ckpt = facts.profile(dtype, config.attention, True).at(config.micro_batch_size, attr)
+    return full + (ckpt - full) * n_ckpt / facts.n_layers
+
+
+def predict_memory(
+    config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, coefficients: Coefficients
+) -> MemoryBreakdown:
+    """The peak over the init, backward and step phases, split by what holds the bytes."""
+    states = model_states(config, facts, world_size, hardware.kind)
+    runtime = int(hardware.context_bytes + coefficients.runtime_overhead_bytes + facts.buffer_bytes)
+    # plain autograd keeps each gradient where it is produced (ZeRO 0); with accumulation the
+    # first micro-batch's gradients are held through every later forward and backward
+    stage0 = config.zero_stage == 0
+    keep_grads = stage0 and config.grad_accum_steps == 1
+    held_grads = states.grads_step if (stage0 and config.grad_accum_steps > 1) else 0.0
+    activations = activation_peak_bytes(config, facts, keep_grads)
+    phases = (
+        MemoryBreakdown(
+            params=FP32 * facts.n_params, grads=0, optimizer=int(states.init_extra), activations=0, other=runtime
+        ),
+        MemoryBreakdown(
+            params=int(states.params + states.gathered_params),
+            grads=int(states.grads_resident + held_grads),
+            optimizer=int(states.master + states.optimizer),
+            activations=int(activations),
+            other=runtime,
+        ),
+        MemoryBreakdown(
+            params=int(states.params),
+            grads=int(states.grads_resident + states.grads_step),
+            optimizer=int(states.master + states.optimizer + states.step_scratch),
+            activations=0,
+            other=runtime,
+        ),
+    )
+    peak = max(phases, key=lambda m: m.total)
+    return _scaled(peak, coefficients.memory_scale) if coefficients.memory_scale != 1.0 else peak
+
+
+def _scaled(breakdown: MemoryBreakdown, scale: float) -> MemoryBreakdown:
+    """Calibration applies to the activations and runtime, the parts the formulas know least."""
+    extra = (scale - 1.0) * breakdown.total
+    return MemoryBreakdown(
+        params=breakdown.params,
+        grads=breakdown.grads,
+        optimizer=breakdown.optimizer,
+        activations=max(0, int(breakdown.activations + extra)),
+        other=breakdown.other,
+    )

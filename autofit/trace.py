@@ -1,0 +1,317 @@
+"""Measure the model itself: run one training step's forward and backward on fake tensors.
+
+What the cost model needs and cannot guess for an architecture it has never
+seen comes from here: parameter counts and shapes, the peak of live
+activation bytes during forward+backward (with and without the gradients held),
+the FLOPs of forward+backward (recompute included), per-layer activation bytes
+and the largest layer.
+
+How: the model is built and run under ``FakeTensorMode`` (shapes and dtypes
+only, no memory, so a 7B model traces on a laptop). A ``TorchDispatchMode``
+adds each new storage's bytes when an op creates it and subtracts them when the
+storage dies (a weak reference on the untyped storage, which PyTorch keeps
+alive exactly as long as the storage) -- the method of
+``torch.distributed._tools.mem_tracker``. ``torch.utils.flop_counter`` counts
+FLOPs. Models whose shapes depend on data (mixture-of-experts routing) cannot
+run on fake tensors; they are traced on real CPU tensors instead when small
+enough.
+
+Each (precision, attention, checkpointing) is traced at micro-batch sizes 1, 2
+and 4; the cost model interpolates (and extrapolates) in the micro-batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
+from autofit.errors import AutofitError
+from autofit.workload import Workload
+
+TRACE_MICRO_BATCHES = (1, 2, 4)
+#: largest model (fp32 parameter bytes) traced on real tensors when fake tensors cannot run it
+REAL_TRACE_LIMIT_BYTES = 2 * 2**30
+
+
+def trace_workload(
+    workload: Workload,
+    *,
+    precisions: tuple[str, ...] = ("fp32",),
+    attentions: tuple[str, ...] = ("sdpa",),
+) -> ModelFacts:
+    """Trace ``workload`` for each precision class and attention kernel, with and without checkpointing."""
+    import torch
+
+    started = time.perf_counter()
+    dtype_names = sorted({_dtype_class(p) for p in precisions})
+    attention_names = attentions if workload.searches_attention else ("sdpa",)
+    structure = _model_structure(workload)
+    mode = "fake"
+    profiles: dict[str, ActivationProfile] = {}
+    for dtype_name in dtype_names:
+        for attention in attention_names:
+            for checkpointed in (False, True):
+                if checkpointed and structure["n_layers"] == 0:
+                    continue
+                points = []
+                for n in TRACE_MICRO_BATCHES:
+                    try:
+                        step = _trace_step(workload, n, dtype_name, attention, checkpointed, mode)
+                    except _NeedsRealTensors as exc:
+                        if structure["param_bytes_fp32"] > REAL_TRACE_LIMIT_BYTES:
+                            raise AutofitError(
+                                f"cannot trace {workload.name}: its shapes depend on data ({exc}) and at "
+                                f"{structure['param_bytes_fp32'] / 2**30:.1f} GiB it is too large to trace on real tensors"
+                            ) from None
+                        mode = "real"
+                        step = _trace_step(workload, n, dtype_name, attention, checkpointed, mode)
+                    points.append(step)
+                key = ActivationProfile.key(dtype_name, attention, checkpointed)
+                profiles[key] = ActivationProfile(
+                    dtype=dtype_name,
+                    attention=attention,
+                    checkpointed=checkpointed,
+                    points=tuple(points),
+                )
+    del torch
+    return ModelFacts(
+        name=workload.name or "workload",
+        n_params=structure["n_params"],
+        n_trainable_params=structure["n_trainable"],
+        n_layers=structure["n_layers"],
+        layer_params=tuple(structure["layer_params"]),
+        largest_module_params=structure["largest_module_params"],
+        largest_param_numel=structure["largest_param_numel"],
+        n_small_params=structure["n_small_params"],
+        factored_state_numel=structure["factored_state_numel"],
+        n_param_tensors=structure["n_param_tensors"],
+        buffer_bytes=structure["buffer_bytes"],
+        tokens_per_sample=workload.tokens_per_sample,
+        profiles=profiles,
+        trace_mode=mode,
+        trace_seconds=time.perf_counter() - started,
+    )
+
+
+class _NeedsRealTensors(Exception):
+    """The model does something fake tensors cannot (a data-dependent shape)."""
+
+
+def _dtype_class(precision: str) -> str:
+    """fp32 traces in fp32; bf16, fp16 and fp8 (whose activations around fp8 matmuls stay 16-bit) in bf16."""
+    return "fp32" if precision == "fp32" else "bf16"
+
+
+@contextlib.contextmanager
+def _fake_mode(mode: str) -> Iterator[Any]:
+    if mode == "real":
+        yield None
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        yield fake
+
+
+def _model_structure(workload: Workload) -> dict[str, Any]:
+    """Parameter counts and shapes, from a model built on the meta device (no memory)."""
+    import torch
+
+    with torch.device("meta"):
+        model = workload.build_model()
+    params = [p for p in model.parameters()]
+    trainable = [p for p in params if p.requires_grad]
+    layers = workload.repeated_layers(model)
+    largest_module = 0
+    for module in model.modules():
+        own = sum(p.numel() for p in module.parameters(recurse=False))
+        largest_module = max(largest_module, own)
+    return {
+        "n_params": sum(p.numel() for p in params),
+        "n_trainable": sum(p.numel() for p in trainable),
+        "param_bytes_fp32": 4 * sum(p.numel() for p in params),
+        "n_layers": len(layers),
+        "layer_params": [sum(p.numel() for p in layer.parameters()) for layer in layers],
+        "largest_module_params": largest_module,
+        "largest_param_numel": max((p.numel() for p in trainable), default=0),
+        # bitsandbytes keeps 32-bit states for tensors under min_8bit_size=4096 elements
+        "n_small_params": sum(p.numel() for p in trainable if p.numel() < 4096),
+        # Adafactor (Shazeer & Stern 2018): a row and a column vector for matrices, a full state otherwise
+        "factored_state_numel": sum(
+            (p.shape[-2] * 1 + p.shape[-1]) * (p.numel() // (p.shape[-2] * p.shape[-1])) if p.dim() >= 2 else p.numel()
+            for p in trainable
+        ),
+        "n_param_tensors": len(trainable),
+        "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+    }
+
+
+@dataclass
+class _LiveBytes:
+    """Running count of the bytes held by storages created since tracking began."""
+
+    live: int = 0
+    grads: int = 0
+    peak_with_grads: int = 0
+    peak_without_grads: int = 0
+    tracked: set[int] = field(default_factory=set)
+
+    def add(self, key: int, n_bytes: int) -> None:
+        self.live += n_bytes
+        self.note()
+
+    def remove(self, key: int, n_bytes: int) -> None:
+        self.tracked.discard(key)
+        self.live -= n_bytes
+
+    def note(self) -> None:
+        self.peak_with_grads = max(self.peak_with_grads, self.live)
+        self.peak_without_grads = max(self.peak_without_grads, self.live - self.grads)
+
+
+def _make_tracker(counter: _LiveBytes) -> Any:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class LiveMemoryMode(TorchDispatchMode):
+        """Counts every storage an op creates until that storage is freed."""
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for tensor in tree_leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    self._track(tensor)
+            counter.note()
+            return out
+
+        def _track(self, tensor: Any) -> None:
+            storage = tensor.untyped_storage()
+            key = storage._cdata
+            if key in counter.tracked:
+                return
+            n_bytes = storage.nbytes()
+            counter.tracked.add(key)
+            counter.add(key, n_bytes)
+            weakref.finalize(storage, counter.remove, key, n_bytes)
+
+    return LiveMemoryMode()
+
+
+def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, checkpointed: bool, mode: str) -> PeakPoint:
+    """Forward + backward of one micro-batch of ``n`` samples; live bytes exclude parameters."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autofit.apply import apply_checkpointing
+
+    dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
+    try:
+        with _fake_mode(mode):
+            model = _to_dtype(workload.build_model(attention=attention), dtype)
+            model.train()
+            layers = workload.repeated_layers(model)
+            if checkpointed:
+                apply_checkpointing(model, layers, 1.0)
+            batch = _cast_batch(workload.batch(n), dtype)
+            counter = _LiveBytes()
+            _ignore_existing(counter, [*model.parameters(), *model.buffers(), *_tensors(batch)])
+            params = [p for p in model.parameters() if p.requires_grad]
+            hooks = [p.register_post_accumulate_grad_hook(_grad_hook(counter)) for p in params]
+            activation_bytes_at_loss = 0
+            flops = FlopCounterMode(display=False)
+            with flops, _make_tracker(counter):
+                loss = workload.compute_loss(model, batch)
+                activation_bytes_at_loss = counter.live
+                loss.backward()
+            for hook in hooks:
+                hook.remove()
+            grad_bytes = counter.grads
+            del loss, model, batch, params
+    except Exception as exc:
+        if mode == "fake" and _is_data_dependent(exc):
+            raise _NeedsRealTensors(type(exc).__name__) from exc
+        raise AutofitError(f"tracing {workload.name} ({dtype_name}, {attention}) failed: {type(exc).__name__}: {exc}") from exc
+    return PeakPoint(
+        micro_batch_size=n,
+        peak_with_grads_bytes=counter.peak_with_grads,
+        peak_without_grads_bytes=counter.peak_without_grads,
+        activation_bytes=activation_bytes_at_loss,
+        grad_bytes=grad_bytes,
+        flops=int(flops.get_total_flops()),
+    )
+
+
+def _to_dtype(model: Any, dtype: Any) -> Any:
+    """``model.to(dtype)`` for floating parameters and buffers, done by assignment
+    (``Module.to`` swaps tensors in place, which fake tensors do not allow)."""
+    import torch
+
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and param.is_floating_point() and param.dtype != dtype:
+                module._parameters[name] = torch.nn.Parameter(param.detach().to(dtype), param.requires_grad)
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and buffer.is_floating_point() and buffer.dtype != dtype:
+                module._buffers[name] = buffer.to(dtype)
+    return model
+
+
+def _ignore_existing(counter: _LiveBytes, tensors: list[Any]) -> None:
+    """Storages that exist before the step (parameters, buffers, the batch) and their views are not counted."""
+    for tensor in tensors:
+        counter.tracked.add(tensor.untyped_storage()._cdata)
+
+
+def _tensors(batch: Any) -> list[Any]:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
+
+
+def _grad_hook(counter: _LiveBytes) -> Any:
+    def hook(param: Any) -> None:
+        grad = param.grad
+        if grad is not None:
+            counter.grads += grad.untyped_storage().nbytes()
+            counter.note()
+
+    return hook
+
+
+def _cast_batch(batch: Any, dtype: Any) -> Any:
+    """Floating-point inputs follow the model's precision, as DeepSpeed's bf16/fp16 training expects."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(dtype)
+        return value
+
+    return tree_map(cast, batch)
+
+
+def _is_data_dependent(exc: BaseException) -> bool:
+    names = {type(e).__name__ for e in _chain(exc)}
+    return bool(
+        names
+        & {
+            "DynamicOutputShapeException",
+            "DataDependentOutputException",
+            "GuardOnDataDependentSymNode",
+            "UnsupportedOperatorException",
+        }
+    )
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
