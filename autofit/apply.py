@@ -40,11 +40,12 @@ def apply_checkpointing(model: Any, layers: Sequence[Any], ratio: float) -> int:
     state-dict keys and outputs are unchanged), so DeepSpeed and optimizers see
     the same module tree. Wrapping an already wrapped layer is a no-op.
     ``model`` is accepted for symmetry with other transforms and is not touched
-    beyond ``layers``. Returns how many layers are wrapped.
+    beyond ``layers``. Returns how many layers are wrapped. A ratio above 0 with
+    no layers is an error: the config would claim a saving it cannot make.
     """
     del model  # the layers are the model's own modules; nothing else changes
     n_wrap = n_checkpointed(len(layers), ratio)
-    if n_wrap and not layers:
+    if ratio > 0 and not layers:
         raise AutofitError("checkpoint_ratio > 0 but the workload has no repeated layers to checkpoint")
     for layer in list(layers)[:n_wrap]:
         _wrap_forward(layer)

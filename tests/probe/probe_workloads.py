@@ -1,0 +1,82 @@
+"""Tiny workloads the probe tests load by path (``tests/probe/workloads.py:tiny``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import torch
+from torch import nn
+
+import autofit
+
+WIDTH = 128
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Net(nn.Module):
+    """A residual MLP: ``n_layers`` blocks in a ModuleList and a regression head."""
+
+    def __init__(self, width: int = WIDTH, n_layers: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(n_layers))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return ((self.head(x).squeeze(-1) - y) ** 2).mean()
+
+
+def _batch(width: int, seq: int):
+    return lambda n: (torch.randn(n, seq, width), torch.randn(n, seq))
+
+
+def tiny() -> autofit.Workload:
+    return autofit.Workload(model=lambda: Net(), batch=_batch(WIDTH, 16), tokens_per_sample=16)
+
+
+def medium() -> autofit.Workload:
+    """~34 M parameters: large enough that fixed runtime overhead is a few percent of the peak."""
+    return autofit.Workload(model=lambda: Net(width=1024, n_layers=4), batch=_batch(1024, 64))
+
+
+def hog() -> autofit.Workload:
+    """A model whose construction allocates ~2 GiB (touched), for the memory budget test."""
+
+    def model() -> nn.Module:
+        net = Net()
+        net.ballast = nn.Parameter(torch.ones(512 * 2**20 // 1))  # 2 GiB of fp32
+        return net
+
+    return autofit.Workload(model=model, batch=_batch(WIDTH, 16))
+
+
+def broken() -> autofit.Workload:
+    raise RuntimeError("the entry point is broken on purpose")
+
+
+def broken_loss() -> autofit.Workload:
+    def loss(model: nn.Module, batch: object) -> torch.Tensor:
+        raise ValueError("loss exploded on purpose")
+
+    return autofit.Workload(model=lambda: Net(), batch=_batch(WIDTH, 16), loss=loss)
+
+
+def sleeper() -> autofit.Workload:
+    """Records its pid and a child's pid in $AUTOFIT_TEST_PIDFILE, then hangs."""
+    child = subprocess.Popen(["sleep", "300"])
+    with open(os.environ["AUTOFIT_TEST_PIDFILE"], "w") as handle:
+        handle.write(f"{os.getpid()} {child.pid}\n")
+    time.sleep(300)
+    raise AssertionError("unreachable")

@@ -1,0 +1,100 @@
+"""apply_checkpointing and the client optimizer, in process (no DeepSpeed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autofit.apply import apply_checkpointing, apply_to_model, client_optimizer, is_checkpointed, n_checkpointed
+from autofit.config import Config
+from autofit.emit import deepspeed_config
+from autofit.errors import AutofitError
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, width: int = 16, n_layers: int = 4) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(width) for _ in range(n_layers))
+        self.head = torch.nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return ((self.head(x).squeeze(-1) - y) ** 2).mean()
+
+
+@pytest.mark.parametrize(
+    ("n_layers", "ratio", "expected"),
+    [(4, 0.0, 0), (4, 0.25, 1), (4, 0.5, 2), (4, 1.0, 4), (6, 0.5, 3), (5, 0.5, 2), (3, 0.5, 2), (32, 0.3, 10)],
+)
+def test_n_checkpointed_is_round_r_times_l(n_layers: int, ratio: float, expected: int) -> None:
+    assert n_checkpointed(n_layers, ratio) == expected == round(ratio * n_layers)
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.5, 0.75, 1.0])
+def test_wraps_exactly_the_first_layers_and_keeps_outputs(ratio: float) -> None:
+    torch.manual_seed(0)
+    reference = Net(width=16, n_layers=4)
+    model = Net(width=16, n_layers=4)
+    model.load_state_dict(reference.state_dict())
+    n = apply_checkpointing(model, list(model.blocks), ratio)
+    assert n == round(ratio * 4)
+    assert [is_checkpointed(b) for b in model.blocks] == [i < n for i in range(4)]
+    assert list(model.state_dict()) == list(reference.state_dict())
+
+    x, y = torch.randn(3, 5, 16), torch.randn(3, 5)
+    loss_ref, loss = reference(x, y), model(x, y)
+    loss_ref.backward()
+    loss.backward()
+    torch.testing.assert_close(loss, loss_ref)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_checkpointed_layers_recompute_in_backward() -> None:
+    model = Net(width=16, n_layers=2)
+    calls = []
+    model.blocks[0].up.register_forward_hook(lambda *_: calls.append(1))
+    apply_checkpointing(model, list(model.blocks), 0.5)
+    model(torch.randn(2, 3, 16), torch.randn(2, 3)).backward()
+    assert len(calls) == 2  # forward, then the recompute in backward
+
+
+def test_wrapping_twice_is_a_no_op() -> None:
+    model = Net(width=16, n_layers=2)
+    apply_checkpointing(model, list(model.blocks), 1.0)
+    forward = model.blocks[0].forward
+    apply_checkpointing(model, list(model.blocks), 1.0)
+    assert model.blocks[0].forward is forward
+
+
+def test_bad_ratio_and_missing_layers() -> None:
+    with pytest.raises(AutofitError, match="checkpoint_ratio"):
+        apply_checkpointing(Net(), [], 1.5)
+    with pytest.raises(AutofitError, match="no repeated layers"):
+        apply_checkpointing(Net(), [], 0.5)
+    assert apply_checkpointing(Net(), [], 0.0) == 0
+
+
+def test_apply_to_model_reads_the_autofit_section() -> None:
+    model = Net(width=16, n_layers=4)
+    ds = deepspeed_config(Config(checkpoint_ratio=0.5))
+    assert apply_to_model(model, ds, list(model.blocks)) == 2
+
+
+def test_client_optimizer_only_when_the_json_names_none() -> None:
+    model = Net(width=16, n_layers=1)
+    assert client_optimizer(model.parameters(), deepspeed_config(Config(optimizer="adamw"))) is None
+    bnb = pytest.importorskip("bitsandbytes")
+    optimizer = client_optimizer(model.parameters(), deepspeed_config(Config(optimizer="adamw8bit")))
+    assert isinstance(optimizer, bnb.optim.AdamW8bit)
