@@ -1,0 +1,327 @@
+"""Fit the cost model's :class:`Coefficients` to probe results. Pure: no torch, no I/O.
+
+A probe measures a step time and a peak; the analytic model predicted both from
+coefficients it could only guess (how close a kernel gets to the datasheet, what
+the runtime holds). Each function here takes observations and returns refined
+coefficients, so the next prediction is closer and the search probes better.
+
+Time. The step-time model of :mod:`autofit.cost_model.time` is linear in a few
+reciprocal coefficients::
+
+    t = W / eff[dtype] + M * micro_batch_overhead_s + S * step_overhead_s
+        + B / optimizer_bytes_per_s + R
+
+with ``W`` the FLOPs over the datasheet FLOP/s (seconds at 100 % efficiency),
+``M`` the micro-batches per step, ``S`` = 1, ``B`` the optimizer bytes touched
+and ``R`` everything else (communication, offload). :func:`time_terms` reads
+``W, M, S, B, R`` off the model itself by finite differences (the model is
+linear in each, so one difference per coefficient is exact), which keeps this
+module correct whatever the time formulas become. :func:`fit_time` then solves
+the least-squares problem in relative residuals (each probe weighs the same
+whatever its step time), with a ridge pull toward the prior so that a single
+probe moves mostly the term that dominates it, and non-negativity. Dtypes no
+probe has measured move with the measured ones (the same ratio to their prior):
+a CPU is not assumed to have fast bf16, nor slow, until one bf16 probe says so.
+A last residual factor per optimizer (:attr:`Calibration.time_factors`) absorbs
+what the formulas do not model (a bitsandbytes or Python optimizer on a CPU).
+
+Memory. :func:`fit_memory` sets ``memory_scale`` to the median of measured /
+predicted peak over successful probes (robust to one noisy probe), then raises
+it so that every probe that ran out of memory is predicted not to fit its
+budget (an OOM shrinks trust: similar configs get pruned). Clamped to
+:data:`MEMORY_SCALE_RANGE`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from autofit.config import Config
+from autofit.cost_model import Coefficients, ModelFacts, Prediction, predict
+from autofit.hardware import Hardware
+
+#: clamp of the fitted memory correction: beyond it the analytic model is broken, not miscalibrated
+MEMORY_SCALE_RANGE = (0.25, 8.0)
+#: clamp of a fitted compute efficiency (achieved / datasheet FLOP/s)
+EFFICIENCY_RANGE = (1e-5, 1.0)
+#: clamp of the residual time factor of one optimizer
+TIME_FACTOR_RANGE = (0.2, 5.0)
+#: weight of the pull toward the prior (u = 1), against one probe's relative residual: small, so it only
+#: decides what the probes leave open (with one probe: the least change, spread by term size)
+RIDGE = 1e-3
+#: an OOM at budget B means the true peak is above B: predict at least this much above B for that config
+OOM_HEADROOM = 1.02
+
+Predictor = Callable[[Config, ModelFacts, Hardware, int, Coefficients], Prediction]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One finished probe, as calibration sees it."""
+
+    config: Config
+    """What ran."""
+    status: str
+    """``ok``, ``oom``, ``timeout`` or ``error`` (only ok and oom carry information)."""
+    peak_bytes: int
+    """Measured peak (for oom: what was held when it stopped)."""
+    step_time_s: float
+    """Measured seconds per optimizer step (0.0 unless ok)."""
+    budget_bytes: int
+    """The memory budget the probe ran under (what an oom ran out of)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Observation:
+        return cls(
+            config=Config.from_dict(data["config"]),
+            status=str(data["status"]),
+            peak_bytes=int(data.get("peak_bytes", 0)),
+            step_time_s=float(data.get("step_time_s", 0.0)),
+            budget_bytes=int(data.get("budget_bytes", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class TimeTerms:
+    """The step-time model of one config, linear in the calibrated reciprocals."""
+
+    dtype: str
+    """Compute dtype whose efficiency scales ``work_s``."""
+    work_s: float
+    """``W``: compute seconds at 100 % efficiency."""
+    n_micro: float
+    """``M``: multiplies ``micro_batch_overhead_s``."""
+    n_steps: float
+    """``S``: multiplies ``step_overhead_s``."""
+    optimizer_bytes: float
+    """``B``: divided by ``optimizer_bytes_per_s``."""
+    rest_s: float
+    """``R``: seconds no calibrated coefficient touches."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Coefficients fitted from probes, plus a residual time factor per optimizer."""
+
+    coefficients: Coefficients
+    """What :func:`autofit.cost_model.predict` takes."""
+    time_factors: dict[str, float] = field(default_factory=dict)
+    """Optimizer -> measured / fitted-predicted step time (1.0 where none was measured)."""
+    n_observations: int = 0
+    """Probes the fit used (ok and oom)."""
+
+    def predict(
+        self, config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, predictor: Predictor = predict
+    ) -> Prediction:
+        """The cost model's prediction with the fitted coefficients and the residual time factor applied."""
+        prediction = predictor(config, facts, hardware, world_size, self.coefficients)
+        factor = self.time_factors.get(config.optimizer, 1.0)
+        if factor == 1.0:
+            return prediction
+        step = prediction.step_time_s * factor
+        return replace(
+            prediction,
+            step_time_s=step,
+            samples_per_s=prediction.samples_per_s / factor,
+            tokens_per_s=prediction.tokens_per_s / factor if prediction.tokens_per_s is not None else None,
+            time_breakdown={k: v * factor for k, v in prediction.time_breakdown.items()},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "coefficients": self.coefficients.to_dict(),
+            "time_factors": dict(self.time_factors),
+            "n_observations": self.n_observations,
+        }
+
+
+def compute_dtype(config: Config, hardware: Hardware) -> str:
+    """The dtype whose efficiency prices ``config`` (as :mod:`autofit.cost_model.time` picks it)."""
+    return config.precision if config.precision in hardware.peak_flops else "fp32"
+
+
+def time_terms(
+    config: Config,
+    facts: ModelFacts,
+    hardware: Hardware,
+    world_size: int,
+    coefficients: Coefficients,
+    predictor: Predictor = predict,
+) -> TimeTerms:
+    """``W, M, S, B, R`` of ``config``, read off the model by one finite difference per coefficient."""
+    dtype = compute_dtype(config, hardware)
+    c0 = coefficients
+    eff0 = c0.efficiency(dtype)
+
+    def t(c: Coefficients) -> float:
+        return predictor(config, facts, hardware, world_size, c).step_time_s
+
+    t0 = t(c0)
+    # t is linear in 1/eff: halving eff adds exactly W / eff0
+    half = dict(c0.compute_efficiency) | {dtype: eff0 / 2}
+    work_s = max(0.0, (t(c0.with_(compute_efficiency=half)) - t0) * eff0)
+    n_micro = max(0.0, t(c0.with_(micro_batch_overhead_s=c0.micro_batch_overhead_s + 1.0)) - t0)
+    n_steps = max(0.0, t(c0.with_(step_overhead_s=c0.step_overhead_s + 1.0)) - t0)
+    opt0 = c0.optimizer_bytes_per_s
+    optimizer_bytes = max(0.0, (t(c0.with_(optimizer_bytes_per_s=opt0 / 2)) - t0) * opt0)
+    rest_s = t0 - work_s / eff0 - n_micro * c0.micro_batch_overhead_s - n_steps * c0.step_overhead_s
+    rest_s -= optimizer_bytes / opt0
+    return TimeTerms(dtype, work_s, n_micro, n_steps, optimizer_bytes, max(0.0, rest_s))
+
+
+def fit_time(
+    observations: Sequence[Observation],
+    facts: ModelFacts,
+    hardware: Hardware,
+    world_size: int,
+    prior: Coefficients,
+    predictor: Predictor = predict,
+) -> Coefficients:
+    """Least squares of the measured step times over ``1/eff[dtype]``, the overheads and ``1/optimizer_bytes_per_s``.
+
+    Unknowns are scaled by their prior (``u = value / prior``), rows by the measured
+    time: minimise ``sum_i ((sum_j a_ij u_j + R_i) / t_i - 1)^2 + RIDGE^2 sum_j (u_j - 1)^2``
+    subject to ``u_j >= 0`` (active set: a negative unknown is pinned at 0 and the rest refitted).
+    """
+    import numpy as np
+
+    ok = [o for o in observations if o.status == "ok" and o.step_time_s > 0]
+    if not ok:
+        return prior
+    terms = [time_terms(o.config, facts, hardware, world_size, prior, predictor) for o in ok]
+    dtypes = sorted({t.dtype for t in terms})
+    names = [f"eff:{d}" for d in dtypes] + ["micro_batch_overhead_s", "step_overhead_s", "optimizer"]
+    prior_values = [1.0 / prior.efficiency(d) for d in dtypes] + [
+        prior.micro_batch_overhead_s,
+        prior.step_overhead_s,
+        1.0 / prior.optimizer_bytes_per_s,
+    ]
+    # an unknown whose prior is 0 (no overhead assumed) is scaled by a small nominal value instead
+    scales = [v if v > 0 else 1e-3 for v in prior_values]
+    n = len(names)
+    rows, rhs = [], []
+    for obs, term in zip(ok, terms, strict=True):
+        a = [0.0] * n
+        a[dtypes.index(term.dtype)] = term.work_s
+        a[n - 3], a[n - 2], a[n - 1] = term.n_micro, term.n_steps, term.optimizer_bytes
+        rows.append([a_j * s_j / obs.step_time_s for a_j, s_j in zip(a, scales, strict=True)])
+        rhs.append((obs.step_time_s - term.rest_s) / obs.step_time_s)
+    for j in range(n):
+        # pull toward the prior value (u_j = prior/scale: 1 for a positive prior, 0 for a zero one)
+        row = [0.0] * n
+        row[j] = RIDGE
+        rows.append(row)
+        rhs.append(RIDGE * prior_values[j] / scales[j])
+    u = _nonnegative_lstsq(np.asarray(rows), np.asarray(rhs))
+    values = [float(u_j * s_j) for u_j, s_j in zip(u, scales, strict=True)]
+
+    fitted: dict[str, float] = {}
+    for d, inv in zip(dtypes, values[: len(dtypes)], strict=True):
+        fitted[d] = _clamp(1.0 / inv if inv > 0 else EFFICIENCY_RANGE[1], *EFFICIENCY_RANGE)
+    # unmeasured dtypes keep their prior ratio to the measured ones (geometric mean of the moves)
+    moves = [math.log(fitted[d] / prior.efficiency(d)) for d in dtypes]
+    move = math.exp(sum(moves) / len(moves))
+    efficiency = {
+        d: fitted.get(d, _clamp(prior.efficiency(d) * move, *EFFICIENCY_RANGE)) for d in prior.compute_efficiency
+    }
+    inv_opt = values[n - 1]
+    return prior.with_(
+        compute_efficiency=efficiency,
+        micro_batch_overhead_s=max(0.0, values[n - 3]),
+        step_overhead_s=max(0.0, values[n - 2]),
+        optimizer_bytes_per_s=1.0 / inv_opt if inv_opt > 0 else prior.optimizer_bytes_per_s * 1e3,
+    )
+
+
+def fit_memory(
+    observations: Sequence[Observation],
+    facts: ModelFacts,
+    hardware: Hardware,
+    world_size: int,
+    prior: Coefficients,
+    predictor: Predictor = predict,
+) -> Coefficients:
+    """``memory_scale``: the median measured/predicted peak of ok probes, raised past every OOM's budget."""
+    unscaled = prior.with_(memory_scale=1.0)
+
+    def base(config: Config) -> float:
+        return float(predictor(config, facts, hardware, world_size, unscaled).peak_bytes)
+
+    ratios = [o.peak_bytes / base(o.config) for o in observations if o.status == "ok" and o.peak_bytes > 0]
+    scale = statistics.median(ratios) if ratios else prior.memory_scale
+    for o in observations:
+        if o.status == "oom" and o.budget_bytes > 0:
+            scale = max(scale, OOM_HEADROOM * o.budget_bytes / base(o.config))
+    return prior.with_(memory_scale=_clamp(scale, *MEMORY_SCALE_RANGE))
+
+
+def fit_time_factors(
+    observations: Sequence[Observation],
+    facts: ModelFacts,
+    hardware: Hardware,
+    world_size: int,
+    coefficients: Coefficients,
+    predictor: Predictor = predict,
+) -> dict[str, float]:
+    """Optimizer -> median of measured / predicted step time with the fitted coefficients, clamped."""
+    by_optimizer: dict[str, list[float]] = {}
+    for o in observations:
+        if o.status == "ok" and o.step_time_s > 0:
+            predicted = predictor(o.config, facts, hardware, world_size, coefficients).step_time_s
+            if predicted > 0:
+                by_optimizer.setdefault(o.config.optimizer, []).append(o.step_time_s / predicted)
+    return {k: _clamp(statistics.median(v), *TIME_FACTOR_RANGE) for k, v in by_optimizer.items()}
+
+
+def calibrate(
+    observations: Sequence[Observation],
+    facts: ModelFacts,
+    hardware: Hardware,
+    world_size: int,
+    prior: Coefficients | None = None,
+    predictor: Predictor = predict,
+) -> Calibration:
+    """Everything probes say, in one :class:`Calibration` (time, then memory, then residual factors)."""
+    prior = prior or Coefficients.for_hardware(hardware)
+    coefficients = fit_time(observations, facts, hardware, world_size, prior, predictor)
+    coefficients = fit_memory(observations, facts, hardware, world_size, coefficients, predictor)
+    factors = fit_time_factors(observations, facts, hardware, world_size, coefficients, predictor)
+    used = sum(1 for o in observations if o.status in ("ok", "oom"))
+    return Calibration(coefficients=coefficients, time_factors=factors, n_observations=used)
+
+
+def _nonnegative_lstsq(a: Any, b: Any) -> Any:
+    """``argmin |a x - b|`` with ``x >= 0``, by pinning negative unknowns at 0 until none is left."""
+    import numpy as np
+
+    free = np.ones(a.shape[1], dtype=bool)
+    x = np.zeros(a.shape[1])
+    for _ in range(a.shape[1] + 1):
+        x = np.zeros(a.shape[1])
+        if free.any():
+            x[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+        negative = x < 0
+        if not negative.any():
+            return x
+        free &= ~negative
+    return np.clip(x, 0.0, None)
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return min(high, max(low, value))
+
+
+__all__ = [
+    "Calibration",
+    "Observation",
+    "TimeTerms",
+    "calibrate",
+    "fit_memory",
+    "fit_time",
+    "fit_time_factors",
+    "time_terms",
+]

@@ -1,0 +1,186 @@
+"""Calibration of the cost model from probe observations: pure, hand-made facts, no torch."""
+
+from __future__ import annotations
+
+import pytest
+
+from autofit.config import Config
+from autofit.cost_model import ActivationProfile, Coefficients, ModelFacts, PeakPoint, predict
+from autofit.cost_model.calibrate import (
+    MEMORY_SCALE_RANGE,
+    Observation,
+    calibrate,
+    fit_memory,
+    fit_time,
+    time_terms,
+)
+from autofit.hardware import Hardware
+
+MIB = 2**20
+
+
+def _profile(dtype: str, checkpointed: bool) -> ActivationProfile:
+    elem = 4 if dtype == "fp32" else 2
+    act = 3 * MIB * elem // 4 if checkpointed else 8 * MIB * elem // 4
+    flops = 4e9 if checkpointed else 3e9
+    points = tuple(
+        PeakPoint(
+            micro_batch_size=n,
+            peak_with_grads_bytes=n * act + 4 * MIB,
+            peak_without_grads_bytes=n * act,
+            activation_bytes=n * act,
+            grad_bytes=4 * MIB,
+            flops=int(n * flops),
+        )
+        for n in (1, 2, 4)
+    )
+    return ActivationProfile(dtype=dtype, attention="sdpa", checkpointed=checkpointed, points=points)
+
+
+FACTS = ModelFacts(
+    name="toy",
+    n_params=1_000_000,
+    n_trainable_params=1_000_000,
+    n_layers=4,
+    layer_params=(240_000,) * 4,
+    largest_module_params=65_536,
+    largest_param_numel=65_536,
+    n_small_params=10_000,
+    factored_state_numel=20_000,
+    n_param_tensors=20,
+    buffer_bytes=0,
+    tokens_per_sample=None,
+    profiles={
+        ActivationProfile.key(d, "sdpa", c): _profile(d, c) for d in ("fp32", "bf16") for c in (False, True)
+    },
+)
+CPU = Hardware(
+    name="cpu",
+    kind="cpu",
+    memory_bytes=1024 * MIB,
+    peak_flops={"fp32": 1e11, "bf16": 1e11, "fp16": 1e11},
+    memory_bandwidth_bytes_per_s=20e9,
+    intra_node_bytes_per_s=5e9,
+    pcie_bytes_per_s=20e9,
+    host_memory_bytes=2**34,
+)
+PRIOR = Coefficients.for_hardware(CPU)
+CONFIGS = [
+    Config(micro_batch_size=m, grad_accum_steps=16 // m, precision=p, checkpoint_ratio=r)
+    for m in (1, 2, 4, 8)
+    for p in ("fp32", "bf16")
+    for r in (0.0, 1.0)
+]
+
+
+def _truth() -> Coefficients:
+    """A device the prior knows nothing about: slow fp32, bf16 ten times slower still, big per-micro overhead."""
+    return PRIOR.with_(
+        compute_efficiency={"fp32": 0.08, "bf16": 0.008, "fp16": 0.35},
+        micro_batch_overhead_s=0.03,
+        step_overhead_s=0.01,
+        memory_scale=1.4,
+    )
+
+
+def _observe(config: Config, truth: Coefficients, status: str = "ok") -> Observation:
+    p = predict(config, FACTS, CPU, 1, truth)
+    return Observation(config, status, p.peak_bytes, p.step_time_s if status == "ok" else 0.0, CPU.memory_bytes)
+
+
+def test_time_terms_reproduce_the_prediction() -> None:
+    for config in CONFIGS:
+        t = time_terms(config, FACTS, CPU, 1, PRIOR)
+        again = (
+            t.work_s / PRIOR.efficiency(t.dtype)
+            + t.n_micro * PRIOR.micro_batch_overhead_s
+            + t.n_steps * PRIOR.step_overhead_s
+            + t.optimizer_bytes / PRIOR.optimizer_bytes_per_s
+            + t.rest_s
+        )
+        assert again == pytest.approx(predict(config, FACTS, CPU, 1, PRIOR).step_time_s, rel=1e-6)
+        assert t.n_micro == pytest.approx(config.grad_accum_steps)
+
+
+def test_no_observation_keeps_the_prior() -> None:
+    assert calibrate([], FACTS, CPU, 1, PRIOR).coefficients == PRIOR
+
+
+def test_enough_observations_recover_the_truth() -> None:
+    truth = _truth()
+    observations = [_observe(c, truth) for c in CONFIGS]
+    fitted = calibrate(observations, FACTS, CPU, 1, PRIOR)
+    for config in CONFIGS:
+        want = predict(config, FACTS, CPU, 1, truth)
+        got = fitted.predict(config, FACTS, CPU, 1)
+        assert got.step_time_s == pytest.approx(want.step_time_s, rel=0.05), config.label()
+        assert got.peak_bytes == pytest.approx(want.peak_bytes, rel=0.01)
+
+
+def test_one_slow_bf16_probe_makes_every_bf16_prediction_slow() -> None:
+    """A CPU without native bf16 is learned: after one bf16 probe, bf16 ranks below fp32."""
+    truth = _truth()
+    fp32 = Config(micro_batch_size=4, grad_accum_steps=4)
+    bf16 = fp32.with_(precision="bf16")
+    # before: the prior prices them the same (no assumption about bf16)
+    before = calibrate([_observe(fp32, truth)], FACTS, CPU, 1, PRIOR)
+    assert before.predict(bf16, FACTS, CPU, 1).step_time_s <= 1.1 * before.predict(fp32, FACTS, CPU, 1).step_time_s
+    after = calibrate([_observe(fp32, truth), _observe(bf16, truth)], FACTS, CPU, 1, PRIOR)
+    assert after.coefficients.efficiency("bf16") < 0.3 * after.coefficients.efficiency("fp32")
+    for m in (1, 2, 8):
+        other_fp32 = Config(micro_batch_size=m, grad_accum_steps=16 // m)
+        other_bf16 = other_fp32.with_(precision="bf16")
+        assert (
+            after.predict(other_bf16, FACTS, CPU, 1).step_time_s
+            > 2 * after.predict(other_fp32, FACTS, CPU, 1).step_time_s
+        )
+
+
+def test_unmeasured_dtype_moves_with_the_measured_one() -> None:
+    fitted = fit_time([_observe(CONFIGS[0], _truth())], FACTS, CPU, 1, PRIOR)
+    ratio = fitted.efficiency("fp32") / PRIOR.efficiency("fp32")
+    assert ratio < 0.9
+    assert fitted.efficiency("bf16") / PRIOR.efficiency("bf16") == pytest.approx(ratio)
+
+
+def test_memory_scale_is_a_robust_ratio() -> None:
+    truth = _truth()
+    observations = [_observe(c, truth) for c in CONFIGS[:5]]
+    # one wild measurement does not move the median much
+    wild = observations[0]
+    observations[0] = Observation(wild.config, "ok", wild.peak_bytes * 10, wild.step_time_s, wild.budget_bytes)
+    fitted = fit_memory(observations, FACTS, CPU, 1, PRIOR)
+    assert fitted.memory_scale == pytest.approx(1.4, rel=0.02)
+
+
+def test_memory_scale_is_clamped() -> None:
+    config = CONFIGS[0]
+    p = predict(config, FACTS, CPU, 1, PRIOR)
+    huge = Observation(config, "ok", p.peak_bytes * 1000, 1.0, CPU.memory_bytes)
+    assert fit_memory([huge], FACTS, CPU, 1, PRIOR).memory_scale == MEMORY_SCALE_RANGE[1]
+
+
+def test_an_oom_makes_its_config_and_bigger_ones_not_fit() -> None:
+    """The prior says it fits; the probe ran out of memory: afterwards it and larger configs are pruned."""
+    config = Config(micro_batch_size=4, grad_accum_steps=4)
+    budget = int(predict(config, FACTS, CPU, 1, PRIOR).peak_bytes * 1.2)
+    small = CPU.with_memory(budget)
+    assert predict(config, FACTS, small, 1, PRIOR).fits
+    oom = Observation(config, "oom", budget, 0.0, budget)
+    fitted = calibrate([oom], FACTS, small, 1, PRIOR)
+    assert not fitted.predict(config, FACTS, small, 1).fits
+    assert not fitted.predict(config.with_(micro_batch_size=8, grad_accum_steps=2), FACTS, small, 1).fits
+
+
+def test_errors_and_timeouts_carry_no_information() -> None:
+    bad = [Observation(c, s, 0, 0.0, CPU.memory_bytes) for c, s in zip(CONFIGS, ("error", "timeout"), strict=False)]
+    result = calibrate(bad, FACTS, CPU, 1, PRIOR)
+    assert result.coefficients == PRIOR
+    assert result.n_observations == 0
+
+
+def test_observation_round_trips_through_a_dict() -> None:
+    obs = _observe(CONFIGS[3], _truth())
+    data = {"config": obs.config.to_dict(), "status": "ok", "peak_bytes": obs.peak_bytes,
+            "step_time_s": obs.step_time_s, "budget_bytes": obs.budget_bytes}
+    assert Observation.from_dict(data) == obs
