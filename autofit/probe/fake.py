@@ -83,17 +83,25 @@ class LiveBytes:
     def total(self) -> int:
         return sum(self.live.values())
 
-    def add(self, tensor: Any, category: str = "activations", scale: float = 1.0) -> None:
-        """Count ``tensor``'s storage (once) or move it to ``category``."""
+    def observe(self, tensor: Any) -> None:
+        """Count ``tensor``'s storage as an activation if it is new (an op's output; views are not new)."""
         storage = tensor.untyped_storage()
+        if id(storage) not in self._seen:
+            self._count(storage, "activations", 1.0)
+
+    def add(self, tensor: Any, category: str, scale: float = 1.0) -> None:
+        """Count ``tensor``'s storage under ``category`` at ``scale`` x its size, moving it if already counted."""
+        storage = tensor.untyped_storage()
+        old = self._seen.get(id(storage))
+        if old is not None:
+            self.live[old[0]] -= old[1]
+            self._seen.pop(id(storage))
+        self._count(storage, category, scale, finalize=old is None)
+
+    def _count(self, storage: Any, category: str, scale: float, finalize: bool = True) -> None:
         key = id(storage)
         n_bytes = int(storage.nbytes() * scale)
-        if key in self._seen:
-            old_category, old_bytes = self._seen[key]
-            if old_category == category and old_bytes == n_bytes:
-                return
-            self.live[old_category] -= old_bytes
-        else:
+        if finalize:
             weakref.finalize(storage, self._free, key)
         self._seen[key] = (category, n_bytes)
         self.live[category] += n_bytes
@@ -126,7 +134,7 @@ def _dispatch_mode(tracker: LiveBytes) -> Any:
             out = func(*args, **(kwargs or {}))
             for item in tree_flatten(out)[0]:
                 if isinstance(item, torch.Tensor):
-                    tracker.add(item)
+                    tracker.observe(item)
             return out
 
     return _Track()
@@ -223,6 +231,7 @@ def run_fake(spec: dict[str, Any], phases: dict[str, float]) -> dict[str, Any]:
             # DeepSpeed's data-parallel all-reduce flattens the gradients into buckets of up to
             # 5e8 elements, even on one rank (engine.py allreduce_bucket, MEMORY_OPT_ALLREDUCE_SIZE)
             bucket = torch.empty(min(n_params, ALLREDUCE_BUCKET_ELEMENTS), dtype=dtype if half else torch.float32)
+            tracker.add(bucket, "other")
             del bucket
         if zero == 1 and half and not off_opt:
             # at the step, the rank's gradient partition is copied to fp32 for the master update

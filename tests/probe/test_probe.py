@@ -1,0 +1,129 @@
+"""Real probes of tiny models: subprocess ranks, real DeepSpeed on the CPU (gloo), no mocks.
+
+Each real probe pays the imports and ``deepspeed.initialize`` (~8 s on 2 cores), so
+they are marked slow. The first DeepSpeed start on a machine JIT-builds a C++ op
+(~2 minutes, cached after): the timeouts allow for it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from autofit.config import Config
+from autofit.hardware import get_hardware
+from autofit.probe import ProbeResult, run_probe
+
+HERE = Path(__file__).resolve().parent
+ENTRY = f"{HERE / 'probe_workloads.py'}"
+CPU = get_hardware("cpu")
+START_S = 300.0  # generous: the first DeepSpeed start on a fresh machine builds an op
+
+
+def entry(name: str) -> str:
+    return f"{ENTRY}:{name}"
+
+
+def test_probe_result_json_has_the_design_keys() -> None:
+    result = ProbeResult(
+        config=Config(),
+        status="ok",
+        peak_bytes=10,
+        step_time_s=0.5,
+        samples_per_s=2.0,
+        tokens_per_s=None,
+        message=None,
+        overhead_s=1.0,
+        per_rank_peak_bytes=[10],
+    )
+    out = result.with_predicted({"peak_bytes": 9}).to_dict()
+    for key in ("config", "status", "peak_bytes", "step_time_s", "samples_per_s", "tokens_per_s", "predicted", "message"):
+        assert key in out
+    assert out["config"]["micro_batch_size"] == 1
+    assert out["predicted"] == {"peak_bytes": 9}
+    assert result.to_dict()["predicted"] == {}
+
+
+@pytest.mark.slow
+def test_real_probe_of_a_tiny_model_is_ok() -> None:
+    config = Config(micro_batch_size=4, grad_accum_steps=2, checkpoint_ratio=0.5)
+    result = run_probe(entry("tiny"), config, CPU, steps=2, warmup_steps=1, timeout_s=START_S)
+    assert result.status == "ok", result.message
+    assert result.peak_bytes > 0
+    assert result.per_rank_peak_bytes == [result.peak_bytes]
+    assert result.step_time_s > 0
+    assert result.samples_per_s == pytest.approx(8 / result.step_time_s)
+    assert result.tokens_per_s == pytest.approx(16 * result.samples_per_s)
+    assert result.overhead_s > 0
+    assert {"process_start_s", "imports_s", "model_build_s", "initialize_s"} <= set(result.phases_s)
+
+
+@pytest.mark.slow
+def test_probe_past_the_memory_budget_is_oom_quickly() -> None:
+    hardware = get_hardware("cpu", memory_bytes=256 * 2**20)
+    t0 = time.monotonic()
+    result = run_probe(entry("hog"), Config(), hardware, timeout_s=START_S)
+    elapsed = time.monotonic() - t0
+    assert result.status == "oom", result.message
+    assert 256 * 2**20 < result.peak_bytes < 2 * 2**30  # stopped on the way to 2 GiB
+    assert "budget" in (result.message or "")
+    assert elapsed < 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "text"), [("broken", "broken on purpose"), ("broken_loss", "loss exploded")])
+def test_an_entry_that_raises_is_error_with_its_message(name: str, text: str) -> None:
+    result = run_probe(entry(name), Config(), CPU, timeout_s=START_S)
+    assert result.status == "error"
+    assert text in (result.message or "")
+    assert "\n" not in (result.message or "")
+    assert result.step_time_s == 0.0
+
+
+@pytest.mark.slow
+def test_timeout_kills_the_whole_process_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pidfile = tmp_path / "pids"
+    monkeypatch.setenv("AUTOFIT_TEST_PIDFILE", str(pidfile))
+    t0 = time.monotonic()
+    # fake mode reaches the entry point fastest (no DeepSpeed import first)
+    result = run_probe(entry("sleeper"), Config(), CPU, mode="fake", timeout_s=8.0)
+    assert result.status == "timeout"
+    assert time.monotonic() - t0 < 20
+    assert "8 s" in (result.message or "")
+    pids = [int(p) for p in pidfile.read_text().split()]  # the rank and the child it started
+    assert len(pids) == 2
+    for pid in pids:
+        assert not _alive(pid), f"process {pid} outlived the probe"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_world_size_two_zero(stage: int) -> None:
+    config = Config(micro_batch_size=2, zero_stage=stage)
+    result = run_probe(entry("tiny"), config, CPU, world_size=2, steps=2, timeout_s=START_S)
+    assert result.status == "ok", result.message
+    assert len(result.per_rank_peak_bytes) == 2
+    assert all(b > 0 for b in result.per_rank_peak_bytes)
+    assert result.peak_bytes == max(result.per_rank_peak_bytes)
+    assert result.samples_per_s == pytest.approx(2 * 2 / result.step_time_s)
+
+
+@pytest.mark.slow
+def test_fake_mode_peak_is_close_to_a_real_probe() -> None:
+    config = Config(micro_batch_size=4)
+    real = run_probe(entry("medium"), config, CPU, steps=2, timeout_s=START_S)
+    fake = run_probe(entry("medium"), config, CPU, mode="fake", timeout_s=START_S)
+    assert real.status == fake.status == "ok", (real.message, fake.message)
+    assert fake.peak_bytes == pytest.approx(real.peak_bytes, rel=0.05)
+    assert set(fake.breakdown) == {"params", "grads", "optimizer", "activations", "other"}
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
