@@ -13,13 +13,19 @@ working weights             P x w (w = 4 fp32, 2 bf16/fp16); ZeRO-3: P x w / N p
 fp32 master (16-bit, or     P x 4 / N (ZeRO >= 1: one flat partition, DeepSpeed clones it
 ZeRO 1/2 in fp32)           even in fp32 -- stage_1_and_2.py ``single_partition_of_fp32_groups``);
                             ZeRO-0 16-bit: P x 4 (``BF16_Optimizer``/``FP16_Optimizer``)
-gradients                   ZeRO 0/1: autograd's P x w, held until the step; ZeRO 2/3: each
-                            gradient freed once reduced into a P x w / N partition;
-                            16-bit ZeRO-0: plus an fp32 accumulation buffer P x 4
+gradients                   ZeRO-0: autograd's P x w held until the step, and flattened into
+                            one all-reduce bucket (<= 5e8 elements) after backward; 16-bit
+                            ZeRO-0: plus an fp32 accumulation buffer P x 4. ZeRO >= 1: each
+                            gradient copied out of autograd into the rank's P x w / N
+                            partition (through a reduce bucket of min(P, 5e7) x w on N > 1
+                            ranks); ZeRO 1/2: plus an fp32 flat copy P x 4 / N at the step
 optimizer states (on the    adamw 8 B/elem; adamw8bit 2 B/elem + fp32 absmax per 256-block
 elements it updates: P, or  per state (bitsandbytes blockwise); lion 4 B; sgd 4 B (momentum);
 P / N under ZeRO >= 1)      adafactor factored rows + cols x 4 B for >= 2-D tensors (ZeRO's
                             flat 1-D partitions are not factored: 4 B/elem)
+runtime ("other")           CPU: measured -- RSS that ``deepspeed.initialize`` and two steps of
+                            a 64x64 layer add (gloo, DeepSpeed's shm op, thread pools), ~25 MiB;
+                            CUDA: the hardware's ``context_bytes``
 ==========================  ===============================================================
 
 Offloaded parts (``offload_optimizer`` / ``offload_params`` on a CUDA device) are
@@ -35,6 +41,8 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from autofit.emit import REDUCE_BUCKET_ELEMENTS
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
 #: DeepSpeed's ZeRO-0 gradient all-reduce bucket, elements (engine.py MEMORY_OPT_ALLREDUCE_SIZE)
@@ -211,8 +219,12 @@ def run_fake(spec: dict[str, Any], phases: dict[str, float]) -> dict[str, Any]:
             tracker.add_bytes(state, "optimizer")
             if half and zero == 0:
                 tracker.add_bytes(4 * n_params, "grads")  # BF16_Optimizer's fp32 gradient accumulation
-        if zero >= 2:
-            tracker.add_bytes(math.ceil(n_params / n_ranks) * w, "grads")  # the rank's gradient partition
+        if zero >= 1:
+            # ZeRO 1/2 (stage_1_and_2.py) and 3 copy each gradient out of autograd as it is produced:
+            # into the rank's partition and, on more than one rank, through a reduce bucket first
+            tracker.add_bytes(math.ceil(n_params / n_ranks) * w, "grads")
+            if n_ranks > 1:
+                tracker.add_bytes(min(n_params, REDUCE_BUCKET_ELEMENTS) * w, "other")
             for p in params:
                 p.register_post_accumulate_grad_hook(_drop_grad)
         else:
@@ -233,9 +245,12 @@ def run_fake(spec: dict[str, Any], phases: dict[str, float]) -> dict[str, Any]:
             bucket = torch.empty(min(n_params, ALLREDUCE_BUCKET_ELEMENTS), dtype=dtype if half else torch.float32)
             tracker.add(bucket, "other")
             del bucket
-        if zero == 1 and half and not off_opt:
-            # at the step, the rank's gradient partition is copied to fp32 for the master update
-            tracker.add(torch.empty(math.ceil(n_params / n_ranks), dtype=torch.float32), "grads")
+        if zero in (1, 2) and not off_opt:
+            # at the step the partition is flattened into an fp32 gradient for the master update
+            # (stage_1_and_2.py ``single_grad_partition``), a copy even in fp32
+            flat = torch.empty(math.ceil(n_params / n_ranks), dtype=torch.float32)
+            tracker.add(flat, "grads")
+            del flat
         phases["steps_s"] = time.time() - t0
     peak = tracker.peak_bytes
     return {

@@ -39,7 +39,16 @@ def test_probe_result_json_has_the_design_keys() -> None:
         per_rank_peak_bytes=[10],
     )
     out = result.with_predicted({"peak_bytes": 9}).to_dict()
-    for key in ("config", "status", "peak_bytes", "step_time_s", "samples_per_s", "tokens_per_s", "predicted", "message"):
+    for key in (
+        "config",
+        "status",
+        "peak_bytes",
+        "step_time_s",
+        "samples_per_s",
+        "tokens_per_s",
+        "predicted",
+        "message",
+    ):
         assert key in out
     assert out["config"]["micro_batch_size"] == 1
     assert out["predicted"] == {"peak_bytes": 9}
