@@ -50,9 +50,7 @@ FACTS = ModelFacts(
     n_param_tensors=20,
     buffer_bytes=0,
     tokens_per_sample=None,
-    profiles={
-        ActivationProfile.key(d, "sdpa", c): _profile(d, c) for d in ("fp32", "bf16") for c in (False, True)
-    },
+    profiles={ActivationProfile.key(d, "sdpa", c): _profile(d, c) for d in ("fp32", "bf16") for c in (False, True)},
 )
 CPU = Hardware(
     name="cpu",
@@ -181,6 +179,11 @@ def test_errors_and_timeouts_carry_no_information() -> None:
 
 def test_observation_round_trips_through_a_dict() -> None:
     obs = _observe(CONFIGS[3], _truth())
-    data = {"config": obs.config.to_dict(), "status": "ok", "peak_bytes": obs.peak_bytes,
-            "step_time_s": obs.step_time_s, "budget_bytes": obs.budget_bytes}
+    data = {
+        "config": obs.config.to_dict(),
+        "status": "ok",
+        "peak_bytes": obs.peak_bytes,
+        "step_time_s": obs.step_time_s,
+        "budget_bytes": obs.budget_bytes,
+    }
     assert Observation.from_dict(data) == obs

@@ -1,0 +1,85 @@
+"""The report from a search result built by hand (no probe): tables, pictures and index.html."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_calibrate import CONFIGS, CPU, FACTS, PRIOR
+
+from autofit.cost_model import predict
+from autofit.cost_model.calibrate import Calibration
+from autofit.emit import deepspeed_config
+from autofit.report import report_sections, write_report
+from autofit.search import SearchResult, TrialRecord
+
+
+def _result(tmp_path: Path) -> SearchResult:
+    usable = CPU.with_memory(int(0.9 * CPU.memory_bytes))
+    predictions = sorted(
+        ((c, predict(c, FACTS, usable, 1, PRIOR)) for c in CONFIGS), key=lambda cp: -cp[1].samples_per_s
+    )
+    trials = []
+    for i, (config, p) in enumerate(predictions[:3]):
+        status = ("ok", "oom", "ok")[i]
+        measured = {
+            "status": status,
+            "peak_bytes": int(p.peak_bytes * 1.1),
+            "step_time_s": p.step_time_s * 2,
+            "samples_per_s": p.samples_per_s / 2 if status == "ok" else 0.0,
+            "message": None,
+        }
+        trials.append(
+            TrialRecord(
+                i, config, "search", status, measured, p.to_dict(), status == "ok", 1000.0 + 10 * i, 8.0, resumed=i == 0
+            )
+        )
+    winner = trials[0]
+    trials.append(TrialRecord(3, winner.config, "verify", "ok", winner.measured, winner.predicted, True, 1040.0, 8.0))
+    pruned = [{"config": c.to_dict(), "kind": "dominated", "reason": "predicted slower"} for c, _ in predictions[3:]]
+    pruned.append({"config": {"precision": "fp8"}, "kind": "rule", "reason": "cpu has no fp8"})
+    return SearchResult(
+        config=winner.config,
+        measured=winner.measured,
+        predicted=winner.predicted,
+        deepspeed=deepspeed_config(winner.config, 1, "cpu"),
+        trials=trials,
+        pruned=pruned,
+        hardware=CPU,
+        world_size=1,
+        global_batch=16,
+        margin=0.1,
+        usable_bytes=usable.memory_bytes,
+        n_candidates=len(CONFIGS),
+        stop_reason="test",
+        storage="sqlite:///autofit.db",
+        study_name="s",
+        out_path=str(tmp_path / "ds.json"),
+        wall_s=50.0,
+        calibration=Calibration(PRIOR),
+        predictions=predictions,
+        facts=FACTS,
+    )
+
+
+def test_report_writes_tables_pictures_and_an_index(tmp_path: Path) -> None:
+    result = _result(tmp_path)
+    index = write_report(result, tmp_path / "report")
+    html = index.read_text()
+    for name in ("memory_breakdown.png", "memory_vs_throughput.png", "timeline.png"):
+        png = tmp_path / "report" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f'src="{name}"' in html
+    assert "safety margin of 10%" in html
+    assert "optuna-dashboard sqlite:///autofit.db" in html
+    assert "cpu has no fp8" in html and "predicted slower" in html
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Predicted vs measured" in md and "## Pruned" in md
+
+
+def test_sections_hold_every_probe_and_every_pruned_candidate(tmp_path: Path) -> None:
+    result = _result(tmp_path)
+    sections = {title: rows for title, _, _, rows in report_sections(result)}
+    assert len(sections["Predicted vs measured"]) == len(result.trials)
+    assert len(sections["Pruned"]) == len(result.pruned)
+    assert [r[1] for r in sections["Runner-ups"]] == [result.trials[2].config.label()]
+    assert any("resumed" in row[1] for row in sections["Predicted vs measured"])
