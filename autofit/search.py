@@ -24,7 +24,7 @@ Resumption: the config and the measurement of each finished probe are user attrs
 of its trial, written before ``tell``. A search started again on the same study
 (``--study NAME`` and the same storage) reads them back, skips those configs and
 keeps their results for calibration and the best; a trial left ``RUNNING`` by a
-killed process is marked failed (``status = interrupted``) and its config probed again.
+killed process is marked failed (it has no ``measured`` attr) and its config is probed again.
 """
 
 from __future__ import annotations
@@ -563,7 +563,6 @@ def _read_back(study: Any, trial_state: Any) -> list[TrialRecord]:
                 _finish_orphan(study, t, trial_state, attrs)
         elif t.state == trial_state.RUNNING:
             # killed mid-probe: nothing was measured, the config will be probed again
-            study._storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
             study.tell(t.number, state=trial_state.FAIL)
     return records
 
