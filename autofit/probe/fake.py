@@ -105,6 +105,8 @@ class LiveBytes:
             self.live[old[0]] -= old[1]
             self._seen.pop(id(storage))
         self._count(storage, category, scale, finalize=old is None)
+        if old is not None and self.total() >= self.peak_bytes:
+            self.peak_breakdown = dict(self.live)  # the peak's bytes just changed category
 
     def _count(self, storage: Any, category: str, scale: float, finalize: bool = True) -> None:
         key = id(storage)
@@ -119,6 +121,11 @@ class LiveBytes:
         """A lasting allocation known only by size (buffers DeepSpeed would hold)."""
         self.live[category] += int(n_bytes)
         self._note_peak()
+
+    def reset_peak(self) -> None:
+        """Forget the peak so far (what was live stays counted)."""
+        self.peak_bytes = self.total()
+        self.peak_breakdown = dict(self.live)
 
     def _free(self, key: int) -> None:
         category, n_bytes = self._seen.pop(key)
@@ -195,14 +202,16 @@ def run_fake(spec: dict[str, Any], phases: dict[str, float]) -> dict[str, Any]:
         phases["model_build_s"] = time.time() - t0
         t0 = time.time()
 
-        # fp32 master weights: DeepSpeed copies before it casts the model to 16 bit
-        if half or zero in (1, 2):
-            if not off_opt:
-                master = torch.empty(math.ceil(n_params / shard), dtype=torch.float32)
-                tracker.add(master, "optimizer")
+        # deepspeed.initialize casts the module on the host, then moves it to the device
         if half:
             for p in model.parameters():
                 p.data = p.data.to(dtype)
+        if cuda:
+            tracker.reset_peak()  # the fp32 model was built in host memory, not on the GPU
+        # fp32 master weights, copied from the (cast) working weights
+        if (half or zero in (1, 2)) and not off_opt:
+            master = torch.empty(math.ceil(n_params / shard), dtype=torch.float32)
+            tracker.add(master, "optimizer")
         weight_scale = (0.0 if off_par else 1.0 / n_ranks) if zero == 3 else 1.0
         for p in model.parameters():
             tracker.add(p, "params", weight_scale)

@@ -100,6 +100,10 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     config = Config.from_dict(spec["config"])
     ds = spec["deepspeed"]
     workload = load_workload(spec["entry"])
+    # building once on the meta device imports what the model's code imports lazily
+    # (transformers loads its modeling modules on first use): imports, not training memory
+    with torch.device("meta"):
+        workload.build_model(attention=config.attention)
     phases["imports_s"] = time.time() - t0
     out_extra = {"tokens_per_sample": workload.tokens_per_sample}
 
