@@ -39,17 +39,26 @@ def apply_checkpointing(model: Any, layers: Sequence[Any], ratio: float) -> int:
     The layers are patched in place (their ``forward`` is wrapped; parameters,
     state-dict keys and outputs are unchanged), so DeepSpeed and optimizers see
     the same module tree. Wrapping an already wrapped layer is a no-op.
-    ``model`` is accepted for symmetry with other transforms and is not touched
-    beyond ``layers``. Returns how many layers are wrapped. A ratio above 0 with
+    A Hugging Face model's KV cache is turned off (``config.use_cache = False``, as
+    ``gradient_checkpointing_enable`` does): a cache filled in forward changes what
+    the recompute saves. Returns how many layers are wrapped. A ratio above 0 with
     no layers is an error: the config would claim a saving it cannot make.
     """
-    del model  # the layers are the model's own modules; nothing else changes
     n_wrap = n_checkpointed(len(layers), ratio)
+    if n_wrap:
+        _disable_kv_cache(model)
     if ratio > 0 and not layers:
         raise AutofitError("checkpoint_ratio > 0 but the workload has no repeated layers to checkpoint")
     for layer in list(layers)[:n_wrap]:
         _wrap_forward(layer)
     return n_wrap
+
+
+def _disable_kv_cache(model: Any) -> None:
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and getattr(config, "use_cache", False):
+            config.use_cache = False
 
 
 def is_checkpointed(layer: Any) -> bool:

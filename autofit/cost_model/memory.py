@@ -33,6 +33,9 @@ from autofit.emit import REDUCE_BUCKET_ELEMENTS, STAGE3_MAX_LIVE_ELEMENTS
 from autofit.hardware import Hardware
 
 FP32 = 4
+#: a CPU process converting to and computing in bf16 holds ~7 MiB more runtime memory
+#: (benchmarks/deepspeed_states.py: the constant term of bf16 vs fp32 fits, every stage)
+SIXTEEN_BIT_CPU_RUNTIME_BYTES = 7 * 2**20
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class MemoryBreakdown:
         return self.params + self.grads + self.optimizer + self.activations + self.other
 
 
-def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float) -> float:
+def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, flat: bool = False) -> float:
     """Optimizer-state bytes for ``n_elements`` trainable parameters (a shard of the model).
 
     * AdamW: ``m`` and ``v`` in fp32, 8 B/param (Loshchilov & Hutter 2019; ZeRO paper's K counts them).
@@ -66,18 +69,21 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float) 
     * Adafactor (Shazeer & Stern 2018): factored second moment, row + column vectors per matrix,
       no first moment (beta1=None, torch's default).
     * SGD with momentum: one buffer, 4 B/param.
+
+    ``flat``: under ZeRO 1-3 the optimizer steps on one flat 1-D partition, so Adafactor cannot
+    factor (4 B/param) and bitsandbytes sees no small tensors.
     """
     share = n_elements / max(facts.n_trainable_params, 1)
     if optimizer == "adamw":
         return 8.0 * n_elements
     if optimizer == "adamw8bit":
-        small = facts.n_small_params * share
+        small = 0.0 if flat else facts.n_small_params * share
         large = n_elements - small
         return large * (2.0 + 8.0 / 256) + small * 8.0
     if optimizer in ("lion", "sgd"):
         return 4.0 * n_elements
     if optimizer == "adafactor":
-        return FP32 * facts.factored_state_numel * share
+        return FP32 * (n_elements if flat else facts.factored_state_numel * share)
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 
@@ -86,7 +92,7 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float) 
 #: bitsandbytes' CPU path dequantizes both states to fp32 and builds the update in fp32.
 #: CUDA: fused kernels (FusedAdam, FusedLion, bitsandbytes' CUDA kernels) update in place.
 TRANSIENT_BYTES_PER_ELEMENT = {
-    "cpu": {"adamw": 0.0, "adamw8bit": 20.0, "lion": 4.0, "adafactor": 8.0, "sgd": 0.0},
+    "cpu": {"adamw": 0.0, "adamw8bit": 16.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0},
     "cuda": {"adamw": 0.0, "adamw8bit": 0.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0},
 }
 
@@ -139,7 +145,7 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
     sixteen_bit = config.precision != "fp32"
     stage = config.zero_stage
     shard = psi / dp if stage >= 1 else psi
-    optimizer = optimizer_state_bytes(config.optimizer, facts, shard)
+    optimizer = optimizer_state_bytes(config.optimizer, facts, shard, flat=stage >= 1)
     scratch_per_element = TRANSIENT_BYTES_PER_ELEMENT[device_kind][config.optimizer]
     offloaded = config.offload_optimizer != "none"
     if offloaded:
@@ -147,30 +153,38 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
     stepped_elements = shard if stage >= 1 else facts.largest_param_numel
     optimizer_scratch = scratch_per_element * stepped_elements
     built = float(FP32 * facts.n_params)
+    largest = float(facts.largest_param_numel)
 
     if stage == 0:
         params = w * (psi + frozen)
         master = FP32 * psi if sixteen_bit else 0.0
         grads_resident, gathered = 0.0, 0.0
-        grads_step = w * psi + (FP32 * psi if sixteen_bit else 0.0)  # 16-bit: fp32 grads of the master copy
-        bucket = w * psi
-        init_extra = (w + FP32) * psi if sixteen_bit else 0.0
+        grads_step = w * psi
+        bucket = w * psi  # engine.allreduce_gradients flattens every gradient, even on one rank
+        init_extra = 0.0
+        if sixteen_bit:
+            # fp16/fused_optimizer.py (DeepSpeed's Adam): a flat 16-bit gradient copy and its fp32 image;
+            # fp16/unfused_optimizer.py (others): fp32 gradients made tensor by tensor
+            fused = config.optimizer == "adamw" and not offloaded
+            bucket += (w + FP32) * psi if fused else w * psi + FP32 * largest
+            init_extra = (w + FP32 + w) * psi + (FP32 + w) * (psi if fused else largest) - (built - params)
     elif stage in (1, 2):
-        bucket_dtype_bytes = FP32 if stage == 1 else w
         params = w * (psi + frozen)
-        master = FP32 * shard
-        grads_resident = reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, bucket_dtype_bytes, device_kind)
+        master = FP32 * shard  # single_partition_of_fp32_groups, made even in fp32
+        grads_resident = 0.0
         gathered = 0.0
-        grads_step = FP32 * shard
+        # the fp32 gradient partition handed to the optimizer, and the reduce bucket it came through
+        grads_step = FP32 * shard + reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, FP32, device_kind)
         bucket = 0.0
-        init_extra = w * psi + FP32 * shard - (built - w * (psi + frozen))
+        init_extra = w * psi + FP32 * shard - (built - params)  # flat buffer and fp32 partition next to the built model
     else:
         params = w * (psi / dp + frozen)
         master = FP32 * shard
+        # the gradient partition and the reduce bucket live for the whole run
         grads_resident = w * shard + reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind)
         gathered = w * min(psi - psi / dp + facts.largest_module_params, STAGE3_MAX_LIVE_ELEMENTS)
-        grads_step = FP32 * shard
-        bucket = FP32 * shard
+        grads_step = FP32 * shard + FP32 * shard
+        bucket = 0.0
         init_extra = w * psi + FP32 * shard + w * shard - (built - params)
     if offloaded:
         master, grads_step = 0.0, min(grads_step, w * shard)
@@ -213,6 +227,8 @@ def predict_memory(
     """The peak over the init, backward and step phases, split by what holds the bytes."""
     states = model_states(config, facts, world_size, hardware.kind)
     runtime = int(hardware.context_bytes + coefficients.runtime_overhead_bytes + facts.buffer_bytes)
+    if config.precision != "fp32" and hardware.kind == "cpu":
+        runtime += SIXTEEN_BIT_CPU_RUNTIME_BYTES
     # plain autograd keeps each gradient where it is produced (ZeRO 0); with accumulation the
     # first micro-batch's gradients are held through every later forward and backward
     stage0 = config.zero_stage == 0
