@@ -1,0 +1,159 @@
+"""Golden figures for the cost model: the ZeRO paper, the seeds' 7B examples, and its composition rules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from autofit.config import Config
+from autofit.cost_model import Coefficients, predict
+from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
+from autofit.cost_model.memory import model_states, optimizer_state_bytes
+from autofit.hardware import get_hardware
+
+GB = 1e9
+
+
+def facts_with(n_params: int, n_layers: int = 4, act_per_sample: int = 1000, flops_per_sample: int = 10**9) -> ModelFacts:
+    """Synthetic facts: activations and FLOPs linear in the micro-batch, checkpointing halves activations."""
+
+    def profile(dtype: str, ckpt: bool) -> ActivationProfile:
+        scale = (2 if dtype == "fp32" else 1) * (0.5 if ckpt else 1.0)
+        points = tuple(
+            PeakPoint(
+                micro_batch_size=n,
+                peak_with_grads_bytes=int(n * act_per_sample * scale) + 4 * n_params,
+                peak_without_grads_bytes=int(n * act_per_sample * scale),
+                activation_bytes=int(n * act_per_sample * scale),
+                grad_bytes=4 * n_params,
+                flops=int(n * flops_per_sample * (4 / 3 if ckpt else 1)),
+            )
+            for n in (1, 2, 4)
+        )
+        return ActivationProfile(dtype=dtype, attention="sdpa", checkpointed=ckpt, points=points)
+
+    return ModelFacts(
+        name="synthetic", n_params=n_params, n_trainable_params=n_params, n_layers=n_layers,
+        layer_params=(n_params // n_layers,) * n_layers, largest_module_params=n_params // n_layers,
+        largest_param_numel=n_params // (2 * n_layers), n_small_params=0, factored_state_numel=n_params // 100,
+        n_param_tensors=2 * n_layers, buffer_bytes=0, tokens_per_sample=None,
+        profiles={ActivationProfile.key(d, "sdpa", c): profile(d, c) for d in ("fp32", "bf16") for c in (False, True)},
+    )
+
+
+def paper_model_states(psi: float, n_d: int, stage: int) -> float:
+    """ZeRO paper, Figure 1: (2 + 2 + K) Psi with K = 12, sharded by stage (P_os, P_os+g, P_os+g+p)."""
+    params, grads, optim = 2 * psi, 2 * psi, 12 * psi
+    if stage >= 1:
+        optim /= n_d
+    if stage >= 2:
+        grads /= n_d
+    if stage >= 3:
+        params /= n_d
+    return params + grads + optim
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected_gb"),
+    [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)],
+)
+def test_zero_paper_7_5b_on_64_gpus(stage: int, expected_gb: float) -> None:
+    """Rajbhandari et al. 2020, Figure 1: 7.5B parameters, N_d = 64, mixed-precision Adam."""
+    assert paper_model_states(7.5e9, 64, stage) / GB == pytest.approx(expected_gb, abs=0.06)
+
+
+@pytest.mark.parametrize(("stage", "seed_gb"), [(0, 56.0), (1, 31.5), (2, 19.25), (3, 7.0)])
+def test_seed_7b_bf16_on_8_gpus(stage: int, seed_gb: float) -> None:
+    """The seed guide's 7B / 8 GPU table: 2 B params, 2 B grads, 4 B optimizer per parameter, sharded by stage."""
+    psi, n_d = 7e9, 8
+    params, grads, optim = 2 * psi, 2 * psi, 4 * psi
+    optim /= n_d if stage >= 1 else 1
+    grads /= n_d if stage >= 2 else 1
+    params /= n_d if stage >= 3 else 1
+    assert (params + grads + optim) / GB == pytest.approx(seed_gb)
+
+
+def test_seed_7b_fp32_breakdown_matches_optimizer_accounting() -> None:
+    """The seed's 7B fp32 figure: 28 GB weights + 28 GB grads + 56 GB AdamW states = 112 GB."""
+    facts = facts_with(7_000_000_000)
+    states = model_states(Config(precision="fp32", optimizer="adamw"), facts, 1, "cuda")
+    assert states.params / GB == pytest.approx(28.0)
+    assert states.grads_step / GB == pytest.approx(28.0)
+    assert states.optimizer / GB == pytest.approx(56.0)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_sharded_states_fall_with_world_size(stage: int) -> None:
+    """Optimizer states (and master copy) are divided over the data-parallel ranks from stage 1 on."""
+    facts = facts_with(1_000_000_000)
+    one = model_states(Config(precision="bf16", zero_stage=stage), facts, 1, "cuda")
+    eight = model_states(Config(precision="bf16", zero_stage=stage), facts, 8, "cuda")
+    assert eight.optimizer == pytest.approx(one.optimizer / 8)
+    assert eight.master == pytest.approx(one.master / 8)
+    assert (eight.params < one.params) == (stage == 3)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "bytes_per_param"),
+    [("adamw", 8.0), ("lion", 4.0), ("sgd", 4.0), ("adamw8bit", 2.0 + 8 / 256)],
+)
+def test_optimizer_state_bytes_per_parameter(optimizer: str, bytes_per_param: float) -> None:
+    facts = facts_with(10_000_000)
+    assert optimizer_state_bytes(optimizer, facts, 1e7) / 1e7 == pytest.approx(bytes_per_param)
+
+
+def test_adafactor_is_factored_unless_flat() -> None:
+    facts = facts_with(10_000_000)
+    assert optimizer_state_bytes("adafactor", facts, 1e7) == pytest.approx(4 * facts.factored_state_numel)
+    assert optimizer_state_bytes("adafactor", facts, 1e7, flat=True) == pytest.approx(4e7)
+
+
+def test_activation_memory_grows_with_micro_batch_and_falls_with_checkpointing() -> None:
+    facts, hw = facts_with(1_000_000, act_per_sample=50_000_000), get_hardware("a100-80gb")
+    small = predict(Config(micro_batch_size=2), facts, hw)
+    large = predict(Config(micro_batch_size=16), facts, hw)
+    ckpt = predict(Config(micro_batch_size=16, checkpoint_ratio=1.0), facts, hw)
+    half = predict(Config(micro_batch_size=16, checkpoint_ratio=0.5), facts, hw)
+    assert small.breakdown.activations < large.breakdown.activations
+    assert ckpt.breakdown.activations < half.breakdown.activations < large.breakdown.activations
+    assert ckpt.step_time_s > large.step_time_s  # recompute costs time
+
+
+def test_breakdown_sums_to_peak_and_fits_is_against_budget() -> None:
+    facts = facts_with(100_000_000)
+    hw = get_hardware("cpu", memory_bytes=2**30)
+    prediction = predict(Config(micro_batch_size=4), facts, hw)
+    b = prediction.breakdown
+    assert b.params + b.grads + b.optimizer + b.activations + b.other == prediction.peak_bytes
+    assert prediction.fits == (prediction.peak_bytes <= 2**30)
+    if not prediction.fits:
+        assert prediction.reason and "needs" in prediction.reason
+
+
+def test_slower_calibrated_dtype_predicts_slower_steps() -> None:
+    facts, hw = facts_with(1_000_000), get_hardware("cpu")
+    base = Coefficients.for_hardware(hw)
+    slow_bf16 = base.with_(compute_efficiency=base.compute_efficiency | {"bf16": 0.01})
+    fp32 = predict(Config(precision="fp32"), facts, hw, coefficients=slow_bf16)
+    bf16 = predict(Config(precision="bf16"), facts, hw, coefficients=slow_bf16)
+    assert bf16.step_time_s > 10 * fp32.step_time_s
+
+
+def test_zero3_communication_exceeds_data_parallel() -> None:
+    """ZeRO paper sec. 7: 2 Psi for data parallelism, 3 Psi for P_os+g+p."""
+    facts, hw = facts_with(1_000_000_000), get_hardware("h100-80gb")
+    dp = predict(Config(precision="bf16", zero_stage=1), facts, hw, world_size=8)
+    z3 = predict(Config(precision="bf16", zero_stage=3), facts, hw, world_size=8)
+    assert z3.time_breakdown["communication"] == pytest.approx(1.5 * dp.time_breakdown["communication"])
+
+
+def test_cost_model_imports_without_torch() -> None:
+    """Convention 1: the cost model is pure; importing it must not import torch."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import autofit.cost_model, autofit.estimate, autofit.space, autofit.hardware\n"
+        "assert sys.modules['torch'] is None\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
