@@ -19,7 +19,6 @@ import click
 from autofit.errors import AutofitError
 
 
-
 def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options every command shares (DESIGN.md, CLI)."""
     options = [

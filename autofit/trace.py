@@ -45,40 +45,36 @@ def trace_workload(
     attentions: tuple[str, ...] = ("sdpa",),
 ) -> ModelFacts:
     """Trace ``workload`` for each precision class and attention kernel, with and without checkpointing."""
-    import torch
-
     started = time.perf_counter()
     dtype_names = sorted({_dtype_class(p) for p in precisions})
     attention_names = attentions if workload.searches_attention else ("sdpa",)
     structure = _model_structure(workload)
     mode = "fake"
+    traced: dict[tuple[str, str, bool], tuple[PeakPoint, ...]] = {}
     profiles: dict[str, ActivationProfile] = {}
     for dtype_name in dtype_names:
         for attention in attention_names:
-            for checkpointed in (False, True):
-                if checkpointed and structure["n_layers"] == 0:
-                    continue
-                points = []
-                for n in TRACE_MICRO_BATCHES:
-                    try:
-                        step = _trace_step(workload, n, dtype_name, attention, checkpointed, mode)
-                    except _NeedsRealTensors as exc:
-                        if structure["param_bytes_fp32"] > REAL_TRACE_LIMIT_BYTES:
-                            raise AutofitError(
-                                f"cannot trace {workload.name}: its shapes depend on data ({exc}) and at "
-                                f"{structure['param_bytes_fp32'] / 2**30:.1f} GiB it is too large to trace on real tensors"
-                            ) from None
-                        mode = "real"
-                        step = _trace_step(workload, n, dtype_name, attention, checkpointed, mode)
-                    points.append(step)
+            for checkpointed in (False, True) if structure["n_layers"] else (False,):
+                run_key = (dtype_name, traced_kernel(attention), checkpointed)
+                if run_key not in traced:
+                    points = []
+                    for n in TRACE_MICRO_BATCHES:
+                        try:
+                            points.append(_trace_step(workload, n, *run_key, mode))
+                        except _NeedsRealTensors as exc:
+                            if structure["param_bytes_fp32"] > REAL_TRACE_LIMIT_BYTES:
+                                raise AutofitError(
+                                    f"cannot trace {workload.name}: its shapes depend on data ({exc}) and at "
+                                    f"{structure['param_bytes_fp32'] / 2**30:.1f} GiB it is too large to trace "
+                                    "on real tensors"
+                                ) from None
+                            mode = "real"
+                            points.append(_trace_step(workload, n, *run_key, mode))
+                    traced[run_key] = tuple(points)
                 key = ActivationProfile.key(dtype_name, attention, checkpointed)
                 profiles[key] = ActivationProfile(
-                    dtype=dtype_name,
-                    attention=attention,
-                    checkpointed=checkpointed,
-                    points=tuple(points),
+                    dtype=dtype_name, attention=attention, checkpointed=checkpointed, points=traced[run_key]
                 )
-    del torch
     return ModelFacts(
         name=workload.name or "workload",
         n_params=structure["n_params"],
@@ -96,6 +92,13 @@ def trace_workload(
         trace_mode=mode,
         trace_seconds=time.perf_counter() - started,
     )
+
+
+def traced_kernel(attention: str) -> str:
+    """The kernel a trace runs for ``attention``. flash-attn needs CUDA, so "flash" is traced with
+    SDPA, whose CPU kernel is flash-style too (saves the output and log-sum-exp, O(S), never the
+    S x S scores) -- the same memory; its speed comes from calibration on a GPU."""
+    return "sdpa" if attention == "flash" else attention
 
 
 class _NeedsRealTensors(Exception):
