@@ -105,7 +105,7 @@ def traced_kernel(attention: str) -> str:
 
 
 class _NeedsRealTensors(Exception):
-    """The model does something fake tensors cannot (a data-dependent shape)."""
+    """The model does something fake tensors cannot (a data-dependent shape, a stricter meta kernel)."""
 
 
 def _dtype_class(precision: str) -> str:
@@ -118,10 +118,19 @@ def _fake_mode(mode: str) -> Iterator[Any]:
     if mode == "real":
         yield None
         return
+    import logging
+
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
-        yield fake
+    # a kernel that fails on fake tensors is retried on real ones; torch's own log of it is noise here
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+            yield fake
+    finally:
+        log.setLevel(level)
 
 
 def _model_structure(workload: Workload) -> dict[str, Any]:
@@ -240,8 +249,8 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, che
             grad_bytes = counter.grads
             del loss, model, batch, params
     except Exception as exc:
-        if mode == "fake" and _is_data_dependent(exc):
-            raise _NeedsRealTensors(type(exc).__name__) from exc
+        if mode == "fake":  # data-dependent shapes, or kernels whose fake (meta) versions are stricter
+            raise _NeedsRealTensors(f"{type(exc).__name__}: {_first_line(exc)}") from exc
         raise AutofitError(f"tracing {workload.name} ({dtype_name}, {attention}) failed: {type(exc).__name__}: {exc}") from exc
     return PeakPoint(
         micro_batch_size=n,
@@ -304,20 +313,6 @@ def _cast_batch(batch: Any, dtype: Any) -> Any:
     return tree_map(cast, batch)
 
 
-def _is_data_dependent(exc: BaseException) -> bool:
-    names = {type(e).__name__ for e in _chain(exc)}
-    return bool(
-        names
-        & {
-            "DynamicOutputShapeException",
-            "DataDependentOutputException",
-            "GuardOnDataDependentSymNode",
-            "UnsupportedOperatorException",
-        }
-    )
-
-
-def _chain(exc: BaseException | None) -> Iterator[BaseException]:
-    while exc is not None:
-        yield exc
-        exc = exc.__cause__ or exc.__context__
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else ""
