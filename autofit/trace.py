@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofit.config import Config
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.errors import AutofitError
 from autofit.workload import Workload
@@ -52,38 +53,70 @@ def trace_workload(
     dtype_names = sorted({_dtype_class(p) for p in precisions})
     attention_names = attentions if workload.searches_attention else ("sdpa",)
     structure = _model_structure(workload)
-    mode = "fake"
-    traced: dict[tuple[str, str, bool], tuple[PeakPoint, ...]] = {}
+    tracer = _Tracer(workload, structure)
     profiles: dict[str, ActivationProfile] = {}
     for dtype_name in dtype_names:
         for attention in attention_names:
             for checkpointed in (False, True) if structure["n_layers"] else (False,):
-                run_key = (dtype_name, traced_kernel(attention), checkpointed)
-                if run_key not in traced:
-                    points = []
-                    for n in TRACE_MICRO_BATCHES:
-                        try:
-                            points.append(_trace_step(workload, n, *run_key, mode))
-                        except _NeedsRealTensors as exc:
-                            if structure["param_bytes_fp32"] > REAL_TRACE_LIMIT_BYTES:
-                                raise AutofitError(
-                                    f"cannot trace {workload.name}: its shapes depend on data ({exc}) and at "
-                                    f"{structure['param_bytes_fp32'] / 2**30:.1f} GiB it is too large to trace "
-                                    "on real tensors"
-                                ) from None
-                            mode = "real"
-                            points.append(_trace_step(workload, n, *run_key, mode))
-                    traced[run_key] = tuple(points)
-                key = ActivationProfile.key(dtype_name, attention, checkpointed)
-                profiles[key] = ActivationProfile(
-                    dtype=dtype_name, attention=attention, checkpointed=checkpointed, points=traced[run_key]
+                points = tracer.points(dtype_name, traced_kernel(attention), 1.0 if checkpointed else 0.0,
+                                       TRACE_MICRO_BATCHES)
+                profiles[ActivationProfile.key(dtype_name, attention, checkpointed)] = ActivationProfile(
+                    dtype=dtype_name, attention=attention, checkpointed=checkpointed, points=points
                 )
+    return _facts(workload, structure, profiles, structure["n_layers"], tracer.mode, time.perf_counter() - started)
+
+
+def trace_config(workload: Workload, config: Config) -> ModelFacts:
+    """Facts of exactly one config: traced at its own micro-batch, precision, attention and
+    checkpoint ratio, so nothing is interpolated (``n_layers`` is 0: checkpointing is already in
+    the trace). What ``autofit probe --mode fake`` prices."""
+    started = time.perf_counter()
+    structure = _model_structure(workload)
+    tracer = _Tracer(workload, structure)
+    dtype_name = _dtype_class(config.precision)
+    attention = config.attention if workload.searches_attention else "sdpa"
+    points = tracer.points(dtype_name, traced_kernel(attention), config.checkpoint_ratio, (config.micro_batch_size,))
+    profile = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=False, points=points)
+    profiles = {ActivationProfile.key(dtype_name, attention, False): profile}
+    return _facts(workload, structure, profiles, 0, tracer.mode, time.perf_counter() - started)
+
+
+class _Tracer:
+    """Runs trace steps on fake tensors, or on real CPU tensors once fake ones have failed; each run once."""
+
+    def __init__(self, workload: Workload, structure: dict[str, Any]) -> None:
+        self.workload = workload
+        self.structure = structure
+        self.mode = "fake"
+        self.done: dict[tuple[Any, ...], tuple[PeakPoint, ...]] = {}
+
+    def points(self, dtype_name: str, kernel: str, ratio: float, micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
+        key = (dtype_name, kernel, ratio, micro_batches)
+        if key not in self.done:
+            self.done[key] = tuple(self._step(n, dtype_name, kernel, ratio) for n in micro_batches)
+        return self.done[key]
+
+    def _step(self, n: int, dtype_name: str, kernel: str, ratio: float) -> PeakPoint:
+        try:
+            return _trace_step(self.workload, n, dtype_name, kernel, ratio, self.mode)
+        except _NeedsRealTensors as exc:
+            if self.structure["param_bytes_fp32"] > REAL_TRACE_LIMIT_BYTES:
+                raise AutofitError(
+                    f"cannot trace {self.workload.name} on fake tensors ({exc}) and at "
+                    f"{self.structure['param_bytes_fp32'] / 2**30:.1f} GiB it is too large to trace on real ones"
+                ) from None
+            self.mode = "real"
+            return _trace_step(self.workload, n, dtype_name, kernel, ratio, self.mode)
+
+
+def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, ActivationProfile], n_layers: int,
+           mode: str, seconds: float) -> ModelFacts:
     return ModelFacts(
         name=workload.name or "workload",
         n_params=structure["n_params"],
         n_trainable_params=structure["n_trainable"],
-        n_layers=structure["n_layers"],
-        layer_params=tuple(structure["layer_params"]),
+        n_layers=n_layers,
+        layer_params=tuple(structure["layer_params"]) if n_layers else (),
         largest_module_params=structure["largest_module_params"],
         largest_param_numel=structure["largest_param_numel"],
         n_small_params=structure["n_small_params"],
@@ -93,7 +126,7 @@ def trace_workload(
         tokens_per_sample=workload.tokens_per_sample,
         profiles=profiles,
         trace_mode=mode,
-        trace_seconds=time.perf_counter() - started,
+        trace_seconds=seconds,
     )
 
 
@@ -218,7 +251,7 @@ def _make_tracker(counter: _LiveBytes) -> Any:
     return LiveMemoryMode()
 
 
-def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, checkpointed: bool, mode: str) -> PeakPoint:
+def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ratio: float, mode: str) -> PeakPoint:
     """Forward + backward of one micro-batch of ``n`` samples; live bytes exclude parameters."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -231,8 +264,8 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, che
             model = _to_dtype(workload.build_model(attention=attention), dtype)
             model.train()
             layers = workload.repeated_layers(model)
-            if checkpointed:
-                apply_checkpointing(model, layers, 1.0)
+            if ratio:
+                apply_checkpointing(model, layers, ratio)
             batch = _cast_batch(workload.batch(n), dtype)
             counter = _LiveBytes()
             _ignore_existing(counter, [*model.parameters(), *model.buffers(), *_tensors(batch)])

@@ -129,6 +129,7 @@ def run_probe(
         "budget_bytes": hardware.memory_bytes if hardware.kind == "cpu" and mode == "real" else None,
         "memory_bytes": hardware.memory_bytes,
         "context_bytes": hardware.context_bytes,
+        "hardware": {k: v for k, v in asdict(hardware).items()},
     }
     # fake mode simulates every rank in one process
     n_procs = 1 if mode == "fake" else world_size

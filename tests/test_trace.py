@@ -1,0 +1,100 @@
+"""The trace: live bytes on fake tensors, per micro-batch, precision and checkpointing; exact-config traces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from autofit.config import Config
+from autofit.trace import _LiveBytes, _make_tracker, trace_config, trace_workload
+from autofit.workload import Workload
+
+WIDTH, TOKENS, N_LAYERS = 64, 32, 4
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH)) for _ in range(N_LAYERS)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)
+        return x.pow(2).mean()
+
+
+def tiny_workload() -> Workload:
+    return Workload(model=Tiny, batch=lambda n: torch.randn(n, TOKENS, WIDTH), name="tiny")
+
+
+def test_tracker_counts_each_new_storage_once_and_frees_it() -> None:
+    counter = _LiveBytes()
+    with _make_tracker(counter):
+        a = torch.ones(1000)  # 4000 B
+        b = a.view(10, 100).t()  # a view: no new storage
+        assert counter.live == 4000
+        c = a * 2
+        assert counter.live == 8000
+        del a, b
+        assert counter.live == 4000
+        del c
+    assert counter.live == 0
+    assert counter.peak_with_grads == 8000
+
+
+def test_activation_bytes_grow_with_the_batch_and_fall_with_checkpointing() -> None:
+    facts = trace_workload(tiny_workload(), precisions=("fp32",))
+    full = facts.profile("fp32", "sdpa", False)
+    ckpt = facts.profile("fp32", "sdpa", True)
+    assert full.at(4, "activation_bytes") > full.at(1, "activation_bytes") > 0
+    # each layer saves its input, its hidden (4x) and its GELU output: 9 x its input bytes per sample
+    per_sample_input = TOKENS * WIDTH * 4
+    assert full.at(4, "activation_bytes") - full.at(1, "activation_bytes") >= 3 * N_LAYERS * 9 * per_sample_input
+    assert ckpt.at(4, "activation_bytes") < full.at(4, "activation_bytes") / 3
+    assert ckpt.at(4, "flops") > full.at(4, "flops")  # recompute
+
+
+def test_bf16_trace_halves_the_bytes() -> None:
+    facts = trace_workload(tiny_workload(), precisions=("fp32", "bf16"))
+    fp32 = facts.profile("fp32", "sdpa", False).at(4, "activation_bytes")
+    bf16 = facts.profile("bf16", "sdpa", False).at(4, "activation_bytes")
+    assert bf16 == pytest.approx(fp32 / 2, rel=0.05)
+
+
+def test_structure_counts_parameters_and_adafactor_factors() -> None:
+    facts = trace_workload(tiny_workload())
+    per_layer = 2 * WIDTH * 4 * WIDTH + 4 * WIDTH + WIDTH
+    assert facts.n_params == facts.n_trainable_params == N_LAYERS * per_layer
+    assert facts.n_layers == N_LAYERS and facts.layer_params == (per_layer,) * N_LAYERS
+    assert facts.factored_state_numel == N_LAYERS * (2 * (WIDTH + 4 * WIDTH) + 4 * WIDTH + WIDTH)
+
+
+def test_trace_config_is_exact_at_the_configs_micro_batch() -> None:
+    workload = tiny_workload()
+    interpolated = trace_workload(workload).profile("fp32", "sdpa", False)
+    exact = trace_config(workload, Config(micro_batch_size=4))
+    assert exact.n_layers == 0
+    point = exact.profile("fp32", "sdpa", False).points[0]
+    assert point.micro_batch_size == 4
+    assert point.activation_bytes == interpolated.at(4, "activation_bytes")
+
+
+def test_trace_never_allocates_a_large_model() -> None:
+    """A 4 x 8192^2 model (~1 GiB of fp32 weights) traces on fake tensors."""
+
+    class Large(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(8192, 8192) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return x.mean()
+
+    facts = trace_workload(Workload(model=Large, batch=lambda n: torch.randn(n, 8192), name="large"))
+    assert facts.trace_mode == "fake"
+    assert facts.n_params == 4 * (8192 * 8192 + 8192)
