@@ -34,6 +34,7 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
+from autofit.emit import STAGE3_PERSISTENCE_THRESHOLD
 from autofit.errors import AutofitError
 from autofit.workload import Workload
 
@@ -122,6 +123,7 @@ def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, Ac
         n_small_params=structure["n_small_params"],
         factored_state_numel=structure["factored_state_numel"],
         n_param_tensors=structure["n_param_tensors"],
+        n_persistent_params=structure["n_persistent_params"],
         buffer_bytes=structure["buffer_bytes"],
         tokens_per_sample=workload.tokens_per_sample,
         profiles=profiles,
@@ -195,6 +197,8 @@ def _model_structure(workload: Workload) -> dict[str, Any]:
             for p in trainable
         ),
         "n_param_tensors": len(trainable),
+        # ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank
+        "n_persistent_params": sum(p.numel() for p in params if p.numel() < STAGE3_PERSISTENCE_THRESHOLD),
         "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
     }
 

@@ -48,6 +48,7 @@ FACTS = ModelFacts(
     n_small_params=10_000,
     factored_state_numel=20_000,
     n_param_tensors=20,
+    n_persistent_params=0,
     buffer_bytes=0,
     tokens_per_sample=None,
     profiles={ActivationProfile.key(d, "sdpa", c): _profile(d, c) for d in ("fp32", "bf16") for c in (False, True)},

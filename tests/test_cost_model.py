@@ -38,7 +38,7 @@ def facts_with(n_params: int, n_layers: int = 4, act_per_sample: int = 1000, flo
         name="synthetic", n_params=n_params, n_trainable_params=n_params, n_layers=n_layers,
         layer_params=(n_params // n_layers,) * n_layers, largest_module_params=n_params // n_layers,
         largest_param_numel=n_params // (2 * n_layers), n_small_params=0, factored_state_numel=n_params // 100,
-        n_param_tensors=2 * n_layers, buffer_bytes=0, tokens_per_sample=None,
+        n_param_tensors=2 * n_layers, n_persistent_params=0, buffer_bytes=0, tokens_per_sample=None,
         profiles={ActivationProfile.key(d, "sdpa", c): profile(d, c) for d in ("fp32", "bf16") for c in (False, True)},
     )
 

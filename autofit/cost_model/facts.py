@@ -82,6 +82,8 @@ class ModelFacts:
     """Adafactor's state elements: rows + columns for each matrix, full size otherwise."""
     n_param_tensors: int
     """Number of trainable tensors."""
+    n_persistent_params: int
+    """Elements in tensors under ZeRO-3's persistence threshold (kept whole on every rank)."""
     buffer_bytes: int
     """Module buffers (running stats, rotary tables), in fp32."""
     tokens_per_sample: int | None

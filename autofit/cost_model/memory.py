@@ -178,11 +178,14 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
         bucket = 0.0
         init_extra = w * psi + FP32 * shard - (built - params)  # flat buffer and fp32 partition next to the built model
     else:
-        params = w * (psi / dp + frozen)
+        # parameters under the persistence threshold stay whole on every rank (stage3.py persistent_parameters)
+        persistent = float(facts.n_persistent_params)
+        partitioned = psi - persistent
+        params = w * (persistent + partitioned / dp + frozen)
         master = FP32 * shard
         # the gradient partition and the reduce bucket live for the whole run
         grads_resident = w * shard + reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind)
-        gathered = w * min(psi - psi / dp + facts.largest_module_params, STAGE3_MAX_LIVE_ELEMENTS)
+        gathered = w * min(partitioned - partitioned / dp + facts.largest_module_params, STAGE3_MAX_LIVE_ELEMENTS)
         grads_step = FP32 * shard + FP32 * shard
         bucket = 0.0
         init_extra = w * psi + FP32 * shard + w * shard - (built - params)

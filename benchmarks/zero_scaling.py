@@ -1,0 +1,54 @@
+"""Per-rank memory of ZeRO 0-3 at world size 1 and 2 on the CPU: predicted vs measured.
+
+    python benchmarks/zero_scaling.py [--model examples/gpt.py:workload] [--micro-batch 2]
+
+World size 2 runs two gloo ranks on loopback (real sharding and communication); each
+rank's peak is measured as DESIGN.md says. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+from autofit.config import Config  # noqa: E402
+from autofit.estimate import facts_for, price  # noqa: E402
+from autofit.hardware import get_hardware  # noqa: E402
+from autofit.probe import run_probe  # noqa: E402
+from autofit.workload import load_workload  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="examples/gpt.py:workload")
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--optimizer", default="adamw")
+    args = parser.parse_args()
+    hardware = get_hardware("cpu")
+    workload = load_workload(args.model)
+    configs = [Config(micro_batch_size=args.micro_batch, zero_stage=z, optimizer=args.optimizer) for z in (0, 1, 2, 3)]
+    facts = facts_for(workload, configs)
+    print(f"{workload.name}: {facts.n_params / 1e6:.2f} M parameters, fp32 {args.optimizer}, micro-batch {args.micro_batch}\n")
+    print("| ZeRO | ranks | predicted MiB/rank | measured MiB/rank (each rank) | error |")
+    print("|---|---:|---:|---|---:|")
+    for world_size in (1, 2):
+        for candidate in sorted(price(configs, facts, hardware, world_size), key=lambda c: c.config.zero_stage):
+            measured = run_probe(args.model, candidate.config, hardware, world_size, steps=1, warmup_steps=1,
+                                 timeout_s=900)
+            if measured.status != "ok":
+                print(f"| {candidate.config.zero_stage} | {world_size} | - | {measured.status}: {measured.message} | - |")
+                continue
+            predicted = candidate.prediction.peak_bytes
+            ranks = ", ".join(f"{b / 2**20:.1f}" for b in measured.per_rank_peak_bytes)
+            error = (predicted - measured.peak_bytes) / measured.peak_bytes
+            print(f"| {candidate.config.zero_stage} | {world_size} | {predicted / 2**20:.1f} | {ranks} | {error:+.1%} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
