@@ -1,0 +1,97 @@
+"""The CLI contracts: JSON shapes, exactly one candidate when everything is fixed, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autofit.cli import main
+from autofit.config import CONFIG_KEYS
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = f"{ROOT}/examples/mlp.py:workload"
+ALL_FIXED = [
+    "--set", "micro_batch_size=2", "--set", "checkpoint_ratio=0.5", "--set", "precision=fp32",
+    "--set", "optimizer=adamw", "--set", "zero_stage=1", "--set", "offload_optimizer=none",
+    "--set", "offload_params=none", "--set", "attention=sdpa",
+]
+
+
+def invoke(*args: str) -> object:
+    return CliRunner().invoke(main, list(args))
+
+
+def test_estimate_with_every_dimension_fixed_returns_exactly_that_candidate() -> None:
+    result = invoke("estimate", MLP, "--hardware", "cpu", "--memory", "4GiB", "--global-batch", "8",
+                    "--space", "cpu", *ALL_FIXED, "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["hardware"]["memory_bytes"] == 4 * 2**30
+    (candidate,) = document["candidates"]
+    assert candidate["config"] == {
+        "micro_batch_size": 2, "grad_accum_steps": 4, "checkpoint_ratio": 0.5, "precision": "fp32",
+        "optimizer": "adamw", "zero_stage": 1, "offload_optimizer": "none", "offload_params": "none",
+        "attention": "sdpa",
+    }
+    predicted = candidate["predicted"]
+    assert set(predicted["breakdown"]) == {"params", "grads", "optimizer", "activations", "other"}
+    assert sum(predicted["breakdown"].values()) == predicted["peak_bytes"]
+    assert predicted["step_time_s"] > 0
+    assert candidate["fits"] is True and candidate["reason"] is None
+    ds = candidate["deepspeed"]
+    assert ds["train_batch_size"] == 8 and ds["gradient_accumulation_steps"] == 4
+    assert ds["zero_optimization"]["stage"] == 1
+
+
+def test_estimate_ranks_fitting_candidates_by_predicted_step_time() -> None:
+    result = invoke("estimate", MLP, "--hardware", "cpu", "--memory", "300MiB", "--global-batch", "8",
+                    "--space", "cpu", "--set", "precision=fp32", "--set", "zero_stage=0", "--json")
+    assert result.exit_code == 0, result.output
+    candidates = json.loads(result.stdout)["candidates"]
+    fits = [c["fits"] for c in candidates]
+    assert fits == sorted(fits, reverse=True)  # fitting ones first
+    times = [c["predicted"]["step_time_s"] for c in candidates if c["fits"]]
+    assert times == sorted(times)
+    assert all(c["reason"] for c in candidates if not c["fits"])
+    assert all(set(c["config"]) == set(CONFIG_KEYS) for c in candidates)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["estimate", f"{ROOT}/examples/missing.py:workload", "--hardware", "cpu"], "no such file"),
+        (["estimate", f"{ROOT}/examples/mlp.py:nope", "--hardware", "cpu"], "has no function 'nope'"),
+        (["estimate", MLP, "--hardware", "tpu-v9"], "unknown hardware 'tpu-v9'"),
+        (["estimate", MLP, "--hardware", "cpu", "--memory", "lots"], "cannot parse memory size 'lots'"),
+        (["estimate", MLP, "--hardware", "cpu", "--set", "colour=blue"], "unknown config key 'colour'"),
+        (["estimate", MLP, "--hardware", "cpu", "--set", "zero_stage=7"], "zero_stage must be one of"),
+        (["estimate", MLP, "--hardware", "cpu", "--space", "/nonexistent.yaml"], "/nonexistent.yaml"),
+        (["estimate", MLP, "--hardware", "cpu", "--set", "attention=flash"], "flash"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(args: list[str], message: str) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autofit: error: ")
+    assert message in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_entry_that_raises_is_reported_not_crashed(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def workload():\n    raise RuntimeError('no data here')\n")
+    result = invoke("estimate", f"{bad}:workload", "--hardware", "cpu")
+    assert result.exit_code == 1
+    assert "raised RuntimeError: no data here" in result.stderr
+
+
+def test_entry_that_returns_the_wrong_type(tmp_path: Path) -> None:
+    bad = tmp_path / "wrong.py"
+    bad.write_text("def workload():\n    return 42\n")
+    result = invoke("estimate", f"{bad}:workload", "--hardware", "cpu")
+    assert result.exit_code == 1
+    assert "must return an autofit.Workload" in result.stderr
