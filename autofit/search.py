@@ -15,7 +15,10 @@ maximise measured samples/s):
    (:mod:`autofit.cost_model.calibrate`): an ``oom`` raises ``memory_scale`` so
    similar configs get pruned, a slow bf16 makes every bf16 prediction slow.
 4. The search stops at ``trials`` probes, at ``timeout_s``, or when no candidate
-   left is predicted to beat the best measured by more than ``stop_tolerance``.
+   left is predicted to beat the best measured by more than the tolerance: the
+   larger of ``stop_tolerance`` and how far the calibrated model still misses the
+   configs it has measured (capped at ``MAX_STOP_TOLERANCE``). A model that explains
+   its probes stops early; one that does not keeps probing.
 5. The best measured config is probed once more (a verification of its own); it
    wins if that run is ok within the usable budget, else the next is tried. Its
    DeepSpeed JSON is checked by DeepSpeed and written atomically, and only then.
@@ -54,6 +57,8 @@ from autofit.workload import Workload
 DEFAULT_STORAGE = "sqlite:///autofit.db"
 #: a candidate predicted at most this much faster than the best measured is not worth a probe
 STOP_TOLERANCE = 0.05
+#: the stop rule's tolerance never grows past this, however poorly the model explains the probes
+MAX_STOP_TOLERANCE = 0.30
 #: probes made before the stopping rule may end the search: one probe calibrates a scale,
 #: not the ranking of the cost model, so the next fastest predicted are measured too
 MIN_PROBES = 3
@@ -239,6 +244,18 @@ def _sampler() -> Any:
     return _Planned()
 
 
+def stop_margin(records: list[TrialRecord], calibration: Any, facts: Any, usable: Any, world_size: int,
+                floor: float) -> float:
+    """The stop rule's tolerance: the largest relative miss of the calibrated throughput prediction
+    on the configs measured so far, at least ``floor``, at most ``MAX_STOP_TOLERANCE``."""
+    misses = [
+        abs(calibration.predict(r.config, facts, usable, world_size).samples_per_s / r.samples_per_s - 1.0)
+        for r in records
+        if r.phase == "search" and r.status == "ok" and r.samples_per_s > 0
+    ]
+    return min(MAX_STOP_TOLERANCE, max([floor, *misses]))
+
+
 def run_search(
     entry: str,
     workload: Workload,
@@ -411,14 +428,16 @@ def run_search(
             if not todo:
                 stop_reason = "every candidate predicted to fit has been probed"
                 break
+            tolerance = stop_margin(records, calibration, facts, usable, world_size, stop_tolerance)
             if (
                 best is not None
                 and n_done >= min_probes
-                and todo[0][1].samples_per_s <= best.samples_per_s * (1.0 + stop_tolerance)
+                and todo[0][1].samples_per_s <= best.samples_per_s * (1.0 + tolerance)
             ):
                 stop_reason = (
                     f"no candidate left is predicted to beat the best measured "
-                    f"{best.samples_per_s:.3g} samples/s by more than {stop_tolerance:.0%}"
+                    f"{best.samples_per_s:.3g} samples/s by more than {tolerance:.0%} (the calibrated model's "
+                    f"largest miss on what it measured, at least {stop_tolerance:.0%})"
                 )
                 break
             config, predicted = todo[0]
