@@ -171,10 +171,13 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
     elif stage in (1, 2):
         params = w * (psi + frozen)
         master = FP32 * shard  # single_partition_of_fp32_groups, made even in fp32
-        grads_resident = 0.0
         gathered = 0.0
-        # the fp32 gradient partition handed to the optimizer, and the reduce bucket it came through
-        grads_step = FP32 * shard + reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, FP32, device_kind)
+        # the reduce bucket (setup_buckets, at each micro-step's start): a CUDA allocator holds all of it
+        # through backward; on the CPU its pages are touched as gradients arrive, while activations free
+        bucket_bytes = reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, FP32, device_kind)
+        grads_resident = bucket_bytes if device_kind == "cuda" else 0.0
+        # the fp32 gradient partition handed to the optimizer, next to the filled bucket
+        grads_step = FP32 * shard + bucket_bytes - grads_resident
         bucket = 0.0
         init_extra = w * psi + FP32 * shard - (built - params)  # flat buffer and fp32 partition next to the built model
     else:
