@@ -244,15 +244,19 @@ def _sampler() -> Any:
     return _Planned()
 
 
-def stop_margin(records: list[TrialRecord], calibration: Any, facts: Any, usable: Any, world_size: int,
+def stop_margin(observed: list[Observation], facts: Any, usable: Any, world_size: int, prior: Any,
                 floor: float) -> float:
-    """The stop rule's tolerance: the largest relative miss of the calibrated throughput prediction
-    on the configs measured so far, at least ``floor``, at most ``MAX_STOP_TOLERANCE``."""
-    misses = [
-        abs(calibration.predict(r.config, facts, usable, world_size).samples_per_s / r.samples_per_s - 1.0)
-        for r in records
-        if r.phase == "search" and r.status == "ok" and r.samples_per_s > 0
-    ]
+    """The stop rule's tolerance: how far the calibrated model misses a measured step time it was not
+    fitted on (leave-one-out over the probes so far), at least ``floor``, at most ``MAX_STOP_TOLERANCE``.
+    Fitted on every probe the misses would shrink to nothing whatever the model's real skill."""
+    timed = [i for i, o in enumerate(observed) if o.status == "ok" and o.step_time_s > 0]
+    misses = []
+    for i in timed:
+        others = [o for j, o in enumerate(observed) if j != i]
+        predicted = calibrate(others, facts, usable, world_size, prior).predict(
+            observed[i].config, facts, usable, world_size
+        )
+        misses.append(abs(predicted.step_time_s / observed[i].step_time_s - 1.0))
     return min(MAX_STOP_TOLERANCE, max([floor, *misses]))
 
 
@@ -428,7 +432,7 @@ def run_search(
             if not todo:
                 stop_reason = "every candidate predicted to fit has been probed"
                 break
-            tolerance = stop_margin(records, calibration, facts, usable, world_size, stop_tolerance)
+            tolerance = stop_margin(observations(), facts, usable, world_size, prior, stop_tolerance)
             if (
                 best is not None
                 and n_done >= min_probes
@@ -437,7 +441,7 @@ def run_search(
                 stop_reason = (
                     f"no candidate left is predicted to beat the best measured "
                     f"{best.samples_per_s:.3g} samples/s by more than {tolerance:.0%} (the calibrated model's "
-                    f"largest miss on what it measured, at least {stop_tolerance:.0%})"
+                    f"largest leave-one-out miss, at least {stop_tolerance:.0%})"
                 )
                 break
             config, predicted = todo[0]

@@ -188,3 +188,16 @@ def test_observation_round_trips_through_a_dict() -> None:
         "budget_bytes": obs.budget_bytes,
     }
     assert Observation.from_dict(data) == obs
+
+
+def test_stop_margin_is_the_floor_when_the_model_explains_held_out_probes() -> None:
+    from autofit.search import MAX_STOP_TOLERANCE, stop_margin
+
+    configs = [Config(micro_batch_size=m) for m in (1, 2, 4, 8)]
+    exact = [
+        Observation(c, "ok", 1, predict(c, FACTS, CPU, 1).step_time_s, CPU.memory_bytes) for c in configs
+    ]
+    assert stop_margin(exact, FACTS, CPU, 1, None, 0.05) == pytest.approx(0.05)
+    # one measurement 3x off what the others imply: its held-out miss widens the margin (capped)
+    noisy = exact[:3] + [Observation(configs[3], "ok", 1, 3 * exact[3].step_time_s, CPU.memory_bytes)]
+    assert stop_margin(noisy, FACTS, CPU, 1, None, 0.05) == pytest.approx(MAX_STOP_TOLERANCE)
