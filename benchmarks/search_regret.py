@@ -51,7 +51,7 @@ MARGIN = 0.10
 QUANTILES = (0.25, 0.5, 0.75)
 #: smaller than cpu.yaml's 16 to keep the oracle affordable: micro-batches 1, 2, 4
 GLOBAL_BATCH = 4
-STEPS = 1
+STEPS = 3
 
 
 def _space():  # noqa: ANN202
