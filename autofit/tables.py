@@ -33,7 +33,11 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
     if len(result.candidates) > max_rows:
         console.print(f"... {len(result.candidates) - max_rows} more (--json lists all)")
     if result.rejected:
-        console.print(f"{len(result.rejected)} rule groups pruned before pricing (see --json 'rejected').")
+        from autofit.space import describe_rejections
+
+        console.print("Pruned by the space's rules before pricing:")
+        for line in describe_rejections(result.rejected):
+            console.print(f"  {line}")
 
 
 def print_probe(document: dict[str, Any]) -> None:
