@@ -8,6 +8,7 @@ from autofit.config import Config
 from autofit.cost_model import ActivationProfile, Coefficients, ModelFacts, PeakPoint, predict
 from autofit.cost_model.calibrate import (
     MEMORY_SCALE_RANGE,
+    Calibration,
     Observation,
     calibrate,
     fit_memory,
@@ -201,3 +202,38 @@ def test_stop_margin_is_the_floor_when_the_model_explains_held_out_probes() -> N
     # one measurement 3x off what the others imply: its held-out miss widens the margin (capped)
     noisy = exact[:3] + [Observation(configs[3], "ok", 1, 3 * exact[3].step_time_s, CPU.memory_bytes)]
     assert stop_margin(noisy, FACTS, CPU, 1, None, 0.05) == pytest.approx(MAX_STOP_TOLERANCE)
+
+
+def _observe_split(config: Config, truth: Calibration) -> Observation:
+    """A probe that timed the update apart: ``truth`` prices the step, its update is the optimizer term."""
+    p = truth.predict(config, FACTS, CPU, 1)
+    update = p.time_breakdown["optimizer"]
+    return Observation(config, "ok", p.peak_bytes, p.step_time_s, CPU.memory_bytes, update)
+
+
+def test_a_timed_update_calibrates_that_optimizer_alone() -> None:
+    """One probe of a slow optimizer (a Python Lion on a CPU) makes Lion slow, and only Lion."""
+    truth = Calibration(coefficients=_truth(), time_factors={"lion": 8.0})
+    adamw = Config(micro_batch_size=4, grad_accum_steps=4)
+    lion = Config(micro_batch_size=1, grad_accum_steps=16, optimizer="lion")
+    fitted = calibrate([_observe_split(adamw, truth), _observe_split(lion, truth)], FACTS, CPU, 1, PRIOR)
+    for m in (1, 2, 8):
+        for optimizer in ("adamw", "lion"):
+            config = Config(micro_batch_size=m, grad_accum_steps=16 // m, optimizer=optimizer)
+            want = truth.predict(config, FACTS, CPU, 1).step_time_s
+            assert fitted.predict(config, FACTS, CPU, 1).step_time_s == pytest.approx(want, rel=0.05), config.label()
+    # an optimizer no probe ran moves with the measured ones
+    assert "sgd" not in fitted.time_factors
+    lion, adamw = fitted.time_factors["lion"], fitted.time_factors["adamw"]
+    assert fitted.default_time_factor == pytest.approx((lion * adamw) ** 0.5)
+
+
+def test_the_optimizer_factor_moves_only_the_update() -> None:
+    calibration = Calibration(coefficients=PRIOR, time_factors={"adamw": 3.0})
+    config = Config(micro_batch_size=2, grad_accum_steps=8)
+    plain = predict(config, FACTS, CPU, 1, PRIOR)
+    scaled = calibration.predict(config, FACTS, CPU, 1)
+    assert scaled.time_breakdown["optimizer"] == pytest.approx(3.0 * plain.time_breakdown["optimizer"])
+    assert scaled.time_breakdown["compute"] == plain.time_breakdown["compute"]
+    assert scaled.step_time_s == pytest.approx(plain.step_time_s + 2.0 * plain.time_breakdown["optimizer"])
+    assert scaled.samples_per_s == pytest.approx(16 / scaled.step_time_s)

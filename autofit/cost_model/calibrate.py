@@ -13,7 +13,10 @@ reciprocal coefficients::
 
 with ``W`` the FLOPs over the datasheet FLOP/s (seconds at 100 % efficiency),
 ``M`` the micro-batches per step, ``S`` = 1, ``B`` the optimizer bytes touched
-and ``R`` everything else (communication, offload). :func:`time_terms` reads
+and ``R`` everything else (communication, offload). A probe also times the
+optimizer's own ``engine.step`` apart: then only forward and backward (``W, M, R``)
+are fitted here, against the step less the update, and the update is the
+optimizer's factor below. :func:`time_terms` reads
 ``W, M, S, B, R`` off the model itself by finite differences (the model is
 linear in each, so one difference per coefficient is exact), which keeps this
 module correct whatever the time formulas become. :func:`fit_time` then solves
@@ -22,8 +25,10 @@ whatever its step time), with a ridge pull toward the prior so that a single
 probe moves mostly the term that dominates it, and non-negativity. Dtypes no
 probe has measured move with the measured ones (the same ratio to their prior):
 a CPU is not assumed to have fast bf16, nor slow, until one bf16 probe says so.
-A last residual factor per optimizer (:attr:`Calibration.time_factors`) absorbs
-what the formulas do not model (a bitsandbytes or Python optimizer on a CPU).
+A last factor per optimizer (:attr:`Calibration.time_factors`) scales the optimizer
+step alone (update + per-step bookkeeping), measured / predicted: what a bandwidth
+formula cannot know (a bitsandbytes or Python optimizer on a CPU). An optimizer no
+probe has run moves with the measured ones (their geometric mean), as dtypes do.
 
 Memory. :func:`fit_memory` sets ``memory_scale`` to the median of measured /
 predicted peak over successful probes (robust to one noisy probe), then raises
@@ -48,8 +53,8 @@ from autofit.hardware import Hardware
 MEMORY_SCALE_RANGE = (0.25, 8.0)
 #: clamp of a fitted compute efficiency (achieved / datasheet FLOP/s)
 EFFICIENCY_RANGE = (1e-5, 1.0)
-#: clamp of the residual time factor of one optimizer
-TIME_FACTOR_RANGE = (0.2, 5.0)
+#: clamp of the factor on one optimizer's update time
+TIME_FACTOR_RANGE = (0.02, 50.0)
 #: weight of the pull toward the prior (u = 1), against one probe's relative residual: small, so it only
 #: decides what the probes leave open (with one probe: the least change, spread by term size)
 RIDGE = 1e-3
@@ -73,6 +78,13 @@ class Observation:
     """Measured seconds per optimizer step (0.0 unless ok)."""
     budget_bytes: int
     """The memory budget the probe ran under (what an oom ran out of)."""
+    optimizer_time_s: float = 0.0
+    """Measured seconds of the optimizer update within that step (0.0 when not timed apart)."""
+
+    @property
+    def split(self) -> bool:
+        """Whether the update was timed apart from forward and backward."""
+        return self.status == "ok" and 0.0 < self.optimizer_time_s < self.step_time_s
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Observation:
@@ -82,6 +94,7 @@ class Observation:
             peak_bytes=int(data.get("peak_bytes", 0)),
             step_time_s=float(data.get("step_time_s", 0.0)),
             budget_bytes=int(data.get("budget_bytes", 0)),
+            optimizer_time_s=float(data.get("optimizer_time_s", 0.0)),
         )
 
 
@@ -110,31 +123,40 @@ class Calibration:
     coefficients: Coefficients
     """What :func:`autofit.cost_model.predict` takes."""
     time_factors: dict[str, float] = field(default_factory=dict)
-    """Optimizer -> measured / fitted-predicted step time (1.0 where none was measured)."""
+    """Optimizer -> measured / fitted-predicted optimizer step, for the optimizers probes ran."""
+    default_time_factor: float = 1.0
+    """The factor of an optimizer no probe ran: the geometric mean of ``time_factors``."""
     n_observations: int = 0
     """Probes the fit used (ok and oom)."""
 
     def predict(
         self, config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, predictor: Predictor = predict
     ) -> Prediction:
-        """The cost model's prediction with the fitted coefficients and the residual time factor applied."""
+        """The cost model's prediction with the fitted coefficients and the optimizer's factor applied."""
         prediction = predictor(config, facts, hardware, world_size, self.coefficients)
-        factor = self.time_factors.get(config.optimizer, 1.0)
-        if factor == 1.0:
+        factor = self.time_factors.get(config.optimizer, self.default_time_factor)
+        update_s = prediction.time_breakdown.get("optimizer", 0.0)
+        if factor == 1.0 or update_s <= 0.0:
             return prediction
-        step = prediction.step_time_s * factor
+        step = prediction.step_time_s + (factor - 1.0) * update_s
+        speedup = prediction.step_time_s / step
         return replace(
             prediction,
             step_time_s=step,
-            samples_per_s=prediction.samples_per_s / factor,
-            tokens_per_s=prediction.tokens_per_s / factor if prediction.tokens_per_s is not None else None,
-            time_breakdown={k: v * factor for k, v in prediction.time_breakdown.items()},
+            samples_per_s=prediction.samples_per_s * speedup,
+            tokens_per_s=prediction.tokens_per_s * speedup if prediction.tokens_per_s is not None else None,
+            time_breakdown=prediction.time_breakdown | {"optimizer": factor * update_s},
         )
+
+    def update_time_s(self, config: Config, facts: ModelFacts, hardware: Hardware, world_size: int) -> float:
+        """Predicted seconds of the optimizer's ``engine.step`` (update and per-step bookkeeping)."""
+        return self.predict(config, facts, hardware, world_size).time_breakdown.get("optimizer", 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "coefficients": self.coefficients.to_dict(),
             "time_factors": dict(self.time_factors),
+            "default_time_factor": self.default_time_factor,
             "n_observations": self.n_observations,
         }
 
@@ -205,11 +227,17 @@ def fit_time(
     n = len(names)
     rows, rhs = [], []
     for obs, term in zip(ok, terms, strict=True):
-        a = [0.0] * n
-        a[dtypes.index(term.dtype)] = term.work_s
-        a[n - 3], a[n - 2], a[n - 1] = term.n_micro, term.n_steps, term.optimizer_bytes
-        rows.append([a_j * s_j / obs.step_time_s for a_j, s_j in zip(a, scales, strict=True)])
-        rhs.append((obs.step_time_s - term.rest_s) / obs.step_time_s)
+        compute = [0.0] * n
+        compute[dtypes.index(term.dtype)] = term.work_s
+        compute[n - 3] = term.n_micro
+        update = [0.0] * n
+        update[n - 2], update[n - 1] = term.n_steps, term.optimizer_bytes
+        if obs.split:  # forward + backward against the step less the update (the update is its optimizer's)
+            a, measured = compute, obs.step_time_s - obs.optimizer_time_s
+        else:
+            a, measured = [c + u for c, u in zip(compute, update, strict=True)], obs.step_time_s
+        rows.append([a_j * s_j / measured for a_j, s_j in zip(a, scales, strict=True)])
+        rhs.append((measured - term.rest_s) / measured)
     for j in range(n):
         # pull toward the prior value (u_j = prior/scale: 1 for a positive prior, 0 for a zero one)
         row = [0.0] * n
@@ -267,13 +295,24 @@ def fit_time_factors(
     coefficients: Coefficients,
     predictor: Predictor = predict,
 ) -> dict[str, float]:
-    """Optimizer -> median of measured / predicted step time with the fitted coefficients, clamped."""
+    """Optimizer -> median of measured / predicted update time with the fitted coefficients, clamped.
+
+    The measured optimizer step is the probe's own timing of ``engine.step`` at the accumulation
+    boundary; a probe without it (an older study) leaves the step less the predicted forward and backward.
+    """
     by_optimizer: dict[str, list[float]] = {}
     for o in observations:
-        if o.status == "ok" and o.step_time_s > 0:
-            predicted = predictor(o.config, facts, hardware, world_size, coefficients).step_time_s
-            if predicted > 0:
-                by_optimizer.setdefault(o.config.optimizer, []).append(o.step_time_s / predicted)
+        if o.status != "ok" or o.step_time_s <= 0:
+            continue
+        prediction = predictor(o.config, facts, hardware, world_size, coefficients)
+        update_s = prediction.time_breakdown.get("optimizer", 0.0)
+        if update_s <= 0:
+            continue
+        if o.split:
+            measured = o.optimizer_time_s
+        else:
+            measured = o.step_time_s - (prediction.step_time_s - update_s)
+        by_optimizer.setdefault(o.config.optimizer, []).append(measured / update_s)
     return {k: _clamp(statistics.median(v), *TIME_FACTOR_RANGE) for k, v in by_optimizer.items()}
 
 
@@ -290,8 +329,9 @@ def calibrate(
     coefficients = fit_time(observations, facts, hardware, world_size, prior, predictor)
     coefficients = fit_memory(observations, facts, hardware, world_size, coefficients, predictor)
     factors = fit_time_factors(observations, facts, hardware, world_size, coefficients, predictor)
+    default = math.exp(statistics.fmean(math.log(f) for f in factors.values())) if factors else 1.0
     used = sum(1 for o in observations if o.status in ("ok", "oom"))
-    return Calibration(coefficients=coefficients, time_factors=factors, n_observations=used)
+    return Calibration(coefficients=coefficients, time_factors=factors, default_time_factor=default, n_observations=used)
 
 
 def _nonnegative_lstsq(a: Any, b: Any) -> Any:

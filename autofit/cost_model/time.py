@@ -11,8 +11,9 @@ Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
 * offload (ZeRO-Offload, Ren et al. 2021): gradients down and parameters up once per step over
   PCIe (or NVMe), and the optimizer runs on the host; parameter offload streams the parameters
   in for forward and backward of every micro-batch.
-* the optimizer update is memory-bound: bytes of parameters, gradients and states touched,
-  over the achieved memory bandwidth.
+* the optimizer step is memory-bound: bytes of parameters, gradients and states touched,
+  over the achieved memory bandwidth, plus the engine's fixed per-step bookkeeping (what a
+  probe times as ``engine.step`` at the accumulation boundary).
 """
 
 from __future__ import annotations
@@ -90,11 +91,10 @@ def predict_step_time(
         optimizer_s = touched / HOST_OPTIMIZER_BYTES_PER_S
     else:
         optimizer_s = touched / coefficients.optimizer_bytes_per_s
-    overhead_s = a * coefficients.micro_batch_overhead_s + coefficients.step_overhead_s
     return {
         "compute": compute_s,
         "communication": comm_s,
         "offload": offload_s,
-        "optimizer": optimizer_s,
-        "overhead": overhead_s,
+        "optimizer": optimizer_s + coefficients.step_overhead_s,
+        "overhead": a * coefficients.micro_batch_overhead_s,
     }

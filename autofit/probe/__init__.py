@@ -64,6 +64,11 @@ class ProbeResult:
     """Seconds the whole probe took, seen from the caller."""
     predicted: dict[str, Any] | None = None
     """The cost model's prediction for this config, filled in by the caller."""
+    step_times_s: list[float] = field(default_factory=list)
+    """Every timed step of the slowest rank, in order (their median is ``step_time_s``)."""
+    optimizer_time_s: float = 0.0
+    """Median seconds of the optimizer's ``engine.step`` within one step (the update itself; 0.0 when not
+    measured): the search calibrates the optimizer's cost from it apart from forward and backward."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -145,6 +150,10 @@ def run_probe(
         per_rank = [int(b) for b in results[0].get("per_rank_peak_bytes", per_rank)]
     # the slowest rank sets the pace of a data-parallel step
     step_time = max((float(r.get("step_time_s", 0.0)) for r in results if r), default=0.0) if status == "ok" else 0.0
+    slowest = max((r for r in results if r), key=lambda r: float(r.get("step_time_s", 0.0)), default=None)
+    optimizer_time = (
+        max((float(r.get("optimizer_time_s", 0.0)) for r in results if r), default=0.0) if status == "ok" else 0.0
+    )
     samples = config.micro_batch_size * config.grad_accum_steps * world_size / step_time if step_time > 0 else 0.0
     tokens_per_sample = next((r.get("tokens_per_sample") for r in results if r and r.get("tokens_per_sample")), None)
     phases = dict(results[0].get("phases_s", {})) if results[0] else {}
@@ -153,6 +162,8 @@ def run_probe(
         status=status,
         peak_bytes=max(per_rank, default=0),
         step_time_s=step_time,
+        optimizer_time_s=optimizer_time,
+        step_times_s=[float(t) for t in slowest.get("step_times_s", [])] if slowest and status == "ok" else [],
         samples_per_s=samples,
         tokens_per_s=samples * tokens_per_sample if tokens_per_sample and samples else None,
         message=_message(outcomes, statuses, status, timeout_s),

@@ -10,6 +10,7 @@ machine.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
@@ -37,6 +38,29 @@ def hwm_bytes() -> int:
     return read_status_bytes("VmHWM")
 
 
+#: glibc ``mallopt`` parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: glibc's ceiling for its dynamic mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+_GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20
+
+
+def use_default_allocator() -> bool:
+    """Let glibc keep freed blocks for reuse again, as a training process does without the probe's setting.
+
+    The probe starts with ``MALLOC_MMAP_THRESHOLD_=65536`` so that RSS tracks live tensors (DESIGN.md);
+    that maps and unmaps every tensor over 64 KiB, and the page faults that follow nearly doubled a CPU
+    step (ViT, 82 -> 150 ms) and made it noisy. Once the peak is read, this sets what glibc's dynamic
+    threshold settles at in a long run (blocks up to 32 MiB from the heap, trimmed past twice that), so
+    the timed steps run at the speed the user will see. False where glibc's ``mallopt`` is not available.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    ok = libc.mallopt(_M_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX) == 1
+    return ok and libc.mallopt(_M_TRIM_THRESHOLD, 2 * _GLIBC_MMAP_THRESHOLD_MAX) == 1
+
+
 def reset_peak() -> None:
     """Reset VmHWM to the current RSS (Linux >= 4.0: ``5`` written to ``clear_refs``)."""
     with open("/proc/self/clear_refs", "w") as handle:
@@ -45,6 +69,9 @@ def reset_peak() -> None:
 
 class RssWatchdog:
     """A daemon thread that polls VmRSS every ``interval_s`` seconds.
+
+    20 ms by default: VmHWM still catches a peak between two polls, and polling every 2 ms
+    took enough of a 2-core machine from the training threads to slow and scatter its steps.
 
     It keeps the highest RSS it saw (a second opinion next to VmHWM) and, once
     ``RSS - baseline_bytes`` passes ``budget_bytes``, calls ``on_exceeded(used_bytes)``
@@ -58,7 +85,7 @@ class RssWatchdog:
         baseline_bytes: int,
         budget_bytes: int | None,
         on_exceeded: Callable[[int], None],
-        interval_s: float = 0.002,
+        interval_s: float = 0.02,
     ) -> None:
         self.baseline_bytes = baseline_bytes
         self.budget_bytes = budget_bytes

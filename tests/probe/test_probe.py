@@ -67,6 +67,10 @@ def test_real_probe_of_a_tiny_model_is_ok() -> None:
     assert result.tokens_per_s == pytest.approx(16 * result.samples_per_s)
     assert result.overhead_s > 0
     assert {"process_start_s", "imports_s", "model_build_s", "initialize_s"} <= set(result.phases_s)
+    # every timed step is kept, and the optimizer's update is timed apart, inside the step
+    assert len(result.step_times_s) == 2
+    assert min(result.step_times_s) <= result.step_time_s <= max(result.step_times_s)
+    assert 0 < result.optimizer_time_s < result.step_time_s
 
 
 @pytest.mark.slow

@@ -1,0 +1,64 @@
+"""Which candidates the search must probe before its stop rule may end it (pure, no probes)."""
+
+from __future__ import annotations
+
+from autofit.config import Config
+from autofit.cost_model import MemoryBreakdown, Prediction
+from autofit.search import TrialRecord, unexplored
+
+
+def _prediction(step_s: float, update_s: float) -> Prediction:
+    memory = MemoryBreakdown(params=1, grads=1, optimizer=1, activations=1, other=1)
+    return Prediction(
+        peak_bytes=memory.total,
+        breakdown=memory,
+        step_time_s=step_s,
+        samples_per_s=8 / step_s,
+        tokens_per_s=None,
+        fits=True,
+        time_breakdown={"compute": step_s - update_s, "optimizer": update_s},
+    )
+
+
+def _record(config: Config, status: str, samples_per_s: float = 0.0) -> TrialRecord:
+    return TrialRecord(
+        number=0,
+        config=config,
+        phase="search",
+        status=status,
+        measured={"samples_per_s": samples_per_s},
+        predicted={},
+        within_margin=status == "ok",
+    )
+
+
+ADAMW = Config(micro_batch_size=8)
+LION = ADAMW.with_(optimizer="lion")
+SGD = ADAMW.with_(optimizer="sgd")
+BF16 = ADAMW.with_(precision="bf16")
+
+
+def test_each_optimizer_and_precision_is_probed_once_fastest_first() -> None:
+    todo = [(LION, _prediction(1.0, 0.1)), (SGD, _prediction(1.1, 0.1)), (BF16, _prediction(1.2, 0.1))]
+    best = _record(ADAMW, "ok", 6.0)
+    assert [c for c, _ in unexplored(todo, [best], best, 0.05)] == [LION, SGD, BF16]
+    # once Lion has run, only SGD and bf16 are left; a Lion config of another micro-batch is not new
+    other_lion = LION.with_(micro_batch_size=4, grad_accum_steps=2)
+    todo = [(other_lion, _prediction(0.9, 0.1)), *todo[1:]]
+    done = [best, _record(LION, "ok", 6.0)]
+    assert [c for c, _ in unexplored(todo, done, best, 0.05)] == [SGD, BF16]
+
+
+def test_an_optimizer_that_cannot_win_even_with_a_free_update_is_not_probed() -> None:
+    best = _record(ADAMW, "ok", 10.0)  # 0.8 s per step
+    # SGD: 1.0 s, of which the update is 0.1 s: at best 0.9 s, slower than the best measured
+    assert unexplored([(SGD, _prediction(1.0, 0.1))], [best], best, 0.05) == []
+    # an unmeasured precision has no such bound: it is probed
+    assert unexplored([(BF16, _prediction(1.0, 0.1))], [best], best, 0.05) != []
+
+
+def test_an_oom_leaves_its_optimizer_unexplored_an_error_does_not() -> None:
+    smaller = LION.with_(micro_batch_size=4, grad_accum_steps=2)
+    todo = [(smaller, _prediction(1.0, 0.5))]
+    assert unexplored(todo, [_record(LION, "oom")], None, 0.05) == todo
+    assert unexplored(todo, [_record(LION, "error")], None, 0.05) == []
