@@ -70,6 +70,11 @@ VERIFY_STEPS = 5
 PROBE_TIMEOUT_S = 300.0
 #: a probe is never given less than this, even near the overall deadline
 MIN_PROBE_TIMEOUT_S = 30.0
+#: a candidate predicted past the usable budget by less than the memory model's uncertainty is still probed
+#: (its measured peak decides): at least the median |error| of benchmarks/memory_accuracy.py (~2 %),
+#: widened to the calibrated model's largest miss on the probes so far, at most MEMORY_BAND_CAP
+MEMORY_BAND_FLOOR = 0.02
+MEMORY_BAND_CAP = 0.10
 #: configs verified before giving up (each a probe)
 MAX_VERIFICATIONS = 3
 #: configs verified together: the best measured and a close runner-up
@@ -276,6 +281,24 @@ def stop_margin(observed: list[Observation], facts: Any, usable: Any, world_size
     return min(MAX_STOP_TOLERANCE, max([floor, *misses]))
 
 
+def memory_band(
+    records: list[TrialRecord], calibration: Calibration, facts: ModelFacts, usable: Hardware, world_size: int
+) -> float:
+    """How far past the usable budget a prediction may be and the candidate still be probed.
+
+    A prediction within a few % of the budget cannot say whether the config fits: the probe's measured
+    peak can (it must be within the budget to win). The band is the calibrated model's largest relative
+    miss on the peaks it has measured, within ``[MEMORY_BAND_FLOOR, MEMORY_BAND_CAP]``.
+    """
+    misses = [
+        abs(r.peak_bytes / predicted - 1.0)
+        for r in records
+        if r.status == "ok" and r.peak_bytes > 0
+        and (predicted := calibration.predict(r.config, facts, usable, world_size).peak_bytes) > 0
+    ]
+    return min(MEMORY_BAND_CAP, max([MEMORY_BAND_FLOOR, *misses]))
+
+
 def unexplored(
     todo: list[tuple[Config, Prediction]], records: list[TrialRecord], best: TrialRecord | None, tolerance: float
 ) -> list[tuple[Config, Prediction]]:
@@ -472,7 +495,8 @@ def run_search(
         while True:
             ranked = priced(calibration)
             best = best_measured()
-            todo = [(c, p) for c, p in ranked if p.fits and _key(c) not in probed]
+            band = memory_band(records, calibration, facts, usable, world_size)
+            todo = [(c, p) for c, p in ranked if p.peak_bytes <= usable_bytes * (1 + band) and _key(c) not in probed]
             if n_done >= trials:
                 stop_reason = f"reached --trials {trials}"
                 break

@@ -3,7 +3,9 @@
 For each model, an oracle probes every candidate of a small fp32 space once (world size 1,
 with the whole host as the budget: measured peak and throughput do not depend on the budget).
 Three tight budgets are then taken from the oracle's measured peaks (so that about 1/4, 1/2
-and 3/4 of the space fits within the usable ``(1 - margin) x budget``). For each budget:
+and 3/4 of the space fits within the usable ``(1 - margin) x budget``), each placed midway
+between two adjacent measured peaks (1 % apart or more), so that no config sits on the edge of a
+budget, where a re-run of its own probe could land either side. For each budget:
 
 - ``run_search`` runs with that budget and ``--trials`` = 15 % of the space (its own study,
   fresh storage);
@@ -18,7 +20,9 @@ One probe of one config on this shared 2-core machine varies by up to ~25 % run 
 steps within a run agree to a few %): the oracle's single fastest probe is often a lucky one,
 hence the re-measurement of its top three before comparing.
 
-    python benchmarks/search_regret.py [--models vit,cnn,gqa_llama] [--out results.json]
+    python benchmarks/search_regret.py [--models vit,cnn,gqa_llama] [--out results.json] [--oracle-cache DIR]
+
+``--oracle-cache DIR`` keeps each model's oracle probes in ``DIR/<model>.json`` and reuses them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,26 +112,61 @@ def _median_samples(probes: list) -> float:
     return statistics.median(r.samples_per_s if r.status == "ok" else 0.0 for r in probes)
 
 
-def bench_model(name: str, entry: str) -> list[dict]:
-    host = get_hardware("cpu")
-    configs = _configs(entry, host)
-    trials = int(PROBE_SHARE * len(configs))
+@dataclass(frozen=True)
+class Point:
+    """One oracle probe: what the benchmark needs of it."""
+
+    config: Config
+    status: str
+    samples_per_s: float
+    peak_bytes: int
+
+
+def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | None) -> tuple[list[Point], float]:  # noqa: ANN001
+    path = cache / f"{name}.json" if cache else None
+    if path and path.exists():
+        data = json.loads(path.read_text())
+        points = [Point(Config.from_dict(d["config"]), d["status"], d["samples_per_s"], d["peak_bytes"]) for d in data["points"]]
+        if {_k(p.config) for p in points} == {_k(c) for c in configs}:
+            return points, float(data["wall_s"])
     t0 = time.monotonic()
-    oracle = []
+    points = []
     for i, config in enumerate(configs):
         r = _probe(entry, config, host)
-        oracle.append(r)
+        points.append(Point(config, r.status, r.samples_per_s, r.peak_bytes))
         print(
             f"  oracle {name} {i + 1}/{len(configs)} {config.label()}: {r.status} "
-            f"{r.samples_per_s:.3g}/s {r.peak_bytes / 2**20:.0f} MiB",
+            f"{r.samples_per_s:.3g}/s {r.peak_bytes / 2**20:.1f} MiB",
             file=sys.stderr,
             flush=True,
         )
-    oracle_s = time.monotonic() - t0
-    peaks = sorted(r.peak_bytes for r in oracle if r.status == "ok")
-    rows = []
+    wall_s = time.monotonic() - t0
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [{"config": p.config.to_dict(), "status": p.status, "samples_per_s": p.samples_per_s,
+                 "peak_bytes": p.peak_bytes} for p in points]
+        path.write_text(json.dumps({"wall_s": wall_s, "points": rows}, indent=1))
+    return points, wall_s
+
+
+def usable_budgets(peaks: list[int]) -> list[int]:
+    """For each quantile, a usable budget midway between the quantile's peak and the next peak 1 % above it."""
+    peaks = sorted(peaks)
+    out = []
     for q in QUANTILES:
-        usable = peaks[min(len(peaks) - 1, int(q * len(peaks)))]
+        at = peaks[min(len(peaks) - 1, int(q * len(peaks)))]
+        above = [p for p in peaks if p > 1.01 * at]
+        out.append(int((at + above[0]) / 2) if above else int(1.01 * at))
+    return out
+
+
+def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
+    host = get_hardware("cpu")
+    configs = _configs(entry, host)
+    trials = int(PROBE_SHARE * len(configs))
+    oracle, oracle_s = _oracle(name, entry, configs, host, cache)
+    rows = []
+    for usable in usable_budgets([r.peak_bytes for r in oracle if r.status == "ok"]):
         budget = int(usable / (1 - MARGIN)) + 1
         fitting = [r for r in oracle if r.status == "ok" and r.peak_bytes <= (1 - MARGIN) * budget]
         top = sorted(fitting, key=lambda r: -r.samples_per_s)[:TOP]
@@ -219,10 +259,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="vit,cnn,gqa_llama")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--oracle-cache", default=None, help="keep and reuse the oracle probes in this folder")
     args = parser.parse_args()
     rows = []
     for name in args.models.split(","):
-        rows += bench_model(name, MODELS[name])
+        rows += bench_model(name, MODELS[name], Path(args.oracle_cache) if args.oracle_cache else None)
         if args.out:
             Path(args.out).write_text(json.dumps(rows, indent=2))
     print(markdown(rows))
