@@ -15,10 +15,12 @@ maximise measured samples/s):
    (:mod:`autofit.cost_model.calibrate`): an ``oom`` raises ``memory_scale`` so
    similar configs get pruned, a slow bf16 makes every bf16 prediction slow.
 4. The search stops at ``trials`` probes, at ``timeout_s``, or when no candidate
-   left is predicted to beat the best measured by more than the tolerance: the
-   larger of ``stop_tolerance`` and how far the calibrated model still misses the
-   configs it has measured (capped at ``MAX_STOP_TOLERANCE``). A model that explains
-   its probes stops early; one that does not keeps probing.
+   left could beat the best measured even if the calibrated model under-predicts
+   it by its tolerance: the larger of ``stop_tolerance`` and how far the calibrated
+   model still misses the configs it has measured (capped at ``MAX_STOP_TOLERANCE``).
+   A model that explains its probes stops early; one that does not keeps probing.
+   Before that rule may fire, each optimizer and precision is probed once
+   (:func:`unexplored`).
 5. The best measured config is probed once more (a verification of its own); it
    wins if that run is ok within the usable budget, else the next is tried. Its
    DeepSpeed JSON is checked by DeepSpeed and written atomically, and only then.
@@ -55,7 +57,8 @@ from autofit.units import format_bytes
 from autofit.workload import Workload
 
 DEFAULT_STORAGE = "sqlite:///autofit.db"
-#: a candidate predicted at most this much faster than the best measured is not worth a probe
+#: the least doubt the stop rule allows a prediction: a candidate predicted more than 1/(1 + this) of the
+#: best measured throughput may still beat it and is probed
 STOP_TOLERANCE = 0.05
 #: the stop rule's tolerance never grows past this, however poorly the model explains the probes
 MAX_STOP_TOLERANCE = 0.30
@@ -307,8 +310,8 @@ def unexplored(
     What an optimizer's update costs on a device (a bitsandbytes or Python optimizer on a CPU) and how
     fast a precision runs on it (a CPU without native bf16) are what the analytic model knows least, and
     the calibration learns them only from a probe of that optimizer or precision. So before the stop
-    rule may end the search, each gets one probe, unless even a free update could not make the
-    candidate beat the best measured by ``tolerance`` (an optimizer) or nothing of it fits.
+    rule may end the search, each gets one probe, unless nothing of it fits or (an optimizer) even a
+    free update, with the model's ``tolerance`` in its favour too, could not make it beat the best measured.
     An oom leaves its optimizer and precision unexplored; an error or a timeout does not.
     """
     settled = [r for r in records if r.status in ("ok", "error", "timeout")]
@@ -322,7 +325,7 @@ def unexplored(
         if not new_precision and best is not None:
             without_update = prediction.step_time_s - prediction.time_breakdown.get("optimizer", 0.0)
             bound = prediction.samples_per_s * prediction.step_time_s / without_update if without_update > 0 else math.inf
-            if bound <= best.samples_per_s * (1.0 + tolerance):
+            if bound * (1.0 + tolerance) <= best.samples_per_s:
                 continue
         out.append((config, prediction))
     return out
@@ -355,8 +358,9 @@ def run_search(
     """Find the fastest config of ``space`` that fits ``hardware`` (measured), write its DeepSpeed JSON.
 
     ``trials`` bounds the search probes of the study (resumed ones count); the search stops earlier,
-    after at least ``min_probes``, once no unprobed candidate is predicted (calibrated) to beat the best
-    measured by more than ``stop_tolerance``;
+    after at least ``min_probes`` and one probe of each optimizer and precision that could win, once no
+    unprobed candidate could beat the best measured even with its calibrated prediction raised by the
+    tolerance (at least ``stop_tolerance``, the model's leave-one-out miss);
     ``timeout_s`` the wall time of this call's search (the verification may run past it,
     once). Raises :class:`AutofitError` when nothing fits; then nothing is written.
     """
@@ -513,12 +517,12 @@ def run_search(
             elif (
                 best is not None
                 and n_done >= min_probes
-                and todo[0][1].samples_per_s <= best.samples_per_s * (1.0 + tolerance)
+                and todo[0][1].samples_per_s * (1.0 + tolerance) <= best.samples_per_s
             ):
                 stop_reason = (
-                    f"no candidate left is predicted to beat the best measured "
-                    f"{best.samples_per_s:.3g} samples/s by more than {tolerance:.0%} (the calibrated model's "
-                    f"largest leave-one-out miss, at least {stop_tolerance:.0%})"
+                    f"no candidate left could beat the best measured {best.samples_per_s:.3g} samples/s, even "
+                    f"{tolerance:.0%} faster than predicted (the calibrated model's largest leave-one-out miss, "
+                    f"at least {stop_tolerance:.0%})"
                 )
                 break
             else:

@@ -9,8 +9,9 @@ For each model of benchmarks/probe_models.py (fp32, AdamW, CPU, world size 1):
 * independent: this file run as a plain script (``--independent``) that trains the
   same steps with the same DeepSpeed JSON but shares no measuring code: memory is
   the child's ``ru_maxrss`` from ``os.wait4`` minus the ``ru_maxrss`` of a second
-  child that only does the same imports; throughput is its own wall clock over
-  the measured steps.
+  child that only does the same imports (both with the probe's ``MALLOC_MMAP_THRESHOLD_``);
+  throughput is a third child's own wall clock over the measured steps, started as a
+  user would start training (no allocator setting).
 
 Prints a markdown table of medians over ``--repeats`` and the relative errors
 (targets: peak within 5 %, throughput within 30 %).
@@ -31,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 MODELS_FILE = HERE / "probe_models.py"
-STEPS, WARMUP = 3, 1
+STEPS, WARMUP = 5, 1
 
 
 def independent(name: str, micro: int, zero: int, only_imports: bool) -> None:
@@ -66,9 +67,12 @@ def independent(name: str, micro: int, zero: int, only_imports: bool) -> None:
     )
 
 
-def run_child(args: list[str]) -> tuple[int, str]:
-    """Run this file as a child with the probe's environment; returns (max RSS bytes, stdout)."""
-    env = dict(os.environ, DS_ACCELERATOR="cpu", MALLOC_MMAP_THRESHOLD_="65536", MASTER_ADDR="127.0.0.1")
+def run_child(args: list[str], mmap_threshold: bool = True) -> tuple[int, str]:
+    """Run this file as a child (with the probe's allocator setting, or none); returns (max RSS bytes, stdout)."""
+    env = dict(os.environ, DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1")
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    if mmap_threshold:
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
     env.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
     env["PYTHONPATH"] = str(ROOT)
@@ -125,7 +129,8 @@ def main() -> None:
             probe_peak.append(r.peak_bytes)
             probe_tput.append(r.samples_per_s)
             base, _ = run_child([name, str(micro), str(args.zero), "1"])
-            full, out = run_child([name, str(micro), str(args.zero), "0"])
+            full, _ = run_child([name, str(micro), str(args.zero), "0"])
+            _, out = run_child([name, str(micro), str(args.zero), "0"], mmap_threshold=False)
             ind_peak.append(full - base)
             ind_tput.append(json.loads(out.strip().splitlines()[-1])["samples_per_s"])
             if not args.no_fake:
