@@ -16,11 +16,14 @@ budget, where a re-run of its own probe could land either side. For each budget:
   1 - emitted median / oracle best; the emitted config fits when every probe of it ran within
   the budget.
 
-One probe of one config on this shared 2-core machine varies by up to ~25 % run to run (the
-steps within a run agree to a few %): the oracle's single fastest probe is often a lucky one,
-hence the re-measurement of its top three before comparing.
+Every probe runs with ``--threads`` OpenMP threads (default 1, set as ``OMP_NUM_THREADS`` for the
+probes of the oracle, the search and the re-measurement alike: the device is a one-core CPU). On this
+project's 2-core VM a plain training loop with two threads varied by ~25 % from one process to the
+next (ViT: 76-134 ms per step) and by ~5 % with one (121-129 ms); a regret of a few % cannot be read
+through the first. The steps within one probe agree to a few % either way. Even so, the oracle's single
+fastest probe is often a lucky one, hence the re-measurement of its top three before comparing.
 
-    python benchmarks/search_regret.py [--models vit,cnn,gqa_llama] [--out results.json] [--oracle-cache DIR]
+    python benchmarks/search_regret.py [--models vit,cnn,gqa_llama] [--threads 1] [--out results.json] [--oracle-cache DIR]
 
 ``--oracle-cache DIR`` keeps each model's oracle probes in ``DIR/<model>.json`` and reuses them.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -260,7 +264,9 @@ def main() -> None:
     parser.add_argument("--models", default="vit,cnn,gqa_llama")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     parser.add_argument("--oracle-cache", default=None, help="keep and reuse the oracle probes in this folder")
+    parser.add_argument("--threads", type=int, default=1, help="OpenMP threads of every probe (OMP_NUM_THREADS)")
     args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     rows = []
     for name in args.models.split(","):
         rows += bench_model(name, MODELS[name], Path(args.oracle_cache) if args.oracle_cache else None)
