@@ -68,7 +68,8 @@ def facts_for(workload: Workload, configs: list[Config]) -> ModelFacts:
     from autofit.trace import trace_workload
 
     precisions, attentions = traces_needed(configs)
-    return trace_workload(workload, precisions=precisions, attentions=attentions)
+    ratios = tuple(sorted({c.checkpoint_ratio for c in configs}))
+    return trace_workload(workload, precisions=precisions, attentions=attentions, checkpoint_ratios=ratios)
 
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:

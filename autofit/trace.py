@@ -48,8 +48,14 @@ def trace_workload(
     *,
     precisions: tuple[str, ...] = ("fp32",),
     attentions: tuple[str, ...] = ("sdpa",),
+    checkpoint_ratios: tuple[float, ...] = (),
 ) -> ModelFacts:
-    """Trace ``workload`` for each precision class and attention kernel, with and without checkpointing."""
+    """Trace ``workload`` for each precision class and attention kernel, with and without checkpointing.
+
+    Of ``checkpoint_ratios`` (the space's), the one nearest 0.5 that checkpoints some but not all
+    layers is traced too: how much checkpointing part of the stack saves depends on which layers
+    hold the activations, which a straight line between none and all cannot know.
+    """
     started = time.perf_counter()
     dtype_names = sorted({_dtype_class(p) for p in precisions})
     attention_names = attentions if workload.searches_attention else ("sdpa",)
@@ -64,7 +70,20 @@ def trace_workload(
                 profiles[ActivationProfile.key(dtype_name, attention, checkpointed)] = ActivationProfile(
                     dtype=dtype_name, attention=attention, checkpointed=checkpointed, points=points
                 )
+            n_middle = middle_checkpointed_layers(checkpoint_ratios, structure["n_layers"])
+            if n_middle:
+                points = tracer.points(dtype_name, traced_kernel(attention), n_middle / structure["n_layers"],
+                                       TRACE_MICRO_BATCHES)
+                profiles[ActivationProfile.partial_key(dtype_name, attention, n_middle)] = ActivationProfile(
+                    dtype=dtype_name, attention=attention, checkpointed=True, points=points
+                )
     return _facts(workload, structure, profiles, structure["n_layers"], tracer.mode, time.perf_counter() - started)
+
+
+def middle_checkpointed_layers(ratios: tuple[float, ...], n_layers: int) -> int:
+    """Checkpointed layers of the ratio nearest 0.5 that wraps some but not all of ``n_layers`` (0: none)."""
+    counts = {int(round(r * n_layers)) for r in ratios} - {0, n_layers}
+    return min(counts, key=lambda n: (abs(n / n_layers - 0.5), n)) if counts else 0
 
 
 def trace_config(workload: Workload, config: Config) -> ModelFacts:

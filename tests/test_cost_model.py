@@ -157,3 +157,40 @@ def test_cost_model_imports_without_torch() -> None:
         "assert sys.modules['torch'] is None\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_partial_checkpoint_trace_bends_the_interpolation() -> None:
+    """Layers are not alike: with a trace at half the layers checkpointed, the quarter and three
+    quarters points follow it (piecewise-linear), not the straight line between none and all."""
+    from dataclasses import replace
+
+    from autofit.trace import middle_checkpointed_layers
+
+    facts = facts_with(10**6, n_layers=8)
+    full = facts.profile("fp32", "sdpa", False)
+    ckpt = facts.profile("fp32", "sdpa", True)
+    attr = "peak_without_grads_bytes"
+
+    def at(f: ModelFacts, n: int) -> float:
+        return f.at_checkpointed("fp32", "sdpa", n, 2, attr)
+
+    # no partial trace: a straight line
+    assert at(facts, 4) == pytest.approx((full.at(2, attr) + ckpt.at(2, attr)) / 2)
+    # the first half of the layers holds most of the activations: checkpointing it saves 90% of the saving
+    def mostly_saved(f: PeakPoint, c: PeakPoint) -> int:
+        return int(f.peak_without_grads_bytes - 0.9 * (f.peak_without_grads_bytes - c.peak_without_grads_bytes))
+
+    half_points = tuple(
+        replace(f, peak_without_grads_bytes=mostly_saved(f, c))
+        for f, c in zip(full.points, ckpt.points, strict=True)
+    )
+    half = ActivationProfile(dtype="fp32", attention="sdpa", checkpointed=True, points=half_points)
+    bent = replace(facts, profiles=facts.profiles | {ActivationProfile.partial_key("fp32", "sdpa", 4): half})
+    assert at(bent, 4) == pytest.approx(half.at(2, attr))
+    assert at(bent, 2) == pytest.approx((full.at(2, attr) + half.at(2, attr)) / 2)
+    assert at(bent, 6) == pytest.approx((half.at(2, attr) + ckpt.at(2, attr)) / 2)
+    assert at(bent, 0) == full.at(2, attr) and at(bent, 8) == ckpt.at(2, attr)
+    # which ratio of a space is traced: the one nearest half that wraps some but not all layers
+    assert middle_checkpointed_layers((0.0, 0.25, 0.5, 0.75, 1.0), 8) == 4
+    assert middle_checkpointed_layers((0.0, 1.0), 8) == 0
+    assert middle_checkpointed_layers((0.0, 0.5, 1.0), 1) == 0

@@ -44,6 +44,11 @@ class ActivationProfile:
     def key(dtype: str, attention: str, checkpointed: bool) -> str:
         return f"{dtype}/{attention}/{'ckpt' if checkpointed else 'full'}"
 
+    @staticmethod
+    def partial_key(dtype: str, attention: str, n_checkpointed: int) -> str:
+        """Key of a trace with only the first ``n_checkpointed`` layers checkpointed."""
+        return f"{dtype}/{attention}/ckpt{n_checkpointed}"
+
     def at(self, micro_batch_size: int, attr: str) -> float:
         """``attr`` of the points at ``micro_batch_size``: piecewise-linear between traced sizes,
         extended along the last segment beyond them (activations grow linearly in the batch)."""
@@ -103,6 +108,29 @@ class ModelFacts:
         if fallback in self.profiles:
             return self.profiles[fallback]
         raise KeyError(f"no trace for {key}; traced: {sorted(self.profiles)}")
+
+    def at_checkpointed(self, dtype: str, attention: str, n_checkpointed: int, micro_batch_size: int, attr: str) -> float:
+        """``attr`` at ``micro_batch_size`` with the first ``n_checkpointed`` layers checkpointed.
+
+        Piecewise-linear in the number of checkpointed layers through every trace there is: none, all,
+        and the partial ones. Layers are not alike in general (a CNN's early stages hold most of its
+        activations, an encoder-decoder's halves differ), so the trace at a middle ratio is what
+        bends the line; with none, a straight line between none and all.
+        """
+        full = self.profile(dtype, attention, False)
+        if n_checkpointed <= 0 or self.n_layers == 0:
+            return full.at(micro_batch_size, attr)
+        known = {0: full, self.n_layers: self.profile(dtype, attention, True)}
+        for n in range(1, self.n_layers):
+            key = ActivationProfile.partial_key(dtype, full.attention, n)
+            if key in self.profiles:
+                known[n] = self.profiles[key]
+        n = min(n_checkpointed, self.n_layers)
+        if n in known:
+            return known[n].at(micro_batch_size, attr)
+        lo, hi = max(k for k in known if k < n), min(k for k in known if k > n)
+        y_lo, y_hi = known[lo].at(micro_batch_size, attr), known[hi].at(micro_batch_size, attr)
+        return y_lo + (y_hi - y_lo) * (n - lo) / (hi - lo)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -211,20 +211,16 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
 def activation_peak_bytes(config: Config, facts: ModelFacts, keep_grads: bool) -> float:
     """Peak live bytes of forward+backward from the trace, at this micro-batch and checkpoint ratio.
 
-    Checkpointing the first k of L layers is interpolated linearly between the
-    traces with none and with all layers checkpointed (each layer saves its own
-    activations, or only its input, independently of the others).
+    Checkpointing the first k of L layers is interpolated between the traces with
+    none, some (the space's middle ratio) and all layers checkpointed
+    (:meth:`ModelFacts.at_checkpointed`).
     ``keep_grads``: gradients stay where autograd puts them (plain PyTorch, ZeRO 0/1)
     rather than being moved out as they are produced (ZeRO-2/3).
     """
     dtype = "fp32" if config.precision == "fp32" else "bf16"
     attr = "peak_with_grads_bytes" if keep_grads else "peak_without_grads_bytes"
-    full = facts.profile(dtype, config.attention, False).at(config.micro_batch_size, attr)
     n_ckpt = config.checkpointed_layers(facts.n_layers)
-    if n_ckpt == 0 or facts.n_layers == 0:
-        return full
-    ckpt = facts.profile(dtype, config.attention, True).at(config.micro_batch_size, attr)
-    return full + (ckpt - full) * n_ckpt / facts.n_layers
+    return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, attr)
 
 
 def predict_memory(

@@ -31,12 +31,8 @@ HOST_OPTIMIZER_BYTES_PER_S = 10e9
 def micro_batch_flops(config: Config, facts: ModelFacts) -> float:
     """FLOPs of forward + backward (+ recompute) of one micro-batch, interpolated in the checkpoint ratio."""
     dtype = "fp32" if config.precision == "fp32" else "bf16"
-    full = facts.profile(dtype, config.attention, False).at(config.micro_batch_size, "flops")
     n_ckpt = config.checkpointed_layers(facts.n_layers)
-    if n_ckpt == 0 or facts.n_layers == 0:
-        return full
-    ckpt = facts.profile(dtype, config.attention, True).at(config.micro_batch_size, "flops")
-    return full + (ckpt - full) * n_ckpt / facts.n_layers
+    return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, "flops")
 
 
 def communication_bytes(config: Config, facts: ModelFacts, world_size: int) -> float:
