@@ -302,6 +302,28 @@ def memory_band(
     return min(MEMORY_BAND_CAP, max([MEMORY_BAND_FLOOR, *misses]))
 
 
+def fit_chance(prediction: Prediction, usable_bytes: int, band: float) -> float:
+    """1 for a prediction within the usable budget, falling linearly to 0 at ``band`` past it."""
+    over = prediction.peak_bytes / usable_bytes - 1.0
+    if over <= 0:
+        return 1.0
+    return max(0.0, 1.0 - over / band) if band > 0 else 0.0
+
+
+def expected_speed(prediction: Prediction, usable_bytes: int, band: float) -> float:
+    """Predicted samples/s times the chance that the config fits: what a probe of it is worth."""
+    return prediction.samples_per_s * fit_chance(prediction, usable_bytes, band)
+
+
+def by_expected_speed(
+    candidates: list[tuple[Config, Prediction]], usable_bytes: int, band: float
+) -> list[tuple[Config, Prediction]]:
+    """The candidates that may fit (within the memory band), by :func:`expected_speed`, best first: a
+    config predicted just past the budget is probed only where its speed makes up for the doubt."""
+    worth = [(c, p) for c, p in candidates if fit_chance(p, usable_bytes, band) > 0]
+    return sorted(worth, key=lambda cp: -expected_speed(cp[1], usable_bytes, band))
+
+
 def unexplored(
     todo: list[tuple[Config, Prediction]], records: list[TrialRecord], best: TrialRecord | None, tolerance: float
 ) -> list[tuple[Config, Prediction]]:
@@ -500,7 +522,9 @@ def run_search(
             ranked = priced(calibration)
             best = best_measured()
             band = memory_band(records, calibration, facts, usable, world_size)
-            todo = [(c, p) for c, p in ranked if p.peak_bytes <= usable_bytes * (1 + band) and _key(c) not in probed]
+            todo = by_expected_speed(
+                [(c, p) for c, p in ranked if _key(c) not in probed], usable_bytes, band
+            )
             if n_done >= trials:
                 stop_reason = f"reached --trials {trials}"
                 break
@@ -517,7 +541,7 @@ def run_search(
             elif (
                 best is not None
                 and n_done >= min_probes
-                and todo[0][1].samples_per_s * (1.0 + tolerance) <= best.samples_per_s
+                and expected_speed(todo[0][1], usable_bytes, band) * (1.0 + tolerance) <= best.samples_per_s
             ):
                 stop_reason = (
                     f"no candidate left could beat the best measured {best.samples_per_s:.3g} samples/s, even "

@@ -229,6 +229,10 @@ def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
             "search_probes": result.n_probes,
             "search_wall_s": search_s,
             "stop_reason": result.stop_reason,
+            "search_trials": [
+                [t.phase, t.config.label(), t.status, t.samples_per_s, t.peak_bytes, t.within_margin]
+                for t in result.trials
+            ],
         }
         row["regret"] = 1 - row["emitted_samples_per_s"] / scores[best_key]
         rows.append(row)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from autofit.config import Config
 from autofit.cost_model import MemoryBreakdown, Prediction
-from autofit.search import TrialRecord, unexplored
+from autofit.search import TrialRecord, by_expected_speed, unexplored
 
 
-def _prediction(step_s: float, update_s: float) -> Prediction:
-    memory = MemoryBreakdown(params=1, grads=1, optimizer=1, activations=1, other=1)
+def _prediction(step_s: float, update_s: float, peak: int = 5) -> Prediction:
+    memory = MemoryBreakdown(params=peak - 4, grads=1, optimizer=1, activations=1, other=1)
     return Prediction(
         peak_bytes=memory.total,
         breakdown=memory,
@@ -64,3 +64,13 @@ def test_an_oom_leaves_its_optimizer_unexplored_an_error_does_not() -> None:
     todo = [(smaller, _prediction(1.0, 0.5))]
     assert unexplored(todo, [_record(LION, "oom")], None, 0.05) == todo
     assert unexplored(todo, [_record(LION, "error")], None, 0.05) == []
+
+
+def test_a_candidate_predicted_past_the_budget_is_probed_only_when_its_speed_makes_up_for_it() -> None:
+    usable = 100
+    fits = (ADAMW, _prediction(1.0, 0.1, peak=90))
+    just_over = (LION, _prediction(0.8, 0.1, peak=101))  # 1% over with a 10% band: 90% likely to fit
+    far_over = (SGD, _prediction(0.5, 0.1, peak=109))  # twice as fast, but 90% over the band
+    too_far = (BF16, _prediction(0.1, 0.1, peak=111))  # past the band: never probed
+    ranked = by_expected_speed([fits, just_over, far_over, too_far], usable, 0.10)
+    assert [c for c, _ in ranked] == [just_over[0], fits[0], far_over[0]]
