@@ -274,12 +274,12 @@ def stop_margin(observed: list[Observation], facts: Any, usable: Any, world_size
         others = [o for j, o in enumerate(observed) if j != i]
         held_out = observed[i]
         calibration = calibrate(others, facts, usable, world_size, prior)
-        predicted = calibration.predict(held_out.config, facts, usable, world_size).step_time_s
+        prediction = calibration.predict(held_out.config, facts, usable, world_size)
         if held_out.split:
-            predicted -= calibration.update_time_s(held_out.config, facts, usable, world_size)
-            miss = predicted - (held_out.step_time_s - held_out.optimizer_time_s)
+            update_s = prediction.time_breakdown.get("optimizer", 0.0)
+            miss = (prediction.step_time_s - update_s) - (held_out.step_time_s - held_out.optimizer_time_s)
         else:
-            miss = predicted - held_out.step_time_s
+            miss = prediction.step_time_s - held_out.step_time_s
         misses.append(abs(miss) / held_out.step_time_s)
     return min(MAX_STOP_TOLERANCE, max([floor, *misses]))
 

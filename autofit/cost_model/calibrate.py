@@ -148,10 +148,6 @@ class Calibration:
             time_breakdown=prediction.time_breakdown | {"optimizer": factor * update_s},
         )
 
-    def update_time_s(self, config: Config, facts: ModelFacts, hardware: Hardware, world_size: int) -> float:
-        """Predicted seconds of the optimizer's ``engine.step`` (update and per-step bookkeeping)."""
-        return self.predict(config, facts, hardware, world_size).time_breakdown.get("optimizer", 0.0)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "coefficients": self.coefficients.to_dict(),

@@ -121,10 +121,10 @@ class ModelFacts:
         if n_checkpointed <= 0 or self.n_layers == 0:
             return full.at(micro_batch_size, attr)
         known = {0: full, self.n_layers: self.profile(dtype, attention, True)}
-        for n in range(1, self.n_layers):
-            key = ActivationProfile.partial_key(dtype, full.attention, n)
-            if key in self.profiles:
-                known[n] = self.profiles[key]
+        prefix = ActivationProfile.partial_key(dtype, full.attention, 0)[:-1]
+        for key, profile in self.profiles.items():  # a handful of traces, not one lookup per layer
+            if key.startswith(prefix) and key[len(prefix):].isdigit():
+                known[int(key[len(prefix):])] = profile
         n = min(n_checkpointed, self.n_layers)
         if n in known:
             return known[n].at(micro_batch_size, attr)
