@@ -37,8 +37,9 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import fields, replace
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -46,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from autofit.config import Config  # noqa: E402
 from autofit.errors import AutofitError  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
-from autofit.probe import run_probe  # noqa: E402
+from autofit.probe import ProbeResult, run_probe  # noqa: E402
 from autofit.search import run_search  # noqa: E402
 from autofit.space import enumerate_candidates, load_space, space_from_dict  # noqa: E402
 from autofit.workload import load_workload  # noqa: E402
@@ -70,9 +71,9 @@ GLOBAL_BATCH = 4
 STEPS = 5
 #: the issue's bound on the share of the space the search may probe
 PROBE_SHARE = 0.15
-#: oracle configs re-measured per budget, and the extra probes of each (and of the emitted config)
-TOP = 3
-REPEATS = 2
+#: oracle configs re-measured per budget, and the probes of each (and of the emitted config) that score it
+TOP = 4
+REPEATS = 5
 
 
 def _space():  # noqa: ANN202
@@ -99,9 +100,9 @@ def _probe(entry: str, config: Config, hardware) -> object:  # noqa: ANN001
     return run_probe(entry, config, hardware, 1, steps=STEPS, timeout_s=300)
 
 
-def _remeasure(entry: str, configs: list[Config], hardware, first: dict) -> dict:  # noqa: ANN001
-    """Each config probed REPEATS more times, in turn; config key -> its probes (``first`` ones included)."""
-    runs = {_k(c): list(first.get(_k(c), [])) for c in configs}
+def _remeasure(entry: str, configs: list[Config], hardware) -> dict:  # noqa: ANN001
+    """Each config probed REPEATS times, in turn (round after round); config key -> its probes."""
+    runs: dict[str, list] = {_k(c): [] for c in configs}
     for _ in range(REPEATS):
         for config in configs:
             runs[_k(config)].append(_probe(entry, config, hardware))
@@ -116,28 +117,24 @@ def _median_samples(probes: list) -> float:
     return statistics.median(r.samples_per_s if r.status == "ok" else 0.0 for r in probes)
 
 
-@dataclass(frozen=True)
-class Point:
-    """One oracle probe: what the benchmark needs of it."""
-
-    config: Config
-    status: str
-    samples_per_s: float
-    peak_bytes: int
+def _from_dict(data: dict) -> ProbeResult:
+    """A ProbeResult back from its ``to_dict``."""
+    known = {f.name for f in fields(ProbeResult)}
+    return ProbeResult(**({k: v for k, v in data.items() if k in known} | {"config": Config.from_dict(data["config"])}))
 
 
-def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | None) -> tuple[list[Point], float]:  # noqa: ANN001
+def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | None) -> tuple[list[ProbeResult], float]:  # noqa: ANN001
     path = cache / f"{name}.json" if cache else None
     if path and path.exists():
         data = json.loads(path.read_text())
-        points = [Point(Config.from_dict(d["config"]), d["status"], d["samples_per_s"], d["peak_bytes"]) for d in data["points"]]
+        points = [_from_dict(d) for d in data["points"]]
         if {_k(p.config) for p in points} == {_k(c) for c in configs}:
             return points, float(data["wall_s"])
     t0 = time.monotonic()
     points = []
     for i, config in enumerate(configs):
         r = _probe(entry, config, host)
-        points.append(Point(config, r.status, r.samples_per_s, r.peak_bytes))
+        points.append(r)
         print(
             f"  oracle {name} {i + 1}/{len(configs)} {config.label()}: {r.status} "
             f"{r.samples_per_s:.3g}/s {r.peak_bytes / 2**20:.1f} MiB",
@@ -147,9 +144,7 @@ def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | No
     wall_s = time.monotonic() - t0
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        rows = [{"config": p.config.to_dict(), "status": p.status, "samples_per_s": p.samples_per_s,
-                 "peak_bytes": p.peak_bytes} for p in points]
-        path.write_text(json.dumps({"wall_s": wall_s, "points": rows}, indent=1))
+        path.write_text(json.dumps({"wall_s": wall_s, "points": [p.to_dict() for p in points]}, indent=1))
     return points, wall_s
 
 
@@ -208,12 +203,11 @@ def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
                 continue
             search_s = time.monotonic() - t1
         finals = [r.config for r in top] + ([] if any(r.config == result.config for r in top) else [result.config])
-        first = {_k(r.config): [r] for r in oracle if r.config in finals}
-        runs = _remeasure(entry, finals, hardware, first)
+        runs = _remeasure(entry, finals, hardware)
         scores = {key: _median_samples(probes) for key, probes in runs.items()}
         best_key = max((_k(r.config) for r in top), key=scores.__getitem__)
         emitted = runs[_k(result.config)]
-        fits = all(r.status == "ok" and r.peak_bytes <= budget for r in emitted[1:])
+        fits = all(r.status == "ok" and r.peak_bytes <= budget for r in emitted)
         distinct = {_k(t.config) for t in result.trials if t.status != "interrupted"}
         row |= {
             "oracle_config": Config.from_dict(json.loads(best_key)).label(),
@@ -222,7 +216,7 @@ def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
             "oracle_single_best_samples_per_s": top[0].samples_per_s,
             "emitted_config": result.config.label(),
             "emitted_fits": fits,
-            "emitted_peak_mib": max(r.peak_bytes for r in emitted[1:]) / 2**20,
+            "emitted_peak_mib": max(r.peak_bytes for r in emitted) / 2**20,
             "emitted_samples_per_s": scores[_k(result.config)] if fits else 0.0,
             "search_configs": len(distinct),
             "search_configs_pct": 100 * len(distinct) / len(configs),
@@ -237,6 +231,54 @@ def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
         row["regret"] = 1 - row["emitted_samples_per_s"] / scores[best_key]
         rows.append(row)
         print(f"  {name} budget {budget / 2**20:.0f} MiB: {row}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _replayed_probe(oracle: list[ProbeResult]):  # noqa: ANN202
+    """A stand-in for run_probe that answers from the oracle's probes: a peak past the budget is an oom."""
+    by_key = {_k(p.config): p for p in oracle}
+
+    def probe(entry: str, config: Config, hardware, world_size: int = 1, **_: object) -> ProbeResult:  # noqa: ANN001
+        measured = by_key[_k(config)]
+        if measured.status == "ok" and measured.peak_bytes > hardware.memory_bytes:
+            return replace(measured, status="oom", step_time_s=0.0, samples_per_s=0.0, step_times_s=[])
+        return measured
+
+    return probe
+
+
+def replay_model(name: str, entry: str, cache: Path) -> list[dict]:
+    """The search's decisions alone: every probe answered from the oracle's (no measurement noise), regret =
+    1 - oracle samples/s of the emitted config / the oracle's best within the usable budget."""
+    host = get_hardware("cpu")
+    configs = _configs(entry, host)
+    oracle, _ = _oracle(name, entry, configs, host, cache)
+    samples = {_k(p.config): p.samples_per_s for p in oracle}
+    rows = []
+    for usable in usable_budgets([r.peak_bytes for r in oracle if r.status == "ok"]):
+        budget = int(usable / (1 - MARGIN)) + 1
+        fitting = [r for r in oracle if r.status == "ok" and r.peak_bytes <= (1 - MARGIN) * budget]
+        best = max(fitting, key=lambda r: r.samples_per_s)
+        with tempfile.TemporaryDirectory() as tmp, mock.patch("autofit.probe.run_probe", _replayed_probe(oracle)):
+            result = run_search(
+                entry, load_workload(entry), host.with_memory(budget), _space(), world_size=1,
+                global_batch=GLOBAL_BATCH, fixed=FIXED, trials=int(PROBE_SHARE * len(configs)),
+                storage=f"sqlite:///{tmp}/s.db", out_path=f"{tmp}/ds.json", margin=MARGIN, progress=False,
+                probe_steps=STEPS,
+            )
+        emitted = samples[_k(result.config)]
+        rows.append({
+            "model": name,
+            "budget_mib": budget / 2**20,
+            "oracle_config": best.config.label(),
+            "oracle_samples_per_s": best.samples_per_s,
+            "emitted_config": result.config.label(),
+            "emitted_samples_per_s": emitted,
+            "regret": 1 - emitted / best.samples_per_s,
+            "search_configs": len({_k(t.config) for t in result.trials}),
+            "searched": [f"{t.phase} {t.config.label()} {t.samples_per_s:.3g}" for t in result.trials],
+        })
+        print(f"  replay {name} {budget / 2**20:.0f} MiB: {rows[-1]}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -268,10 +310,24 @@ def main() -> None:
     parser.add_argument("--models", default="vit,cnn,gqa_llama")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     parser.add_argument("--oracle-cache", default=None, help="keep and reuse the oracle probes in this folder")
+    parser.add_argument(
+        "--replay", action="store_true",
+        help="answer the search's probes from the --oracle-cache (no noise): the regret of its decisions alone",
+    )
     parser.add_argument("--threads", type=int, default=1, help="OpenMP threads of every probe (OMP_NUM_THREADS)")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     rows = []
+    if args.replay:
+        if not args.oracle_cache:
+            parser.error("--replay needs --oracle-cache")
+        for name in args.models.split(","):
+            rows += replay_model(name, MODELS[name], Path(args.oracle_cache))
+        for r in rows:
+            print(f"{r['model']} {r['budget_mib']:.0f} MiB: emitted {r['emitted_config']} "
+                  f"({r['emitted_samples_per_s']:.3g}), best {r['oracle_config']} ({r['oracle_samples_per_s']:.3g}), "
+                  f"regret {100 * r['regret']:.1f}%, {r['search_configs']} configs")
+        return
     for name in args.models.split(","):
         rows += bench_model(name, MODELS[name], Path(args.oracle_cache) if args.oracle_cache else None)
         if args.out:
