@@ -9,10 +9,11 @@ budget, where a re-run of its own probe could land either side. For each budget:
 
 - ``run_search`` runs with that budget and ``--trials`` = 15 % of the space (its own study,
   fresh storage);
-- the three fastest fitting oracle probes and the emitted config are then each probed
-  ``REPEATS`` more times under the budget, in turn (interleaved, so a slow spell of the machine
-  falls on all of them), and each is scored by the median of its probes, the oracle's included;
-- the oracle's best is the highest of those medians among the three; regret =
+- the ``TOP`` fastest fitting oracle probes and the emitted config are then each probed ``REPEATS``
+  times under the budget, in turn (round after round, so a slow spell of the machine falls on all of
+  them), and each is scored by the median of those probes (the oracle's first probe is not used: it ran
+  minutes earlier);
+- the oracle's best is the highest of those medians among the ``TOP``; regret =
   1 - emitted median / oracle best; the emitted config fits when every probe of it ran within
   the budget.
 
@@ -21,11 +22,14 @@ probes of the oracle, the search and the re-measurement alike: the device is a o
 project's 2-core VM a plain training loop with two threads varied by ~25 % from one process to the
 next (ViT: 76-134 ms per step) and by ~5 % with one (121-129 ms); a regret of a few % cannot be read
 through the first. The steps within one probe agree to a few % either way. Even so, the oracle's single
-fastest probe is often a lucky one, hence the re-measurement of its top three before comparing.
+fastest probe is often a lucky one, hence the re-measurement of its
+``TOP`` before comparing.
 
     python benchmarks/search_regret.py [--models vit,cnn,gqa_llama] [--threads 1] [--out results.json] [--oracle-cache DIR]
 
-``--oracle-cache DIR`` keeps each model's oracle probes in ``DIR/<model>.json`` and reuses them.
+``--oracle-cache DIR`` keeps each model's oracle probes in ``DIR/<model>.json`` and reuses them
+(``benchmarks/results/oracle`` holds the ones the README's table used). ``--replay`` runs the same
+searches with every probe answered from that cache: no noise, so its regret is the search's decisions alone.
 """
 
 from __future__ import annotations
@@ -127,7 +131,10 @@ def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | No
     path = cache / f"{name}.json" if cache else None
     if path and path.exists():
         data = json.loads(path.read_text())
-        points = [_from_dict(d) for d in data["points"]]
+        try:
+            points = [_from_dict(d) for d in data["points"]]
+        except (KeyError, TypeError):  # an older cache that kept less of each probe: probe again
+            points = []
         if {_k(p.config) for p in points} == {_k(c) for c in configs}:
             return points, float(data["wall_s"])
     t0 = time.monotonic()
@@ -323,6 +330,8 @@ def main() -> None:
             parser.error("--replay needs --oracle-cache")
         for name in args.models.split(","):
             rows += replay_model(name, MODELS[name], Path(args.oracle_cache))
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=2))
         for r in rows:
             print(f"{r['model']} {r['budget_mib']:.0f} MiB: emitted {r['emitted_config']} "
                   f"({r['emitted_samples_per_s']:.3g}), best {r['oracle_config']} ({r['oracle_samples_per_s']:.3g}), "
