@@ -50,8 +50,9 @@ OFFLOADABLE_OPTIMIZERS = ("adamw", "lion")
 def search_space_dirs() -> tuple[Path, ...]:
     """Where a bare space name is looked up, in order.
 
-    ``autofit/search_spaces`` (an installed copy shipped as package data) first, then
-    ``search_spaces/`` next to the package (a checkout, including ``pip install -e .``).
+    ``autofit/search_spaces``: in a checkout a link to the repo's ``search_spaces/``, in a wheel the
+    copy shipped as package data. Then ``search_spaces/`` next to the package, for a checkout whose
+    git did not make the link (``core.symlinks`` off).
     """
     package = Path(__file__).resolve().parent
     return (package / "search_spaces", package.parent / "search_spaces")

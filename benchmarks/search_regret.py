@@ -166,15 +166,31 @@ def usable_budgets(peaks: list[int]) -> list[int]:
     return out
 
 
+def budgets(oracle: list[ProbeResult]) -> list[tuple[int, list[ProbeResult]]]:
+    """Each budget of :func:`usable_budgets` as device bytes, with the oracle probes that fit its usable part."""
+    out = []
+    for usable in usable_budgets([r.peak_bytes for r in oracle if r.status == "ok"]):
+        budget = int(usable / (1 - MARGIN)) + 1
+        out.append((budget, [r for r in oracle if r.status == "ok" and r.peak_bytes <= (1 - MARGIN) * budget]))
+    return out
+
+
+def _search(entry: str, hardware, trials: int, tmp: str):  # noqa: ANN001, ANN202
+    """``autofit run`` on the benchmark's space, its own study in ``tmp``."""
+    return run_search(
+        entry, load_workload(entry), hardware, _space(), world_size=1, global_batch=GLOBAL_BATCH, fixed=FIXED,
+        trials=trials, storage=f"sqlite:///{tmp}/s.db", out_path=f"{tmp}/ds.json", margin=MARGIN,
+        progress=False, probe_steps=STEPS,
+    )
+
+
 def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
     host = get_hardware("cpu")
     configs = _configs(entry, host)
     trials = int(PROBE_SHARE * len(configs))
     oracle, oracle_s = _oracle(name, entry, configs, host, cache)
     rows = []
-    for usable in usable_budgets([r.peak_bytes for r in oracle if r.status == "ok"]):
-        budget = int(usable / (1 - MARGIN)) + 1
-        fitting = [r for r in oracle if r.status == "ok" and r.peak_bytes <= (1 - MARGIN) * budget]
+    for budget, fitting in budgets(oracle):
         top = sorted(fitting, key=lambda r: -r.samples_per_s)[:TOP]
         hardware = host.with_memory(budget)
         row = {
@@ -189,21 +205,7 @@ def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
         with tempfile.TemporaryDirectory() as tmp:
             t1 = time.monotonic()
             try:
-                result = run_search(
-                    entry,
-                    load_workload(entry),
-                    hardware,
-                    _space(),
-                    world_size=1,
-                    global_batch=GLOBAL_BATCH,
-                    fixed=FIXED,
-                    trials=trials,
-                    storage=f"sqlite:///{tmp}/s.db",
-                    out_path=f"{tmp}/ds.json",
-                    margin=MARGIN,
-                    progress=False,
-                    probe_steps=STEPS,
-                )
+                result = _search(entry, hardware, trials, tmp)
             except AutofitError as error:
                 row |= {"error": str(error)}
                 rows.append(row)
@@ -262,17 +264,10 @@ def replay_model(name: str, entry: str, cache: Path) -> list[dict]:
     oracle, _ = _oracle(name, entry, configs, host, cache)
     samples = {_k(p.config): p.samples_per_s for p in oracle}
     rows = []
-    for usable in usable_budgets([r.peak_bytes for r in oracle if r.status == "ok"]):
-        budget = int(usable / (1 - MARGIN)) + 1
-        fitting = [r for r in oracle if r.status == "ok" and r.peak_bytes <= (1 - MARGIN) * budget]
+    for budget, fitting in budgets(oracle):
         best = max(fitting, key=lambda r: r.samples_per_s)
         with tempfile.TemporaryDirectory() as tmp, mock.patch("autofit.probe.run_probe", _replayed_probe(oracle)):
-            result = run_search(
-                entry, load_workload(entry), host.with_memory(budget), _space(), world_size=1,
-                global_batch=GLOBAL_BATCH, fixed=FIXED, trials=int(PROBE_SHARE * len(configs)),
-                storage=f"sqlite:///{tmp}/s.db", out_path=f"{tmp}/ds.json", margin=MARGIN, progress=False,
-                probe_steps=STEPS,
-            )
+            result = _search(entry, host.with_memory(budget), int(PROBE_SHARE * len(configs)), tmp)
         emitted = samples[_k(result.config)]
         rows.append({
             "model": name,

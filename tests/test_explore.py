@@ -70,7 +70,7 @@ def test_a_candidate_predicted_past_the_budget_is_probed_only_when_its_speed_mak
     usable = 100
     fits = (ADAMW, _prediction(1.0, 0.1, peak=90))
     just_over = (LION, _prediction(0.8, 0.1, peak=101))  # 1% over with a 10% band: 90% likely to fit
-    far_over = (SGD, _prediction(0.5, 0.1, peak=109))  # twice as fast, but 90% over the band
+    far_over = (SGD, _prediction(0.5, 0.1, peak=109))  # twice as fast, but 90% of the way across the band: 10% likely
     too_far = (BF16, _prediction(0.1, 0.1, peak=111))  # past the band: never probed
     ranked = by_expected_speed([fits, just_over, far_over, too_far], usable, 0.10)
     assert [c for c, _ in ranked] == [just_over[0], fits[0], far_over[0]]
