@@ -93,6 +93,13 @@ class Setup:
         self.global_batch = global_batch
         self.workload = load_workload(entry)
 
+    def plan(self) -> Any:
+        """Trace the workload and enumerate the space's candidates (:class:`autofit.plan.Plan`)."""
+        from autofit.plan import Plan
+
+        return Plan.make(self.entry, self.workload, self.hardware, self.space, world_size=self.world_size,
+                         global_batch=self.global_batch, fixed=self.fixed)
+
 
 @main.command()
 @common_options
@@ -103,8 +110,7 @@ def estimate(entry: str, hardware: str, memory: str | None, gpus: int, nodes: in
     from autofit.estimate import estimate as run_estimate
 
     setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
-    result = run_estimate(setup.workload, setup.hardware, setup.space, world_size=setup.world_size,
-                          global_batch=setup.global_batch, fixed=setup.fixed)
+    result = run_estimate(setup.plan())
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
         return
@@ -129,8 +135,7 @@ def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, 
     from autofit.probe import run_probe
 
     setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
-    result = run_estimate(setup.workload, setup.hardware, setup.space, world_size=setup.world_size,
-                          global_batch=setup.global_batch, fixed=setup.fixed)
+    result = run_estimate(setup.plan())
     chosen = (result.fitting or result.candidates)[0]
     click.echo(f"probing {chosen.config.label()} ({mode})", err=True)
     measured = run_probe(setup.entry, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,

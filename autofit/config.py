@@ -6,16 +6,23 @@ prices, what a probe runs and what ``emit`` turns into a DeepSpeed JSON.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from autofit.errors import AutofitError
 
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
-OPTIMIZERS = ("adamw", "adamw8bit", "lion", "adafactor", "sgd")
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+Optimizer = Literal["adamw", "adamw8bit", "lion", "adafactor", "sgd"]
+OffloadDevice = Literal["none", "cpu", "nvme"]
+Attention = Literal["eager", "sdpa", "flash"]
+TraceDtype = Literal["fp32", "bf16"]
+
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 ZERO_STAGES = (0, 1, 2, 3)
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-ATTENTIONS = ("eager", "sdpa", "flash")
+OFFLOAD_DEVICES: tuple[OffloadDevice, ...] = get_args(OffloadDevice)
+ATTENTIONS: tuple[Attention, ...] = get_args(Attention)
 
 #: bytes of one element of the 16-bit (or 8-bit) working copy for each precision
 WORKING_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -31,17 +38,17 @@ class Config:
     """Micro-batches per optimizer step (global batch = micro x accum x data-parallel size)."""
     checkpoint_ratio: float = 0.0
     """The first ``round(r x L)`` of the L repeated layers run under activation checkpointing."""
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     """fp32, or bf16/fp16/fp8 as DeepSpeed means them (16-bit weights and grads, fp32 master)."""
-    optimizer: str = "adamw"
+    optimizer: Optimizer = "adamw"
     """adamw, adamw8bit (bitsandbytes), lion, adafactor or sgd."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage 0-3."""
-    offload_optimizer: str = "none"
+    offload_optimizer: OffloadDevice = "none"
     """Where ZeRO keeps optimizer states: none, cpu or nvme."""
-    offload_params: str = "none"
+    offload_params: OffloadDevice = "none"
     """Where ZeRO-3 keeps parameters: none, cpu or nvme."""
-    attention: str = "sdpa"
+    attention: Attention = "sdpa"
     """Attention kernel: eager, sdpa or flash (only where the workload lets it be chosen)."""
 
     def __post_init__(self) -> None:
@@ -74,6 +81,19 @@ class Config:
         """``round(r x L)``: how many of the first layers run under checkpointing."""
         return int(round(self.checkpoint_ratio * n_layers))
 
+    def samples_per_step(self, world_size: int) -> int:
+        """Samples of one optimizer step over ``world_size`` data-parallel ranks: micro x accumulation x ranks."""
+        return self.micro_batch_size * self.grad_accum_steps * world_size
+
+    @property
+    def trace_dtype(self) -> TraceDtype:
+        """The dtype its activations were traced in (:func:`trace_dtype_of`)."""
+        return trace_dtype_of(self.precision)
+
+    def key(self) -> str:
+        """A canonical string of every key, equal for equal configs (what records and studies match on)."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
     def label(self) -> str:
         """A short human-readable name, stable for one config."""
         parts = [
@@ -89,6 +109,11 @@ class Config:
         if self.offload_params != "none":
             parts.append(f"par>{self.offload_params}")
         return " ".join(parts)
+
+
+def trace_dtype_of(precision: str) -> TraceDtype:
+    """fp32 traces in fp32; bf16, fp16 and fp8 (whose activations around fp8 matmuls stay 16-bit) in bf16."""
+    return "fp32" if precision == "fp32" else "bf16"
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Config))

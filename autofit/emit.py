@@ -40,7 +40,7 @@ def deepspeed_config(config: Config, world_size: int = 1, device_kind: str = "cu
     (FusedLion is CUDA-only) unless the optimizer is offloaded, so Lion goes as a client optimizer.
     """
     ds: dict[str, Any] = {
-        "train_batch_size": config.micro_batch_size * config.grad_accum_steps * world_size,
+        "train_batch_size": config.samples_per_step(world_size),
         "train_micro_batch_size_per_gpu": config.micro_batch_size,
         "gradient_accumulation_steps": config.grad_accum_steps,
         "gradient_clipping": 1.0,

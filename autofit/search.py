@@ -91,7 +91,7 @@ _GPU_COUNTS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def _key(config: Config) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True)
+    return config.key()
 
 
 @dataclass
@@ -392,7 +392,7 @@ def run_search(
     from optuna.trial import TrialState
 
     from autofit.emit import check_with_deepspeed, deepspeed_config
-    from autofit.estimate import facts_for
+    from autofit.plan import trace_for
     from autofit.probe import run_probe
 
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -416,7 +416,7 @@ def run_search(
     )
     configs = enumeration.candidates
     with _status(progress, f"tracing {workload.name or entry} ({len(configs)} candidates)"):
-        facts = facts or facts_for(workload, configs)
+        facts = facts or trace_for(workload, configs)
     usable_bytes = int((1.0 - margin) * hardware.memory_bytes)
     usable = hardware.with_memory(usable_bytes)
     prior = coefficients or Coefficients.for_hardware(hardware)

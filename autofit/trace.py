@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.config import Config
+from autofit.config import Config, trace_dtype_of
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.emit import STAGE3_PERSISTENCE_THRESHOLD
 from autofit.errors import AutofitError
@@ -57,7 +57,7 @@ def trace_workload(
     hold the activations, which a straight line between none and all cannot know.
     """
     started = time.perf_counter()
-    dtype_names = sorted({_dtype_class(p) for p in precisions})
+    dtype_names = sorted({trace_dtype_of(p) for p in precisions})
     attention_names = attentions if workload.searches_attention else ("sdpa",)
     structure = _model_structure(workload)
     tracer = _Tracer(workload, structure)
@@ -93,7 +93,7 @@ def trace_config(workload: Workload, config: Config) -> ModelFacts:
     started = time.perf_counter()
     structure = _model_structure(workload)
     tracer = _Tracer(workload, structure)
-    dtype_name = _dtype_class(config.precision)
+    dtype_name = config.trace_dtype
     attention = config.attention if workload.searches_attention else "sdpa"
     points = tracer.points(dtype_name, traced_kernel(attention), config.checkpoint_ratio, (config.micro_batch_size,))
     profile = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=False, points=points)
@@ -160,11 +160,6 @@ def traced_kernel(attention: str) -> str:
 
 class _NeedsRealTensors(Exception):
     """The model does something fake tensors cannot (a data-dependent shape, a stricter meta kernel)."""
-
-
-def _dtype_class(precision: str) -> str:
-    """fp32 traces in fp32; bf16, fp16 and fp8 (whose activations around fp8 matmuls stay 16-bit) in bf16."""
-    return "fp32" if precision == "fp32" else "bf16"
 
 
 @contextlib.contextmanager

@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from autofit.config import Config  # noqa: E402
-from autofit.estimate import facts_for, price  # noqa: E402
+from autofit.cost_model import predict  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
+from autofit.plan import trace_for  # noqa: E402
 from autofit.probe import run_probe  # noqa: E402
 from autofit.workload import load_workload  # noqa: E402
 
@@ -76,18 +77,18 @@ def main() -> None:
     print("|---|---|---:|---:|---:|")
     for entry in args.models:
         workload = load_workload(entry)
-        facts = facts_for(workload, configs)
-        for candidate in price(configs, facts, hardware, 1):
+        facts = trace_for(workload, configs)
+        for config in configs:
             started = time.time()
-            measured = run_probe(entry, candidate.config, hardware, 1, steps=1, warmup_steps=1, timeout_s=900)
+            measured = run_probe(entry, config, hardware, 1, steps=1, warmup_steps=1, timeout_s=900)
             if measured.status != "ok":
-                print(f"| {workload.name} | {candidate.config.label()} | - | - | {measured.status}: {measured.message} |")
+                print(f"| {workload.name} | {config.label()} | - | - | {measured.status}: {measured.message} |")
                 continue
-            predicted = candidate.prediction.peak_bytes
+            predicted = predict(config, facts, hardware, 1).peak_bytes
             error = (predicted - measured.peak_bytes) / measured.peak_bytes
-            rows.append({"model": workload.name, "config": candidate.config.to_dict(), "predicted": predicted,
+            rows.append({"model": workload.name, "config": config.to_dict(), "predicted": predicted,
                          "measured": measured.peak_bytes, "error": error, "probe_s": time.time() - started})
-            print(f"| {workload.name} | {candidate.config.label()} | {predicted / 2**20:.1f} | "
+            print(f"| {workload.name} | {config.label()} | {predicted / 2**20:.1f} | "
                   f"{measured.peak_bytes / 2**20:.1f} | {error:+.1%} |", flush=True)
     errors = [r["error"] for r in rows]
     if errors:

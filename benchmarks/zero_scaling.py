@@ -17,8 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from autofit.config import Config  # noqa: E402
-from autofit.estimate import facts_for, price  # noqa: E402
+from autofit.cost_model import predict  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
+from autofit.plan import trace_for  # noqa: E402
 from autofit.probe import run_probe  # noqa: E402
 from autofit.workload import load_workload  # noqa: E402
 
@@ -32,21 +33,20 @@ def main() -> None:
     hardware = get_hardware("cpu")
     workload = load_workload(args.model)
     configs = [Config(micro_batch_size=args.micro_batch, zero_stage=z, optimizer=args.optimizer) for z in (0, 1, 2, 3)]
-    facts = facts_for(workload, configs)
+    facts = trace_for(workload, configs)
     print(f"{workload.name}: {facts.n_params / 1e6:.2f} M parameters, fp32 {args.optimizer}, micro-batch {args.micro_batch}\n")
     print("| ZeRO | ranks | predicted MiB/rank | measured MiB/rank (each rank) | error |")
     print("|---|---:|---:|---|---:|")
     for world_size in (1, 2):
-        for candidate in sorted(price(configs, facts, hardware, world_size), key=lambda c: c.config.zero_stage):
-            measured = run_probe(args.model, candidate.config, hardware, world_size, steps=1, warmup_steps=1,
-                                 timeout_s=900)
+        for config in configs:
+            measured = run_probe(args.model, config, hardware, world_size, steps=1, warmup_steps=1, timeout_s=900)
             if measured.status != "ok":
-                print(f"| {candidate.config.zero_stage} | {world_size} | - | {measured.status}: {measured.message} | - |")
+                print(f"| {config.zero_stage} | {world_size} | - | {measured.status}: {measured.message} | - |")
                 continue
-            predicted = candidate.prediction.peak_bytes
+            predicted = predict(config, facts, hardware, world_size).peak_bytes
             ranks = ", ".join(f"{b / 2**20:.1f}" for b in measured.per_rank_peak_bytes)
             error = (predicted - measured.peak_bytes) / measured.peak_bytes
-            print(f"| {candidate.config.zero_stage} | {world_size} | {predicted / 2**20:.1f} | {ranks} | {error:+.1%} |",
+            print(f"| {config.zero_stage} | {world_size} | {predicted / 2**20:.1f} | {ranks} | {error:+.1%} |",
                   flush=True)
 
 

@@ -74,7 +74,7 @@ def predict(
     peak = memory.total
     time_parts = predict_step_time(config, facts, hardware, world_size, coefficients)
     step_time_s = sum(time_parts.values())
-    samples = config.micro_batch_size * config.grad_accum_steps * world_size
+    samples = config.samples_per_step(world_size)
     samples_per_s = samples / step_time_s if step_time_s > 0 else 0.0
     tokens_per_s = samples_per_s * facts.tokens_per_sample if facts.tokens_per_sample else None
     fits = peak <= hardware.memory_bytes

@@ -217,7 +217,7 @@ def activation_peak_bytes(config: Config, facts: ModelFacts, keep_grads: bool) -
     ``keep_grads``: gradients stay where autograd puts them (plain PyTorch, ZeRO 0/1)
     rather than being moved out as they are produced (ZeRO-2/3).
     """
-    dtype = "fp32" if config.precision == "fp32" else "bf16"
+    dtype = config.trace_dtype
     attr = "peak_with_grads_bytes" if keep_grads else "peak_without_grads_bytes"
     n_ckpt = config.checkpointed_layers(facts.n_layers)
     return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, attr)

@@ -30,7 +30,7 @@ HOST_OPTIMIZER_BYTES_PER_S = 10e9
 
 def micro_batch_flops(config: Config, facts: ModelFacts) -> float:
     """FLOPs of forward + backward (+ recompute) of one micro-batch, interpolated in the checkpoint ratio."""
-    dtype = "fp32" if config.precision == "fp32" else "bf16"
+    dtype = config.trace_dtype
     n_ckpt = config.checkpointed_layers(facts.n_layers)
     return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, "flops")
 

@@ -154,7 +154,7 @@ def run_probe(
     optimizer_time = (
         max((float(r.get("optimizer_time_s", 0.0)) for r in results if r), default=0.0) if status == "ok" else 0.0
     )
-    samples = config.micro_batch_size * config.grad_accum_steps * world_size / step_time if step_time > 0 else 0.0
+    samples = config.samples_per_step(world_size) / step_time if step_time > 0 else 0.0
     tokens_per_sample = next((r.get("tokens_per_sample") for r in results if r and r.get("tokens_per_sample")), None)
     phases = dict(results[0].get("phases_s", {})) if results[0] else {}
     return ProbeResult(

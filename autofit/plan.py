@@ -1,0 +1,126 @@
+"""The plan of a search or an estimate: what is searched, on what, for which model. Made once.
+
+A :class:`Plan` holds everything that does not change while candidates are priced and probed:
+the workload's traced facts, the device, the world size, the space's candidates after its rules
+and the rules' rejections. ``autofit estimate`` prices it with the prior coefficients; ``autofit
+run`` prices it again after every probe with the calibrated ones. Both go through
+:meth:`Plan.price`, so the two commands cannot disagree on what a candidate is predicted to need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autofit.config import Config
+from autofit.cost_model import Coefficients, ModelFacts, Prediction
+from autofit.cost_model.calibrate import Calibration
+from autofit.hardware import Hardware
+from autofit.space import SearchSpace, enumerate_candidates
+from autofit.workload import Workload
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The candidates of one space for one workload on ``world_size`` ranks of one device."""
+
+    entry: str
+    """The workload's entry point (``path.py:function``), what a probe loads."""
+    name: str
+    """The workload's name (the entry when it has none)."""
+    hardware: Hardware
+    """The device, with the memory budget the candidates are priced against."""
+    space: SearchSpace
+    """The search space the candidates come from."""
+    world_size: int
+    """Data-parallel ranks (GPUs per node x nodes)."""
+    global_batch: int | None
+    """Samples per optimizer step over all ranks (None: the space's own)."""
+    fixed: dict[str, Any]
+    """Keys fixed with ``--set``."""
+    candidates: tuple[Config, ...]
+    """Every config of the space that its rules allow."""
+    rejected: tuple[tuple[dict[str, Any], str], ...]
+    """Partial configs the rules removed, each with its reason."""
+    facts: ModelFacts
+    """The model as traced on fake tensors."""
+    coefficients: Coefficients
+    """The cost model's prior for this device, before any probe."""
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, but got {self.world_size=}")
+
+    @classmethod
+    def make(
+        cls,
+        entry: str,
+        workload: Workload,
+        hardware: Hardware,
+        space: SearchSpace,
+        *,
+        world_size: int = 1,
+        global_batch: int | None = None,
+        fixed: dict[str, Any] | None = None,
+        coefficients: Coefficients | None = None,
+        facts: ModelFacts | None = None,
+    ) -> Plan:
+        """Enumerate the space under its rules and trace the workload once for every candidate's needs
+        (``coefficients``: the prior, the device's own by default; ``facts``: a trace made earlier)."""
+        fixed = dict(fixed or {})
+        enumeration = enumerate_candidates(
+            space,
+            hardware=hardware,
+            world_size=world_size,
+            global_batch=global_batch,
+            fixed=fixed,
+            searches_attention=workload.searches_attention,
+        )
+        configs = tuple(enumeration.candidates)
+        return cls(
+            entry=entry,
+            name=workload.name or entry,
+            hardware=hardware,
+            space=space,
+            world_size=world_size,
+            global_batch=global_batch,
+            fixed=fixed,
+            candidates=configs,
+            rejected=tuple(enumeration.rejected),
+            facts=facts or trace_for(workload, configs),
+            coefficients=coefficients or Coefficients.for_hardware(hardware),
+        )
+
+    def with_memory(self, memory_bytes: int) -> Plan:
+        """The same plan priced against another budget (the search's usable part of the device)."""
+        return replace(self, hardware=self.hardware.with_memory(memory_bytes))
+
+    def uncalibrated(self) -> Calibration:
+        """The prior coefficients as a calibration of no probe."""
+        return Calibration(coefficients=self.coefficients)
+
+    def predict(self, config: Config, calibration: Calibration | None = None) -> Prediction:
+        """``config`` priced with ``calibration`` (the prior when None) against this plan's budget."""
+        return (calibration or self.uncalibrated()).predict(config, self.facts, self.hardware, self.world_size)
+
+    def price(self, calibration: Calibration | None = None) -> list[tuple[Config, Prediction]]:
+        """Every candidate priced with ``calibration`` (the prior when None), fastest predicted first."""
+        priced = [(c, self.predict(c, calibration)) for c in self.candidates]
+        priced.sort(key=lambda cp: -cp[1].samples_per_s)
+        return priced
+
+
+def traces_needed(configs: tuple[Config, ...] | list[Config]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The precisions and attention kernels the candidates use (each traced once)."""
+    precisions = tuple(sorted({c.precision for c in configs}))
+    attentions = tuple(sorted({c.attention for c in configs}))
+    return precisions, attentions
+
+
+def trace_for(workload: Workload, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
+    """Trace ``workload`` at every precision class, attention kernel and checkpoint ratio the configs use."""
+    from autofit.trace import trace_workload
+
+    precisions, attentions = traces_needed(configs)
+    ratios = tuple(sorted({c.checkpoint_ratio for c in configs}))
+    return trace_workload(workload, precisions=precisions, attentions=attentions, checkpoint_ratios=ratios)
