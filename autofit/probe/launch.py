@@ -57,6 +57,8 @@ def rank_env(base: dict[str, str], rank: int, world_size: int, port: int, kind: 
         LOCAL_WORLD_SIZE=str(world_size),
         MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD_BYTES),
         PYTHONUNBUFFERED="1",
+        # the worker's parent, so it can tell a dead parent from a live one that is PID 1 (a container)
+        AUTOFIT_PARENT_PID=str(os.getpid()),
     )
     if kind == "cpu":
         env["DS_ACCELERATOR"] = "cpu"

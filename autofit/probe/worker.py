@@ -6,17 +6,14 @@ workload, builds the model, runs warm-up and measured DeepSpeed steps, and write
 ``rank<R>.json`` (status, peak, step times, phase times) into the spec's
 ``result_dir``. It never prints its result on stdout: DeepSpeed logs there.
 
-Memory follows DESIGN.md. CPU: ``VmHWM - VmRSS`` after the imports, the
-high-water mark reset after them, and a watchdog that ends the process with
-``oom`` once RSS passes the budget. CUDA: ``max_memory_reserved`` after a reset,
-plus the CUDA context.
+Memory is metered by :mod:`autofit.probe.meter` (DESIGN.md), steps are timed by
+:mod:`autofit.probe.steps`; this module is the driver.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -24,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 _T_MAIN = time.time()  # before any heavy import: the end of "process start"
+_PPID_AT_START = os.getppid()
 
 
 def main(argv: list[str]) -> int:
@@ -70,170 +68,110 @@ def write_result(path: Path, state: dict[str, Any]) -> None:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the parent dies (no probe outlives its search)."""
+    """Ask Linux to SIGKILL this process when the parent dies (no probe outlives its search).
+
+    The parent may already be gone before the request is made: then this process was re-parented,
+    and its parent pid no longer is the one the launcher passed in ``AUTOFIT_PARENT_PID`` (under
+    torch's elastic agent: the parent seen at start). A parent pid of 1 alone proves nothing:
+    autofit itself is PID 1 in a container without an init process.
+    """
     try:
         import ctypes
         import signal
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:
+        if os.getppid() != expected_parent_pid(dict(os.environ), _PPID_AT_START):
             os._exit(1)
     except OSError:
         pass
 
 
+def expected_parent_pid(env: dict[str, str], ppid_at_start: int) -> int:
+    """The pid this worker's parent must have: the launcher's, unless an elastic agent started it."""
+    if "TORCHELASTIC_RUN_ID" in env or "AUTOFIT_PARENT_PID" not in env:
+        return ppid_at_start
+    return int(env["AUTOFIT_PARENT_PID"])
+
+
 def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Path) -> dict[str, Any]:
+    """Import, meter, build, initialize, step: the probe of one rank (DESIGN.md's phases)."""
     t0 = time.time()
     import deepspeed
     import torch
 
+    from autofit.config import Config
+    from autofit.probe.meter import Meter
+    from autofit.probe.steps import run_steps
+
+    config = Config.from_dict(spec["config"])
+    ds = spec["deepspeed"]
+    workload = _import_workload(spec, config, torch)
+    phases["imports_s"] = time.time() - t0
+
+    def on_exceeded(used: int) -> None:
+        message = f"rank {rank}: resident memory {used} B passed the budget {spec.get('budget_bytes')} B"
+        write_result(
+            out, {"rank": rank, "status": "oom", "peak_bytes": used, "phases_s": phases, "step_times_s": [], "message": message}
+        )
+        os._exit(0)
+
+    meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded)
+    t0 = time.time()
+    model, n_ckpt = _build_model(workload, config, ds)
+    phases["model_build_s"] = time.time() - t0
+
+    t0 = time.time()
+    engine = _initialize(deepspeed, model, ds)
+    phases["initialize_s"] = time.time() - t0
+
+    dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+    batch = to_device(workload.batch(config.micro_batch_size), meter.device, dtype)
+    t_steps = time.time()
+    times = run_steps(engine, lambda: workload.compute_loss(engine, batch), config.grad_accum_steps, meter, spec)
+    phases["steps_s"] = time.time() - t_steps
+    return {
+        "status": "ok",
+        **times.summary(),
+        "context_bytes": meter.context_bytes,
+        "n_checkpointed": n_ckpt,
+        "tokens_per_sample": workload.tokens_per_sample,
+    }
+
+
+def _import_workload(spec: dict[str, Any], config: Any, torch: Any) -> Any:
+    """Load the workload and everything the probe imports, before the memory baseline is taken."""
     try:  # part of the baseline when installed (DESIGN.md: ~120 MB of RSS on import)
         import bitsandbytes  # noqa: F401
     except ImportError:
         pass
-    from autofit.apply import apply_to_model, client_optimizer
-    from autofit.config import Config
-    from autofit.probe import memory
+    import autofit.apply  # noqa: F401
     from autofit.workload import load_workload
 
-    config = Config.from_dict(spec["config"])
-    ds = spec["deepspeed"]
     workload = load_workload(spec["entry"])
     # building once on the meta device imports what the model's code imports lazily
     # (transformers loads its modeling modules on first use): imports, not training memory
     with torch.device("meta"):
         workload.build_model(attention=config.attention)
-    phases["imports_s"] = time.time() - t0
-    out_extra = {"tokens_per_sample": workload.tokens_per_sample}
+    return workload
 
-    cuda = spec["kind"] == "cuda"
-    baseline_bytes = 0
-    watchdog = None
-    context_bytes = 0
-    if cuda:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        context_bytes = _cuda_context_bytes(torch, local_rank)
-        torch.cuda.reset_peak_memory_stats()
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-        baseline_bytes = memory.rss_bytes()
-        memory.reset_peak()
-        budget = spec.get("budget_bytes")
 
-        def on_exceeded(used: int) -> None:
-            write_result(
-                out,
-                {
-                    "rank": rank,
-                    "status": "oom",
-                    "peak_bytes": used,
-                    "phases_s": phases,
-                    "step_times_s": [],
-                    "message": f"rank {rank}: resident memory {used} B passed the budget {budget} B",
-                },
-            )
-            os._exit(0)
+def _build_model(workload: Any, config: Any, ds: dict[str, Any]) -> tuple[Any, int]:
+    """The model with the candidate's checkpointing applied; returns it and its checkpointed layers."""
+    from autofit.apply import apply_to_model
 
-        watchdog = memory.RssWatchdog(baseline_bytes, budget, on_exceeded).start()
-
-    def peak_now() -> int:
-        if cuda:
-            return int(torch.cuda.max_memory_reserved()) + context_bytes
-        return max(memory.hwm_bytes(), watchdog.max_rss_bytes if watchdog else 0) - baseline_bytes
-
-    t0 = time.time()
     model = workload.build_model(attention=config.attention)
-    n_ckpt = apply_to_model(model, ds, workload.repeated_layers(model))
-    phases["model_build_s"] = time.time() - t0
+    return model, apply_to_model(model, ds, workload.repeated_layers(model))
 
-    t0 = time.time()
+
+def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> Any:
+    """``deepspeed.initialize`` with the candidate's JSON and its client optimizer, if any."""
+    from autofit.apply import client_optimizer
+
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = client_optimizer(params, ds)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds)
-    phases["initialize_s"] = time.time() - t0
-
-    dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
-    batch = to_device(workload.batch(config.micro_batch_size), device, dtype)
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    def train_step() -> tuple[float, float]:
-        """One optimizer step: seconds in all, and seconds of the optimizer's own ``engine.step``."""
-        nonlocal loss
-        sync()
-        t0 = time.perf_counter()
-        optimizer_s = 0.0
-        for _ in range(config.grad_accum_steps):
-            loss = workload.compute_loss(engine, batch)
-            engine.backward(loss)
-            boundary = engine.is_gradient_accumulation_boundary()
-            if boundary:
-                sync()
-                t_opt = time.perf_counter()
-            engine.step()
-            if boundary:
-                sync()
-                optimizer_s += time.perf_counter() - t_opt
-        sync()
-        return time.perf_counter() - t0, optimizer_s
-
-    loss = None
-    t_steps = time.time()
-    for _ in range(spec["warmup_steps"]):
-        train_step()
-    if not cuda:
-        # the peak is read under the probe's allocator setting, then glibc goes back to reusing freed
-        # blocks and one more step refills its heap before the timed ones
-        train_step()
-        peak = peak_now()
-        if watchdog:
-            watchdog.stop()
-        if memory.use_default_allocator():
-            train_step()
-    step_times: list[float] = []
-    optimizer_times: list[float] = []
-    for _ in range(spec["steps"]):
-        step_s, optimizer_s = train_step()
-        step_times.append(step_s)
-        optimizer_times.append(optimizer_s)
-    phases["steps_s"] = time.time() - t_steps
-    if cuda:
-        peak = peak_now()
-    return {
-        "status": "ok",
-        "peak_bytes": int(peak),
-        "step_times_s": step_times,
-        "step_time_s": statistics.median(step_times) if step_times else 0.0,
-        "optimizer_time_s": statistics.median(optimizer_times) if optimizer_times else 0.0,
-        "context_bytes": context_bytes,
-        "n_checkpointed": n_ckpt,
-        "loss": float(loss.detach().float().item()),
-    } | out_extra
-
-
-def _cuda_context_bytes(torch: Any, device_index: int) -> int:
-    """Device memory this process holds outside PyTorch's caching allocator (the CUDA context).
-
-    NVML's per-process figure when available; else ``total - free`` right after the
-    context is created, which assumes the GPU is otherwise idle.
-    """
-    free, total = torch.cuda.mem_get_info(device_index)  # creates the context
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if proc.pid == os.getpid() and proc.usedGpuMemory:
-                return int(proc.usedGpuMemory) - int(torch.cuda.memory_reserved(device_index))
-    except Exception:  # no NVML, or no per-process accounting in a container
-        pass
-    return int(total - free) - int(torch.cuda.memory_reserved(device_index))
+    return engine
 
 
 def to_device(batch: Any, device: Any, float_dtype: Any | None) -> Any:

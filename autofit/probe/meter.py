@@ -1,0 +1,76 @@
+"""Memory metering of one probe rank, as DESIGN.md's "Memory, measured" defines it.
+
+CPU (the process is the device): ``VmHWM - VmRSS`` after the imports, the high-water
+mark reset after them, and a watchdog that ends the process with ``oom`` once RSS
+passes the budget. CUDA: ``max_memory_reserved`` after a reset, plus the CUDA context.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from autofit.probe import memory
+
+
+class Meter:
+    """Start metering at construction (after the imports); :meth:`peak_bytes` reads the peak so far.
+
+    ``on_exceeded(used_bytes)`` is called from the CPU watchdog's thread once resident memory
+    passes ``budget_bytes`` (``None``: no budget); it is never called on CUDA.
+    """
+
+    def __init__(self, torch: Any, kind: str, budget_bytes: int | None, on_exceeded: Callable[[int], None]) -> None:
+        self.torch = torch
+        self.cuda = kind == "cuda"
+        self.context_bytes = 0
+        self.baseline_bytes = 0
+        self.watchdog: memory.RssWatchdog | None = None
+        if self.cuda:
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local_rank)
+            self.context_bytes = cuda_context_bytes(torch, local_rank)
+            torch.cuda.reset_peak_memory_stats()
+            self.device = torch.device("cuda", local_rank)
+        else:
+            self.device = torch.device("cpu")
+            self.baseline_bytes = memory.rss_bytes()
+            memory.reset_peak()
+            self.watchdog = memory.RssWatchdog(self.baseline_bytes, budget_bytes, on_exceeded).start()
+
+    def peak_bytes(self) -> int:
+        """Most memory held since metering started (CUDA: reserved plus the context)."""
+        if self.cuda:
+            return int(self.torch.cuda.max_memory_reserved()) + self.context_bytes
+        seen = self.watchdog.max_rss_bytes if self.watchdog else 0
+        return max(memory.hwm_bytes(), seen) - self.baseline_bytes
+
+    def sync(self) -> None:
+        """Wait for the device's queued work (a no-op on the CPU)."""
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def stop_watchdog(self) -> None:
+        if self.watchdog:
+            self.watchdog.stop()
+
+
+def cuda_context_bytes(torch: Any, device_index: int) -> int:
+    """Device memory this process holds outside PyTorch's caching allocator (the CUDA context).
+
+    NVML's per-process figure when available; else ``total - free`` right after the
+    context is created, which assumes the GPU is otherwise idle.
+    """
+    free, total = torch.cuda.mem_get_info(device_index)  # creates the context
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == os.getpid() and proc.usedGpuMemory:
+                return int(proc.usedGpuMemory) - int(torch.cuda.memory_reserved(device_index))
+    except Exception:  # no NVML, or no per-process accounting in a container
+        pass
+    return int(total - free) - int(torch.cuda.memory_reserved(device_index))
