@@ -33,12 +33,23 @@ def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--space", default=None, help="Search space: a name in search_spaces/ or a YAML file."),
         click.option("--set", "set_values", multiple=True, metavar="KEY=VALUE",
                      help="Fix a dimension, e.g. --set zero_stage=2 (repeatable)."),
+        click.option("--nvme-path", default=None, expose_value=False, callback=_remember("nvme_path"),
+                     help="A writable directory on an NVMe drive: NVMe offload swaps there (else it is pruned)."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout."),
         click.option("--debug", is_flag=True, help="Show tracebacks."),
     ]
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def _remember(key: str) -> Callable[[click.Context, Any, Any], None]:
+    """A callback keeping an option's value in the context (read by :class:`Setup`, not a command argument)."""
+
+    def callback(ctx: click.Context, param: Any, value: Any) -> None:
+        ctx.meta[f"autofit.{key}"] = value
+
+    return callback
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -89,6 +100,7 @@ class Setup:
         if self.hardware.kind == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         self.space = load_space(space)
+        _use_nvme_path(click.get_current_context().meta.get("autofit.nvme_path"))
         self.world_size = gpus * nodes
         self.global_batch = global_batch
         self.workload = load_workload(entry)
@@ -99,6 +111,15 @@ class Setup:
 
         return Plan.make(self.entry, self.workload, self.hardware, self.space, world_size=self.world_size,
                          global_batch=self.global_batch, fixed=self.fixed)
+
+
+def _use_nvme_path(path: str | None) -> None:
+    """Check ``--nvme-path`` and hand it to the search, the emitted JSON and the probes (their environment)."""
+    from autofit.software import NVME_PATH_ENV, check_nvme_path, detect_software
+
+    if path is not None:
+        os.environ[NVME_PATH_ENV] = check_nvme_path(path)
+        detect_software.cache_clear()
 
 
 @main.command()

@@ -13,6 +13,7 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.errors import AutofitError
+from autofit.software import Software, detect_software, uses_torch_adam
 
 #: bucket sizes, in elements, that the emitted JSON pins so the cost model can price them
 #: (DeepSpeed's defaults are 5e8 / 5e8 / 5e7 / 1e9 / 1e5, see deepspeed/runtime/zero/config.py)
@@ -21,6 +22,9 @@ ALLGATHER_BUCKET_ELEMENTS = 50_000_000
 STAGE3_PREFETCH_ELEMENTS = 50_000_000
 STAGE3_MAX_LIVE_ELEMENTS = 1_000_000_000
 STAGE3_PERSISTENCE_THRESHOLD = 100_000
+#: torchao's float8 recipe every fp8 candidate runs (``Float8LinearConfig.from_recipe_name``): dynamic
+#: per-tensor scales, torchao's default and the one its benchmarks lead with
+FP8_RECIPE = "tensorwise"
 LEARNING_RATE = 1e-4
 WEIGHT_DECAY = 0.01
 
@@ -33,12 +37,17 @@ CLIENT_OPTIMIZERS = ("adamw8bit",)
 CLIENT_OPTIMIZER_CLASS = {"adamw8bit": "bitsandbytes.optim.AdamW8bit", "lion": "autofit.optim.make_lion"}
 
 
-def deepspeed_config(config: Config, world_size: int = 1, device_kind: str = "cuda") -> dict[str, Any]:
+def deepspeed_config(
+    config: Config, world_size: int = 1, device_kind: str = "cuda", software: Software | None = None
+) -> dict[str, Any]:
     """The exact DeepSpeed config ``config`` runs with on ``world_size`` data-parallel ranks.
 
     ``device_kind`` is ``cuda`` or ``cpu``: on the CPU DeepSpeed has no Lion kernel
     (FusedLion is CUDA-only) unless the optimizer is offloaded, so Lion goes as a client optimizer.
+    ``software`` (default: this machine's) decides ``torch_adam`` where FusedAdam cannot be built,
+    the NVMe path and whether offload buffers are pinned.
     """
+    software = software if software is not None else detect_software()
     ds: dict[str, Any] = {
         "train_batch_size": config.samples_per_step(world_size),
         "train_micro_batch_size_per_gpu": config.micro_batch_size,
@@ -46,7 +55,7 @@ def deepspeed_config(config: Config, world_size: int = 1, device_kind: str = "cu
         "gradient_clipping": 1.0,
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
-        "zero_optimization": _zero_section(config),
+        "zero_optimization": _zero_section(config, software),
     }
     if config.precision in ("bf16", "fp8"):
         ds["bf16"] = {"enabled": True}
@@ -54,7 +63,10 @@ def deepspeed_config(config: Config, world_size: int = 1, device_kind: str = "cu
         ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     client = uses_client_optimizer(config, device_kind)
     if not client:
-        ds["optimizer"] = {"type": DEEPSPEED_OPTIMIZER_TYPE[config.optimizer], "params": optimizer_params(config)}
+        params = optimizer_params(config)
+        if uses_torch_adam(config.optimizer, config.offload_optimizer, device_kind, software):
+            params["torch_adam"] = True  # torch.optim.AdamW: no nvcc to build FusedAdam (engine.py, TORCH_ADAM_PARAM)
+        ds["optimizer"] = {"type": DEEPSPEED_OPTIMIZER_TYPE[config.optimizer], "params": params}
     if config.zero_stage > 0 or client or config.optimizer not in ("adamw", "lion"):
         ds["zero_allow_untested_optimizer"] = True
     ds["autofit"] = autofit_section(config, client)
@@ -92,11 +104,12 @@ def autofit_section(config: Config, client: bool) -> dict[str, Any]:
             "params": optimizer_params(config),
         }
     if config.precision == "fp8":
-        section["fp8"] = "matmuls in fp8 (Transformer Engine / torchao); DeepSpeed runs bf16 around them"
+        # torchao.float8.convert_to_float8_training swaps nn.Linear for Float8Linear; DeepSpeed runs bf16 around it
+        section["fp8"] = {"library": "torchao", "recipe": FP8_RECIPE}
     return section
 
 
-def _zero_section(config: Config) -> dict[str, Any]:
+def _zero_section(config: Config, software: Software) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": config.zero_stage}
     if config.zero_stage == 0:
         return zero
@@ -115,16 +128,18 @@ def _zero_section(config: Config) -> dict[str, Any]:
             "stage3_gather_16bit_weights_on_model_save": True,
         }
     if config.offload_optimizer != "none":
-        zero["offload_optimizer"] = _offload(config.offload_optimizer)
+        zero["offload_optimizer"] = _offload(config.offload_optimizer, software)
     if config.offload_params != "none":
-        zero["offload_param"] = _offload(config.offload_params)
+        zero["offload_param"] = _offload(config.offload_params, software)
     return zero
 
 
-def _offload(device: str) -> dict[str, Any]:
-    section: dict[str, Any] = {"device": device, "pin_memory": False}
+def _offload(device: str, software: Software) -> dict[str, Any]:
+    section: dict[str, Any] = {"device": device, "pin_memory": software.pin_memory}
     if device == "nvme":
-        section["nvme_path"] = "/local_nvme"
+        if not software.nvme_path:
+            raise AutofitError("NVMe offload needs --nvme-path DIR (a writable directory on the NVMe drive)")
+        section["nvme_path"] = software.nvme_path
     return section
 
 

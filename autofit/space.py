@@ -3,7 +3,7 @@
 A space lists, for every config key, the values worth trying. Enumeration takes the
 Cartesian product, replaces a dimension by the value fixed with ``--set``, derives
 the gradient accumulation from the global batch and prunes what cannot run with a
-few small, pure rules (:data:`RULES`). Pruned combinations are reported once per
+few small, pure rules (:data:`autofit.rules.RULES`). Pruned combinations are reported once per
 rule and partial assignment (``{"precision": "fp8"}: "cpu has no fp8"``), not once
 per config. Nothing here imports torch.
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ import yaml
 from autofit.config import CONFIG_KEYS, Config, coerce_value
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
+from autofit.rules import RULES, Context
+from autofit.software import Software, detect_software
 
 #: the keys a space lists values for; grad_accum_steps is derived from the global batch
 SPACE_KEYS: tuple[str, ...] = tuple(key for key in CONFIG_KEYS if key != "grad_accum_steps")
@@ -41,10 +43,6 @@ SPACE_KEYS: tuple[str, ...] = tuple(key for key in CONFIG_KEYS if key != "grad_a
 _META_KEYS = ("description", "global_batch_size", "grad_accum_steps")
 #: where attention collapses to when the workload's model does not take an ``attention`` keyword
 DEFAULT_ATTENTION = "sdpa"
-#: optimizers DeepSpeed has a CPU implementation of (DeepSpeedCPUAdam, DeepSpeedCPULion;
-#: deepspeed/runtime/engine.py, _configure_basic_optimizer). Others would run a torch
-#: optimizer on the host, or refuse (``zero_force_ds_cpu_optimizer``).
-OFFLOADABLE_OPTIMIZERS = ("adamw", "lion")
 
 
 def search_space_dirs() -> tuple[Path, ...]:
@@ -197,109 +195,6 @@ def space_from_dict(data: dict[str, Any], *, name: str) -> SearchSpace:
 
 
 # ---------------------------------------------------------------------------------------------
-# rules
-
-
-@dataclass(frozen=True)
-class Context:
-    """What the rules know beyond the config: the device, the job and the workload."""
-
-    hardware: Hardware
-    """The device each rank runs on."""
-    world_size: int
-    """Data-parallel ranks: gpus x nodes."""
-    global_batch: int | None
-    """Samples per optimizer step, or None where none is known."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A pure check over a few config keys; ``check`` returns why a partial config cannot run, or None."""
-
-    name: str
-    """Short identifier, used in tests and logs."""
-    keys: tuple[str, ...]
-    """The config keys ``check`` reads, in order."""
-    check: Callable[..., str | None] = field(repr=False)
-    """``check(context, *values) -> reason | None``, one value per key."""
-
-
-def precision_supported(ctx: Context, precision: str) -> str | None:
-    if ctx.hardware.supports_precision(precision):
-        return None
-    return f"{ctx.hardware.name} has no {precision} support"
-
-
-def flash_supported(ctx: Context, attention: str) -> str | None:
-    if attention != "flash" or ctx.hardware.supports_flash:
-        return None
-    return f"flash attention does not run on {ctx.hardware.name}"
-
-
-def param_offload_needs_zero3(ctx: Context, offload_params: str, zero_stage: int) -> str | None:
-    if offload_params == "none" or zero_stage == 3:
-        return None
-    return f"offloading parameters needs ZeRO stage 3, not {zero_stage}"
-
-
-def optimizer_offload_needs_zero(ctx: Context, offload_optimizer: str, zero_stage: int) -> str | None:
-    # DeepSpeed runs stage 1/2 NVMe optimizer offload silently as CPU offload (stage_1_and_2.py
-    # treats any device != none as cpu_offload); only ZeRO-Infinity (stage 3) swaps to NVMe.
-    if offload_optimizer == "none":
-        return None
-    if zero_stage == 0:
-        return "offloading the optimizer needs ZeRO stage >= 1"
-    if offload_optimizer == "nvme" and zero_stage != 3:
-        return f"NVMe optimizer offload needs ZeRO stage 3, not {zero_stage}"
-    return None
-
-
-def optimizer_offloadable(ctx: Context, offload_optimizer: str, optimizer: str) -> str | None:
-    if offload_optimizer == "none" or optimizer in OFFLOADABLE_OPTIMIZERS:
-        return None
-    return f"DeepSpeed cannot offload {optimizer} (only {', '.join(OFFLOADABLE_OPTIMIZERS)})"
-
-
-def nvme_needs_cuda_optimizer(ctx: Context, offload_optimizer: str) -> str | None:
-    return _nvme_needs_cuda(ctx, offload_optimizer)
-
-
-def nvme_needs_cuda_params(ctx: Context, offload_params: str) -> str | None:
-    return _nvme_needs_cuda(ctx, offload_params)
-
-
-def _nvme_needs_cuda(ctx: Context, device: str) -> str | None:
-    if device != "nvme" or ctx.hardware.kind == "cuda":
-        return None
-    return f"NVMe offload needs a CUDA device, not {ctx.hardware.name}"
-
-
-def micro_batch_divides(ctx: Context, micro_batch_size: int) -> str | None:
-    if ctx.global_batch is None:
-        return None
-    per_step = micro_batch_size * ctx.world_size
-    if ctx.global_batch % per_step == 0:
-        return None
-    return (
-        f"micro_batch_size {micro_batch_size} x world size {ctx.world_size} = {per_step} "
-        f"does not divide the global batch {ctx.global_batch}"
-    )
-
-
-#: every rule, in the order reasons are reported
-RULES: tuple[Rule, ...] = (
-    Rule("micro_batch_divides", ("micro_batch_size",), micro_batch_divides),
-    Rule("precision_supported", ("precision",), precision_supported),
-    Rule("flash_supported", ("attention",), flash_supported),
-    Rule("param_offload_needs_zero3", ("offload_params", "zero_stage"), param_offload_needs_zero3),
-    Rule("optimizer_offload_needs_zero", ("offload_optimizer", "zero_stage"), optimizer_offload_needs_zero),
-    Rule("optimizer_offloadable", ("offload_optimizer", "optimizer"), optimizer_offloadable),
-    Rule("nvme_needs_cuda_optimizer", ("offload_optimizer",), nvme_needs_cuda_optimizer),
-    Rule("nvme_needs_cuda_params", ("offload_params",), nvme_needs_cuda_params),
-)
-
-
-# ---------------------------------------------------------------------------------------------
 # enumeration
 
 
@@ -321,12 +216,14 @@ def enumerate_candidates(
     global_batch: int | None,
     fixed: dict[str, Any],
     searches_attention: bool,
+    software: Software | None = None,
 ) -> Enumeration:
     """The candidates of ``space`` that can run on ``world_size`` ranks of ``hardware``.
 
     ``fixed`` (from :func:`autofit.config.parse_set`) replaces a key's list by its value.
     ``global_batch`` (``--global-batch``; else the space's ``global_batch_size``, unless
     ``grad_accum_steps`` is fixed) sets ``grad_accum_steps = global / (micro x world)``.
+    ``software`` is what the machine runs (default: detected here, :func:`autofit.software.detect_software`).
     A fixed value that cannot run raises :class:`AutofitError`, as does a space whose
     every config is pruned.
     """
@@ -342,7 +239,8 @@ def enumerate_candidates(
     # --global-batch wins; the space's default gives way to an explicitly fixed accumulation
     if global_batch is None and "grad_accum_steps" not in fixed:
         global_batch = space.global_batch_size
-    ctx = Context(hardware=hardware, world_size=world_size, global_batch=global_batch)
+    ctx = Context(hardware=hardware, world_size=world_size, global_batch=global_batch,
+                  software=software if software is not None else detect_software())
 
     dims = dimensions(space, fixed, ctx, searches_attention=searches_attention)
     check_fixed(fixed, dims, ctx)

@@ -37,7 +37,7 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
 
         console.print("Pruned by the space's rules before pricing:")
         for line in describe_rejections(result.rejected):
-            console.print(f"  {line}")
+            console.print(f"  {line}", markup=False)  # a reason may name an extra: pip install -e '.[fp8]'
 
 
 def print_probe(document: dict[str, Any]) -> None:

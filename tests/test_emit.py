@@ -19,6 +19,8 @@ from autofit.emit import (  # noqa: E402
     deepspeed_config,
     uses_client_optimizer,
 )
+from autofit.errors import AutofitError  # noqa: E402
+from autofit.software import Software  # noqa: E402
 
 pytest.importorskip("deepspeed")
 
@@ -57,7 +59,7 @@ def test_deepspeed_accepts_every_optimizer_stage_and_precision(optimizer, stage,
     ],
 )
 @pytest.mark.parametrize("optimizer", ["adamw", "lion"])
-def test_deepspeed_accepts_the_offloads_the_space_allows(stage, offload_optimizer, offload_params, optimizer):
+def test_deepspeed_accepts_the_offloads_the_space_allows(stage, offload_optimizer, offload_params, optimizer, tmp_path):
     config = Config(
         zero_stage=stage,
         offload_optimizer=offload_optimizer,
@@ -65,7 +67,7 @@ def test_deepspeed_accepts_the_offloads_the_space_allows(stage, offload_optimize
         optimizer=optimizer,
         precision="bf16",
     )
-    ds = deepspeed_config(config)
+    ds = deepspeed_config(config, software=Software(nvme_path=str(tmp_path)))
     check_with_deepspeed(ds)
     zero = ds["zero_optimization"]
     assert zero.get("offload_optimizer", {}).get("device", "none") == offload_optimizer
@@ -81,7 +83,35 @@ def test_check_with_deepspeed_refuses_an_inconsistent_batch():
 
 def test_autofit_section_carries_what_deepspeed_cannot_say():
     config = Config(checkpoint_ratio=0.5, attention="flash", precision="fp8")
-    section = deepspeed_config(config)["autofit"]
+    ds = deepspeed_config(config)
+    section = ds["autofit"]
     assert section["checkpoint_ratio"] == 0.5
     assert section["attention"] == "flash"
-    assert "fp8" in section
+    # fp8 is torchao's float8 training applied to the model (autofit.apply), DeepSpeed runs bf16 around it
+    assert section["fp8"] == {"library": "torchao", "recipe": "tensorwise"}
+    assert ds["bf16"] == {"enabled": True}
+
+
+def test_adamw_runs_as_torch_adam_where_fused_adam_cannot_be_built():
+    config = Config(optimizer="adamw", precision="bf16")
+    no_nvcc = Software(cuda_toolkit=False)
+    ds = deepspeed_config(config, device_kind="cuda", software=no_nvcc)
+    assert ds["optimizer"]["params"]["torch_adam"] is True
+    check_with_deepspeed(ds)
+    prebuilt = Software(cuda_toolkit=False, prebuilt_ops=frozenset({"fused_adam"}))
+    assert "torch_adam" not in deepspeed_config(config, device_kind="cuda", software=prebuilt)["optimizer"]["params"]
+    assert "torch_adam" not in deepspeed_config(config, device_kind="cuda", software=Software())["optimizer"]["params"]
+    # the CPU builds its FusedAdam with the host compiler
+    assert "torch_adam" not in deepspeed_config(config, device_kind="cpu", software=no_nvcc)["optimizer"]["params"]
+
+
+def test_offload_writes_the_nvme_path_and_pins_where_the_host_allows(tmp_path):
+    config = Config(zero_stage=3, offload_optimizer="nvme", offload_params="cpu", precision="bf16")
+    ds = deepspeed_config(config, software=Software(nvme_path=str(tmp_path), pin_memory=True))
+    zero = ds["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "nvme", "pin_memory": True, "nvme_path": str(tmp_path)}
+    assert zero["offload_param"] == {"device": "cpu", "pin_memory": True}
+    unpinned = deepspeed_config(config, software=Software(nvme_path=str(tmp_path), pin_memory=False))
+    assert unpinned["zero_optimization"]["offload_param"]["pin_memory"] is False
+    with pytest.raises(AutofitError, match="--nvme-path"):
+        deepspeed_config(config, software=Software(nvme_path=None))

@@ -69,10 +69,15 @@ class ProbeResult:
     optimizer_time_s: float = 0.0
     """Median seconds of the optimizer's ``engine.step`` within one step (the update itself; 0.0 when not
     measured): the search calibrates the optimizer's cost from it apart from forward and backward."""
+    oom_on: str | None = None
+    """For ``oom``: ``device`` (the GPU, or the budget of a CPU device) or ``host`` (the host's RAM: a CPU
+    allocation failed or the kernel's OOM killer ended a rank); None otherwise."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise AutofitError(f"probe status must be one of {', '.join(STATUSES)}, but got {self.status!r}")
+        if self.oom_on not in (None, "device", "host"):
+            raise AutofitError(f"oom_on must be device, host or None, but got {self.oom_on!r}")
 
     @property
     def fits(self) -> bool:
@@ -174,7 +179,16 @@ def run_probe(
         world_size=world_size,
         mode=mode,
         wall_s=wall_s,
+        oom_on=_oom_on(results, statuses) if status == "oom" else None,
     )
+
+
+def _oom_on(results: list[dict[str, Any] | None], statuses: list[str]) -> str:
+    """Where the first rank that ran out of memory ran out; a rank's own budget watchdog means the device."""
+    for result, rank_status in zip(results, statuses, strict=True):
+        if rank_status == "oom" and result:
+            return str(result.get("oom_on") or "device")
+    return "device"
 
 
 def _rank_status(result: dict[str, Any] | None, timed_out: bool) -> str:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autofit.probe.failure import classify_exit, oom_kill_count, read_kernel_log
+
 #: seconds the other ranks get to report once one rank has finished with a failure
 FAILURE_GRACE_S = 5.0
 #: ``MALLOC_MMAP_THRESHOLD_``: glibc serves allocations above this many bytes with mmap,
@@ -36,6 +38,10 @@ class RankOutcome:
     returncode: int | None
     result: dict[str, Any] | None
     log_tail: str
+    pid: int = 0
+    """The rank's process id."""
+    killed_by_us: bool = False
+    """Whether this process ended the rank (timeout, or a peer failed) rather than the rank exiting."""
 
 
 def free_port() -> int:
@@ -81,6 +87,8 @@ def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: floa
     spec_path.write_text(json.dumps(spec))
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
+    oom_kills_before = oom_kill_count()
+    exited: list[bool] = []
     try:
         for rank in range(world_size):
             log = open(workdir / f"rank{rank}.log", "wb")
@@ -98,15 +106,43 @@ def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: floa
             )
         timed_out = _wait(procs, workdir, time.monotonic() + timeout_s)
     finally:
+        exited = [proc.poll() is not None for proc in procs]
         for proc in procs:
             kill_group(proc)
         for log in logs:
             log.close()
     outcomes = [
-        RankOutcome(rank, proc.returncode, _read_json(workdir / f"rank{rank}.json"), _tail(workdir / f"rank{rank}.log"))
+        RankOutcome(
+            rank,
+            proc.returncode,
+            _read_json(workdir / f"rank{rank}.json"),
+            _tail(workdir / f"rank{rank}.log"),
+            pid=proc.pid,
+            killed_by_us=not exited[rank],
+        )
         for rank, proc in enumerate(procs)
     ]
-    return outcomes, timed_out
+    return _mark_oom_kills(outcomes, oom_kills_before), timed_out
+
+
+def _mark_oom_kills(outcomes: list[RankOutcome], oom_kills_before: int | None) -> list[RankOutcome]:
+    """Give a rank the kernel's OOM killer ended (no result, SIGKILL not sent by us) its ``oom`` result."""
+    suspects = [o for o in outcomes if o.result is None and not o.killed_by_us and o.returncode == -signal.SIGKILL]
+    if not suspects:
+        return outcomes
+    kernel_log, oom_kills_after = read_kernel_log(), oom_kill_count()
+    for outcome in suspects:
+        verdict = classify_exit(
+            outcome.returncode,
+            outcome.pid,
+            killed_by_us=outcome.killed_by_us,
+            kernel_log=kernel_log,
+            oom_kills_before=oom_kills_before,
+            oom_kills_after=oom_kills_after,
+        )
+        if verdict is not None:
+            outcome.result = {"rank": outcome.rank, "peak_bytes": 0, "step_times_s": []} | verdict
+    return outcomes
 
 
 def _wait(procs: list[subprocess.Popen[bytes]], workdir: Path, deadline: float) -> bool:

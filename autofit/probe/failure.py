@@ -1,0 +1,165 @@
+"""Why a probe rank failed: out of memory (on the device or on the host) or another error.
+
+Two ways a rank fails:
+
+* it raises, and :func:`classify_exception` reads the exception. The texts matched are the ones
+  the libraries write:
+
+  - PyTorch's caching allocator: ``torch.OutOfMemoryError`` "CUDA out of memory. Tried to allocate ..."
+    (c10/cuda/CUDACachingAllocator.cpp);
+  - a CUDA runtime call: "CUDA error: out of memory" (``C10_CUDA_CHECK`` on ``cudaErrorMemoryAllocation``);
+  - cuBLAS / cuDNN / cuSOLVER / cuSPARSE handles and workspaces: "CUDA error: CUBLAS_STATUS_ALLOC_FAILED
+    when calling `cublasCreate(handle)`" (``TORCH_CUDABLAS_CHECK``), "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"
+    (``AT_CUDNN_CHECK``; ATen/cuda/Exceptions.h);
+  - NCCL: ``torch.distributed.DistBackendError`` "NCCL error in: ...ProcessGroupNCCL.cpp, unhandled cuda
+    error ... Last error: Cuda failure 'out of memory'" (c10d ``C10D_NCCL_CHECK`` + NCCL's ``CUDACHECK``);
+  - the host: "DefaultCPUAllocator: can't allocate memory" (c10/core/impl/alloc_cpu.cpp) and Python's
+    ``MemoryError``.
+
+* it dies without writing a result. A rank ended by SIGKILL that this process did not send is ``oom``
+  on the host when the kernel's OOM killer marked it: its pid in a kernel log line "Out of memory:
+  Killed process PID (comm) ..." / "Memory cgroup out of memory: Killed process PID ..."
+  (mm/oom_kill.c, ``__oom_kill_process``), or, where the log cannot be read, the system's ``oom_kill``
+  counter in ``/proc/vmstat`` rose while the probe ran.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from typing import Any
+
+#: (pattern over the exception text, where memory ran out); the first match wins
+OOM_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"CUDA out of memory"), "device"),
+    (re.compile(r"\b(?:CUBLAS|CUBLASLT|CUDNN|CUSOLVER|CUSPARSE|CUFFT)_STATUS_ALLOC_FAILED\b"), "device"),
+    (re.compile(r"CUDA error: out of memory"), "device"),
+    (re.compile(r"NCCL error[\s\S]*out of memory|Cuda failure[^\n]*out of memory"), "device"),
+    (re.compile(r"can't allocate memory"), "host"),
+)
+#: exception classes that are out-of-memory whatever their text
+_OOM_TYPES = {"OutOfMemoryError": "device", "MemoryError": "host"}
+#: the kernel OOM killer's line, mm/oom_kill.c: "%s: Killed process %d (%s) total-vm:..."
+_KILLED_RE = re.compile(r"(?:Out of memory|out of memory)[^:\n]*: Killed process (\d+) \(")
+
+
+def oom_location(name: str, text: str) -> tuple[str, str] | None:
+    """``(where, line)`` when an exception of class ``name`` with ``text`` is an out-of-memory, else None.
+
+    ``where`` is ``device`` or ``host``; ``line`` is the line of ``text`` that says so.
+    """
+    for pattern, where in OOM_PATTERNS:
+        match = pattern.search(text)
+        if match:
+            return where, _line_at(text, match.end() - 1)
+    if name in _OOM_TYPES:
+        return _OOM_TYPES[name], _first_line(text)
+    return None
+
+
+def classify_exception(exc: BaseException) -> dict[str, Any]:
+    """``{"status": "oom" | "error", "message": one line, "oom_on": "device" | "host" | None}``."""
+    name = type(exc).__name__
+    text = str(exc).strip()
+    found = oom_location(name, text)
+    if found is not None:
+        where, line = found
+        return {"status": "oom", "message": _one_line(name, line), "oom_on": where}
+    return {"status": "error", "message": _one_line(name, _first_line(text)), "oom_on": None}
+
+
+def _one_line(name: str, line: str) -> str:
+    return (f"{name}: {line}" if line else name)[:500]
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def _line_at(text: str, index: int) -> str:
+    start = text.rfind("\n", 0, index) + 1
+    end = text.find("\n", index)
+    return text[start : end if end >= 0 else len(text)].strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# ranks that died without a result
+
+
+def oom_killed_pids(kernel_log: str) -> set[int]:
+    """Pids the kernel's OOM killer killed, from kernel log text (``dmesg`` or ``/dev/kmsg`` records)."""
+    return {int(m.group(1)) for m in _KILLED_RE.finditer(kernel_log)}
+
+
+def oom_kill_count(vmstat: str | None = None) -> int | None:
+    """The system's count of OOM kills so far (``oom_kill`` in ``/proc/vmstat``, Linux >= 4.13); None if unknown."""
+    if vmstat is None:
+        try:
+            with open("/proc/vmstat") as handle:
+                vmstat = handle.read()
+        except OSError:
+            return None
+    for line in vmstat.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def read_kernel_log(max_records: int = 4096) -> str:
+    """The kernel's recent log (``/dev/kmsg`` records, else ``dmesg``); empty where neither can be read."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return _dmesg()
+    records: list[str] = []
+    try:
+        for _ in range(max_records * 4):
+            try:
+                records.append(os.read(fd, 8192).decode("utf-8", "replace"))
+            except BlockingIOError:
+                break
+            except OSError:  # EPIPE: a record was overwritten while reading; the next read goes on
+                continue
+    finally:
+        os.close(fd)
+    return "".join(records[-max_records:])
+
+
+def _dmesg() -> str:
+    try:
+        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+def classify_exit(
+    returncode: int | None,
+    pid: int,
+    *,
+    killed_by_us: bool,
+    kernel_log: str,
+    oom_kills_before: int | None,
+    oom_kills_after: int | None,
+) -> dict[str, Any] | None:
+    """The result of a rank that wrote none: ``oom`` on the host when the OOM killer took it, else None.
+
+    Only a SIGKILL this process did not send counts; the kernel log naming ``pid`` decides, and where
+    no log could be read a rise of the system's ``oom_kill`` counter during the probe does.
+    """
+    if killed_by_us or returncode != -signal.SIGKILL:
+        return None
+    marked = pid in oom_killed_pids(kernel_log)
+    if not marked and not kernel_log and oom_kills_before is not None and oom_kills_after is not None:
+        marked = oom_kills_after > oom_kills_before
+    if not marked:
+        return None
+    return {
+        "status": "oom",
+        "oom_on": "host",
+        "message": f"the kernel's OOM killer ended the rank (pid {pid}): the host ran out of memory",
+    }

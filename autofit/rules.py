@@ -1,0 +1,186 @@
+"""The rules that prune what cannot run, or means nothing, on a device: small pure checks over a few keys.
+
+Each :class:`Rule` reads a few config keys and a :class:`Context` (the device, the job and what the
+machine's software runs) and returns the reason a partial config cannot run, or None. The reasons are
+what ``autofit estimate`` lists for each pruned group (:func:`autofit.space.describe_rejections`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from autofit.hardware import Hardware
+from autofit.software import Software, optimizer_op
+
+#: optimizers DeepSpeed has a CPU implementation of (DeepSpeedCPUAdam, DeepSpeedCPULion;
+#: deepspeed/runtime/engine.py, _configure_basic_optimizer). Others would run a torch
+#: optimizer on the host, or refuse (``zero_force_ds_cpu_optimizer``).
+OFFLOADABLE_OPTIMIZERS = ("adamw", "lion")
+
+@dataclass(frozen=True)
+class Context:
+    """What the rules know beyond the config: the device, the job and the workload."""
+
+    hardware: Hardware
+    """The device each rank runs on."""
+    world_size: int
+    """Data-parallel ranks: gpus x nodes."""
+    global_batch: int | None
+    """Samples per optimizer step, or None where none is known."""
+    software: Software = field(default_factory=Software)
+    """What the machine's software runs (:func:`autofit.software.detect_software`); by default everything."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A pure check over a few config keys; ``check`` returns why a partial config cannot run, or None."""
+
+    name: str
+    """Short identifier, used in tests and logs."""
+    keys: tuple[str, ...]
+    """The config keys ``check`` reads, in order."""
+    check: Callable[..., str | None] = field(repr=False)
+    """``check(context, *values) -> reason | None``, one value per key."""
+
+
+def precision_supported(ctx: Context, precision: str) -> str | None:
+    if ctx.hardware.supports_precision(precision):
+        return None
+    return f"{ctx.hardware.name} has no {precision} support"
+
+
+def fp8_needs_torchao(ctx: Context, precision: str) -> str | None:
+    if precision != "fp8" or ctx.software.torchao:
+        return None
+    return "fp8 training needs torchao, which is not installed (pip install -e '.[fp8]')"
+
+
+def flash_supported(ctx: Context, attention: str) -> str | None:
+    if attention != "flash" or ctx.hardware.supports_flash:
+        return None
+    return f"flash attention does not run on {ctx.hardware.name}"
+
+
+def flash_needs_flash_attn(ctx: Context, attention: str) -> str | None:
+    if attention != "flash" or ctx.software.flash_attn:
+        return None
+    return "flash attention needs flash-attn, which is not installed (pip install -e '.[flash]')"
+
+
+def flash_needs_16_bit(ctx: Context, attention: str, precision: str) -> str | None:
+    # flash-attn's kernels take fp16 and bf16 only (flash_attn_interface.py: "FlashAttention only support
+    # fp16 and bf16 data type"); fp8 runs bf16 around its matmuls, attention included
+    if attention != "flash" or precision != "fp32":
+        return None
+    return "flash attention runs in fp16/bf16 only, not fp32"
+
+
+def offload_on_a_cpu_device_optimizer(ctx: Context, offload_optimizer: str) -> str | None:
+    return _offload_on_cpu_device(ctx, offload_optimizer)
+
+
+def offload_on_a_cpu_device_params(ctx: Context, offload_params: str) -> str | None:
+    return _offload_on_cpu_device(ctx, offload_params)
+
+
+def _offload_on_cpu_device(ctx: Context, device: str) -> str | None:
+    # measured (issue 11): on a CPU device DeepSpeed's offload keeps the states in the same RAM and adds
+    # CPU-side fp32 partitions and copies, 24-55% above the same config without it
+    if device != "cpu" or ctx.hardware.kind != "cpu":  # NVMe on a CPU device: nvme_needs_cuda says why
+        return None
+    return "the device is the CPU: offloading to the host moves nothing off it and adds DeepSpeed's buffers"
+
+
+def deepspeed_op_loadable(ctx: Context, optimizer: str, offload_optimizer: str) -> str | None:
+    """A CUDA DeepSpeed optimizer op that is neither pre-built nor buildable (no nvcc) cannot run.
+
+    AdamW without offload is exempt: it falls back to DeepSpeed's ``torch_adam`` (:mod:`autofit.emit`).
+    """
+    if ctx.hardware.kind != "cuda":
+        return None
+    op = optimizer_op(optimizer, offload_optimizer, ctx.hardware.kind)
+    if op is None or op == "fused_adam" or ctx.software.can_load_op(op):
+        return None
+    return f"{optimizer} needs DeepSpeed's {op} op, which is not pre-built and cannot be built without a CUDA toolkit (nvcc)"
+
+
+def nvme_offload_ready(ctx: Context, offload_optimizer: str, offload_params: str) -> str | None:
+    """NVMe offload on a CUDA device needs a directory to swap to and DeepSpeed's async_io op."""
+    if "nvme" not in (offload_optimizer, offload_params) or ctx.hardware.kind != "cuda":
+        return None
+    if not ctx.software.nvme_path:
+        return "NVMe offload needs --nvme-path DIR (a writable directory on the NVMe drive)"
+    if not ctx.software.can_load_op("async_io"):
+        return "NVMe offload needs DeepSpeed's async_io op, which is not pre-built and cannot be built without nvcc"
+    return None
+
+
+def param_offload_needs_zero3(ctx: Context, offload_params: str, zero_stage: int) -> str | None:
+    if offload_params == "none" or zero_stage == 3:
+        return None
+    return f"offloading parameters needs ZeRO stage 3, not {zero_stage}"
+
+
+def optimizer_offload_needs_zero(ctx: Context, offload_optimizer: str, zero_stage: int) -> str | None:
+    # DeepSpeed runs stage 1/2 NVMe optimizer offload silently as CPU offload (stage_1_and_2.py
+    # treats any device != none as cpu_offload); only ZeRO-Infinity (stage 3) swaps to NVMe.
+    if offload_optimizer == "none":
+        return None
+    if zero_stage == 0:
+        return "offloading the optimizer needs ZeRO stage >= 1"
+    if offload_optimizer == "nvme" and zero_stage != 3:
+        return f"NVMe optimizer offload needs ZeRO stage 3, not {zero_stage}"
+    return None
+
+
+def optimizer_offloadable(ctx: Context, offload_optimizer: str, optimizer: str) -> str | None:
+    if offload_optimizer == "none" or optimizer in OFFLOADABLE_OPTIMIZERS:
+        return None
+    return f"DeepSpeed cannot offload {optimizer} (only {', '.join(OFFLOADABLE_OPTIMIZERS)})"
+
+
+def nvme_needs_cuda_optimizer(ctx: Context, offload_optimizer: str) -> str | None:
+    return _nvme_needs_cuda(ctx, offload_optimizer)
+
+
+def nvme_needs_cuda_params(ctx: Context, offload_params: str) -> str | None:
+    return _nvme_needs_cuda(ctx, offload_params)
+
+
+def _nvme_needs_cuda(ctx: Context, device: str) -> str | None:
+    if device != "nvme" or ctx.hardware.kind == "cuda":
+        return None
+    return f"NVMe offload needs a CUDA device, not {ctx.hardware.name}"
+
+
+def micro_batch_divides(ctx: Context, micro_batch_size: int) -> str | None:
+    if ctx.global_batch is None:
+        return None
+    per_step = micro_batch_size * ctx.world_size
+    if ctx.global_batch % per_step == 0:
+        return None
+    return (
+        f"micro_batch_size {micro_batch_size} x world size {ctx.world_size} = {per_step} "
+        f"does not divide the global batch {ctx.global_batch}"
+    )
+
+
+#: every rule, in the order reasons are reported
+RULES: tuple[Rule, ...] = (
+    Rule("micro_batch_divides", ("micro_batch_size",), micro_batch_divides),
+    Rule("precision_supported", ("precision",), precision_supported),
+    Rule("fp8_needs_torchao", ("precision",), fp8_needs_torchao),
+    Rule("flash_supported", ("attention",), flash_supported),
+    Rule("flash_needs_flash_attn", ("attention",), flash_needs_flash_attn),
+    Rule("flash_needs_16_bit", ("attention", "precision"), flash_needs_16_bit),
+    Rule("offload_on_a_cpu_device_optimizer", ("offload_optimizer",), offload_on_a_cpu_device_optimizer),
+    Rule("offload_on_a_cpu_device_params", ("offload_params",), offload_on_a_cpu_device_params),
+    Rule("param_offload_needs_zero3", ("offload_params", "zero_stage"), param_offload_needs_zero3),
+    Rule("optimizer_offload_needs_zero", ("offload_optimizer", "zero_stage"), optimizer_offload_needs_zero),
+    Rule("optimizer_offloadable", ("offload_optimizer", "optimizer"), optimizer_offloadable),
+    Rule("nvme_needs_cuda_optimizer", ("offload_optimizer",), nvme_needs_cuda_optimizer),
+    Rule("nvme_needs_cuda_params", ("offload_params",), nvme_needs_cuda_params),
+    Rule("deepspeed_op_loadable", ("optimizer", "offload_optimizer"), deepspeed_op_loadable),
+    Rule("nvme_offload_ready", ("offload_optimizer", "offload_params"), nvme_offload_ready),
+)

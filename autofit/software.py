@@ -1,0 +1,178 @@
+"""What this machine's software can run: the optional libraries and DeepSpeed's compiled ops.
+
+The search-space rules (:mod:`autofit.rules`) prune by it (fp8 without torchao, flash without
+flash-attn, a DeepSpeed op that can neither be loaded nor built) and :mod:`autofit.emit` picks
+DeepSpeed's ``torch_adam`` where FusedAdam cannot be built. Detection imports nothing heavy:
+packages are looked up with ``importlib.util.find_spec`` and DeepSpeed's list of pre-built ops is
+read from the file its ``setup.py`` writes (``deepspeed/git_version_info_installed.py``).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autofit.errors import AutofitError
+
+
+@dataclass(frozen=True)
+class Software:
+    """Libraries and build tools present; the defaults claim everything (a planning run on no machine)."""
+
+    torchao: bool = True
+    """``torchao`` is importable: fp8 training through ``torchao.float8`` (``pip install -e '.[fp8]'``)."""
+    flash_attn: bool = True
+    """``flash_attn`` is importable: the ``flash`` attention kernel."""
+    cuda_toolkit: bool = True
+    """``nvcc`` is found (as ``torch.utils.cpp_extension`` finds it): DeepSpeed's CUDA ops can be JIT-built."""
+    prebuilt_ops: frozenset[str] = field(default_factory=frozenset)
+    """DeepSpeed ops compiled at install time (``DS_BUILD_OPS=1``): ``fused_adam``, ``cpu_adam``, ..."""
+    nvme_path: str | None = "/local_nvme"
+    """Where NVMe offload swaps (``--nvme-path``, checked by :func:`check_nvme_path`); None: NVMe is pruned.
+    The default is a placeholder for planning without a machine."""
+    pin_memory: bool = True
+    """Whether offload buffers may be page-locked: root, or an unlimited ``RLIMIT_MEMLOCK`` (pinned pages
+    cannot be swapped out; containers often cap them)."""
+
+    def can_load_op(self, op: str) -> bool:
+        """Whether DeepSpeed's CUDA op ``op`` is installed pre-built or can be JIT-built here."""
+        return op in self.prebuilt_ops or self.cuda_toolkit
+
+
+@functools.lru_cache(maxsize=1)
+def detect_software() -> Software:
+    """This machine's :class:`Software` (cached: it does not change during a run)."""
+    return Software(
+        torchao=_has_module("torchao"),
+        flash_attn=_has_module("flash_attn"),
+        cuda_toolkit=find_nvcc() is not None,
+        prebuilt_ops=frozenset(op for op, built in deepspeed_installed_ops().items() if built),
+        nvme_path=os.environ.get(NVME_PATH_ENV) or None,
+        pin_memory=can_pin_memory(),
+    )
+
+
+#: ``--nvme-path`` travels to the search, the emitted JSON and the probes in this variable
+NVME_PATH_ENV = "AUTOFIT_NVME_PATH"
+
+
+def check_nvme_path(path: str) -> str:
+    """``path`` as an absolute directory this process can write to, or one clear :class:`AutofitError`."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise AutofitError(f"--nvme-path {path!r} is not an existing directory")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise AutofitError(f"--nvme-path {path!r} is not writable: {error.strerror}") from None
+    return str(folder.resolve())
+
+
+def can_pin_memory() -> bool:
+    """Root, or ``RLIMIT_MEMLOCK`` unlimited: the host lets offload buffers be page-locked."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return True
+    try:
+        import resource
+    except ImportError:
+        return False
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return soft == resource.RLIM_INFINITY
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def find_nvcc() -> Path | None:
+    """``nvcc`` where ``torch.utils.cpp_extension._find_cuda_home`` looks: CUDA_HOME / CUDA_PATH, PATH, /usr/local/cuda."""
+    for variable in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(variable)
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return Path(home) / "bin" / "nvcc"
+    found = shutil.which("nvcc")
+    if found:
+        return Path(found)
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return default if default.is_file() else None
+
+
+def deepspeed_installed_ops() -> dict[str, bool]:
+    """``installed_ops`` from DeepSpeed's ``git_version_info_installed.py``; empty without DeepSpeed."""
+    try:
+        spec = importlib.util.find_spec("deepspeed")
+    except (ImportError, ValueError):
+        return {}
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = Path(next(iter(spec.submodule_search_locations))) / "git_version_info_installed.py"
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return {}
+    return installed_ops_from_source(tree)
+
+
+def installed_ops_from_source(tree: ast.Module) -> dict[str, bool]:
+    """The ``installed_ops = {...}`` literal of a parsed ``git_version_info_installed.py``."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "installed_ops" for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+            return {str(k): bool(v) for k, v in value.items()} if isinstance(value, dict) else {}
+    return {}
+
+
+#: DeepSpeed op builders by op name (deepspeed/ops/op_builder: FusedAdamBuilder.NAME == "fused_adam", ...)
+OP_BUILDERS = {
+    "fused_adam": "FusedAdamBuilder",
+    "fused_lion": "FusedLionBuilder",
+    "cpu_adam": "CPUAdamBuilder",
+    "cpu_lion": "CPULionBuilder",
+    "async_io": "AsyncIOBuilder",
+}
+
+
+def optimizer_op(optimizer: str, offload_optimizer: str, device_kind: str) -> str | None:
+    """The compiled DeepSpeed op the optimizer of a config loads, or None (a torch or client optimizer).
+
+    deepspeed/runtime/engine.py, ``_configure_basic_optimizer``: ``AdamW`` is FusedAdam (DeepSpeedCPUAdam
+    with ZeRO-Offload), ``Lion`` FusedLion (DeepSpeedCPULion with offload). On a CPU device autofit passes
+    Lion as a client optimizer (:mod:`autofit.optim`), so only AdamW loads an op there.
+    """
+    offloaded = offload_optimizer != "none"
+    if optimizer == "adamw":
+        return "cpu_adam" if offloaded else "fused_adam"
+    if optimizer == "lion" and (offloaded or device_kind == "cuda"):
+        return "cpu_lion" if offloaded else "fused_lion"
+    return None
+
+
+def uses_torch_adam(optimizer: str, offload_optimizer: str, device_kind: str, software: Software) -> bool:
+    """AdamW runs as ``torch.optim.AdamW`` (DeepSpeed's ``torch_adam``) where FusedAdam cannot be built."""
+    op = optimizer_op(optimizer, offload_optimizer, device_kind)
+    return device_kind == "cuda" and op == "fused_adam" and not software.can_load_op(op)
+
+
+def ops_needed(configs: list[tuple[str, str, str]], device_kind: str, software: Software) -> tuple[str, ...]:
+    """The DeepSpeed ops that ``(optimizer, offload_optimizer, offload_params)`` configs load, sorted."""
+    ops: set[str] = set()
+    for optimizer, offload_optimizer, offload_params in configs:
+        op = optimizer_op(optimizer, offload_optimizer, device_kind)
+        if op and not uses_torch_adam(optimizer, offload_optimizer, device_kind, software):
+            ops.add(op)
+        if "nvme" in (offload_optimizer, offload_params):
+            ops.add("async_io")
+    return tuple(sorted(ops))

@@ -1,0 +1,110 @@
+"""Rules that read the machine's software (issue 13) and prune offload on a CPU device (issue 11)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autofit.errors import AutofitError
+from autofit.hardware import PRESETS, Hardware
+from autofit.rules import RULES, Context
+from autofit.software import Software, check_nvme_path
+from autofit.space import describe_rejections, enumerate_candidates, load_space
+
+CPU = Hardware(name="cpu", kind="cpu", memory_bytes=8 * 2**30, peak_flops={"fp32": 1e12, "bf16": 1e12, "fp16": 1e12})
+H100 = PRESETS["h100-80gb"]
+A100 = PRESETS["a100-40gb"]
+
+
+def enum(space, *, hardware=H100, global_batch=64, fixed=None, software=None):
+    return enumerate_candidates(
+        space, hardware=hardware, world_size=1, global_batch=global_batch, fixed=fixed or {},
+        searches_attention=True, software=software if software is not None else Software(),
+    )
+
+
+def rule(name):
+    return next(r for r in RULES if r.name == name)
+
+
+def check(name, hardware=H100, **values):
+    return check_with(name, Software(), hardware, **values)
+
+
+NOTHING = Software(torchao=False, flash_attn=False, cuda_toolkit=False)
+
+
+def check_with(name, software, hardware=H100, **values):
+    r = rule(name)
+    return r.check(Context(hardware, 1, None, software), *(values[k] for k in r.keys))
+
+
+def test_offload_to_the_cpu_when_the_device_is_the_cpu_is_pruned_with_its_reason():
+    result = enum(load_space("default"), hardware=CPU, global_batch=64)
+    assert all(c.offload_optimizer == "none" and c.offload_params == "none" for c in result.candidates)
+    lines = describe_rejections(result.rejected)
+    assert "offload_optimizer=cpu: the device is the CPU: offloading to the host moves nothing off it " \
+           "and adds DeepSpeed's buffers" in lines
+    assert check("offload_on_a_cpu_device_params", H100, offload_params="cpu") is None
+    with pytest.raises(AutofitError, match="offload_optimizer=cpu cannot run: the device is the CPU"):
+        enum(load_space("cpu"), hardware=CPU, global_batch=64, fixed={"offload_optimizer": "cpu"})
+
+
+def test_fp8_needs_torchao_and_the_device():
+    assert check_with("fp8_needs_torchao", Software(), precision="fp8") is None
+    assert "pip install -e '.[fp8]'" in check_with("fp8_needs_torchao", NOTHING, precision="fp8")
+    assert check_with("fp8_needs_torchao", NOTHING, precision="bf16") is None
+    # below sm89 the device itself has no fp8 (an A100 preset, or a detected card without it)
+    assert check("precision_supported", A100, precision="fp8") == "a100-40gb has no fp8 support"
+    result = enum(load_space("default"), global_batch=64, software=NOTHING)
+    assert "precision=fp8: fp8 training needs torchao, which is not installed (pip install -e '.[fp8]')" in (
+        describe_rejections(result.rejected)
+    )
+    assert all(c.precision != "fp8" for c in result.candidates)
+
+
+def test_flash_needs_flash_attn_and_16_bit():
+    assert "flash-attn" in check_with("flash_needs_flash_attn", NOTHING, attention="flash")
+    assert check_with("flash_needs_flash_attn", NOTHING, attention="sdpa") is None
+    assert check("flash_needs_16_bit", attention="flash", precision="fp32") == "flash attention runs in fp16/bf16 only, not fp32"
+    assert check("flash_needs_16_bit", attention="flash", precision="bf16") is None
+    result = enum(load_space("default"), global_batch=64)
+    assert not any(c.attention == "flash" and c.precision == "fp32" for c in result.candidates)
+    assert any(c.attention == "flash" for c in result.candidates)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "offload", "software", "ok"),
+    [
+        ("lion", "none", NOTHING, False),  # FusedLion is JIT-built with nvcc
+        ("lion", "cpu", NOTHING, False),  # so is DeepSpeedCPULion on a CUDA build
+        ("adamw", "cpu", NOTHING, False),
+        ("adamw", "none", NOTHING, True),  # torch_adam instead
+        ("lion", "none", Software(cuda_toolkit=False, prebuilt_ops=frozenset({"fused_lion"})), True),
+        ("lion", "none", Software(), True),
+        ("sgd", "none", NOTHING, True),
+    ],
+)
+def test_deepspeed_ops_that_cannot_be_built_are_pruned(optimizer, offload, software, ok):
+    reason = check_with("deepspeed_op_loadable", software, optimizer=optimizer, offload_optimizer=offload)
+    assert (reason is None) == ok, reason
+    # a CPU device builds its ops with the host compiler and runs Lion as a client optimizer
+    assert check_with("deepspeed_op_loadable", NOTHING, CPU, optimizer=optimizer, offload_optimizer="none") is None
+
+
+def test_nvme_offload_needs_a_path_and_async_io():
+    no_path = replace(Software(), nvme_path=None)
+    assert "--nvme-path" in check_with("nvme_offload_ready", no_path, offload_optimizer="nvme", offload_params="none")
+    no_build = replace(Software(), cuda_toolkit=False)
+    assert "async_io" in check_with("nvme_offload_ready", no_build, offload_optimizer="nvme", offload_params="none")
+    assert check_with("nvme_offload_ready", Software(), offload_optimizer="none", offload_params="nvme") is None
+
+
+def test_nvme_path_must_be_a_writable_directory(tmp_path):
+    assert check_nvme_path(str(tmp_path)) == str(tmp_path.resolve())
+    with pytest.raises(AutofitError, match="not an existing directory"):
+        check_nvme_path(str(tmp_path / "missing"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(AutofitError, match="not an existing directory"):
+        check_nvme_path(str(tmp_path / "file"))
