@@ -12,16 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.config import Config
+from autofit.ds_constants import (
+    ALLGATHER_BUCKET_ELEMENTS,
+    REDUCE_BUCKET_ELEMENTS,
+    STAGE3_MAX_LIVE_ELEMENTS,
+    STAGE3_PERSISTENCE_THRESHOLD,
+    STAGE3_PREFETCH_ELEMENTS,
+)
 from autofit.errors import AutofitError
 from autofit.software import Software, detect_software, uses_torch_adam
 
-#: bucket sizes, in elements, that the emitted JSON pins so the cost model can price them
-#: (DeepSpeed's defaults are 5e8 / 5e8 / 5e7 / 1e9 / 1e5, see deepspeed/runtime/zero/config.py)
-REDUCE_BUCKET_ELEMENTS = 50_000_000
-ALLGATHER_BUCKET_ELEMENTS = 50_000_000
-STAGE3_PREFETCH_ELEMENTS = 50_000_000
-STAGE3_MAX_LIVE_ELEMENTS = 1_000_000_000
-STAGE3_PERSISTENCE_THRESHOLD = 100_000
 #: torchao's float8 recipe every fp8 candidate runs (``Float8LinearConfig.from_recipe_name``): dynamic
 #: per-tensor scales, torchao's default and the one its benchmarks lead with
 FP8_RECIPE = "tensorwise"

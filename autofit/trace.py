@@ -34,7 +34,7 @@ from typing import Any
 
 from autofit.config import Config, trace_dtype_of
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
-from autofit.emit import STAGE3_PERSISTENCE_THRESHOLD
+from autofit.ds_constants import STAGE3_PERSISTENCE_THRESHOLD
 from autofit.errors import AutofitError
 from autofit.workload import Workload
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from autofit.config import WORKING_BYTES, Config
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.facts import ModelFacts
-from autofit.emit import REDUCE_BUCKET_ELEMENTS, STAGE3_MAX_LIVE_ELEMENTS
+from autofit.ds_constants import REDUCE_BUCKET_ELEMENTS, STAGE3_MAX_LIVE_ELEMENTS
 from autofit.hardware import Hardware
 
 FP32 = 4
