@@ -1,4 +1,4 @@
-"""Apply what DeepSpeed's JSON cannot say: the checkpoint ratio and a client optimizer.
+"""Apply what DeepSpeed's JSON cannot say: the checkpoint ratio, fp8 (torchao) and a client optimizer.
 
 ``emit.deepspeed_config`` writes these into the JSON's ``"autofit"`` section; a
 training script (and the probe) calls :func:`apply_to_model` before
@@ -98,12 +98,36 @@ def client_optimizer(parameters: Iterable[Any], ds: dict[str, Any]) -> Any | Non
     return cls(list(parameters), **spec.get("params", {}))
 
 
+def apply_fp8(model: Any, recipe: str) -> int:
+    """Convert the model's fp8-able ``nn.Linear`` layers to torchao's ``Float8Linear``, in place.
+
+    ``torchao.float8.convert_to_float8_training`` with ``Float8LinearConfig.from_recipe_name(recipe)``;
+    a Linear is converted when :func:`autofit.fp8.convertible_linear` accepts its dimensions. Returns
+    how many were converted. Without torchao: an :class:`AutofitError` naming the extra to install.
+    """
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as exc:
+        raise AutofitError(f"fp8 needs torchao (pip install -e '.[fp8]'): {exc}") from None
+    from autofit.fp8 import convertible_linear
+
+    def accept(module: Any, fqn: str) -> bool:
+        return bool(convertible_linear(module.in_features, module.out_features))
+
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=accept)
+    return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
 def apply_to_model(model: Any, ds: dict[str, Any], layers: Sequence[Any]) -> int:
     """Apply the ``"autofit"`` section of a DeepSpeed JSON to a freshly built model.
 
-    Today that is the checkpoint ratio (the attention kernel is chosen when the
-    model is built, the client optimizer by :func:`client_optimizer`). Returns the
-    number of checkpointed layers.
+    The checkpoint ratio, and for fp8 torchao's float8 conversion of the Linear layers (DeepSpeed's
+    ``bf16`` section runs the rest); the attention kernel is chosen when the model is built, the client
+    optimizer by :func:`client_optimizer`. Returns the number of checkpointed layers.
     """
-    ratio = float(ds.get("autofit", {}).get("checkpoint_ratio", 0.0))
-    return apply_checkpointing(model, layers, ratio)
+    section = ds.get("autofit", {})
+    n_ckpt = apply_checkpointing(model, layers, float(section.get("checkpoint_ratio", 0.0)))
+    fp8 = section.get("fp8")
+    if isinstance(fp8, dict):
+        apply_fp8(model, str(fp8.get("recipe", "tensorwise")))
+    return n_ckpt

@@ -20,11 +20,9 @@ from autofit.ds_constants import (
     STAGE3_PREFETCH_ELEMENTS,
 )
 from autofit.errors import AutofitError
+from autofit.fp8 import FP8_RECIPE
 from autofit.software import Software, detect_software, uses_torch_adam
 
-#: torchao's float8 recipe every fp8 candidate runs (``Float8LinearConfig.from_recipe_name``): dynamic
-#: per-tensor scales, torchao's default and the one its benchmarks lead with
-FP8_RECIPE = "tensorwise"
 LEARNING_RATE = 1e-4
 WEIGHT_DECAY = 0.01
 

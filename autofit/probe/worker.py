@@ -20,6 +20,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autofit.probe.failure import classify_exception
+
 _T_MAIN = time.time()  # before any heavy import: the end of "process start"
 _PPID_AT_START = os.getppid()
 
@@ -47,17 +49,6 @@ def main(argv: list[str]) -> int:
     sys.stderr.flush()
     # skip interpreter teardown: DeepSpeed/gloo atexit hooks can hang once a peer is gone
     os._exit(0)
-
-
-def classify_exception(exc: BaseException) -> dict[str, Any]:
-    """``oom`` for an allocator failure (CUDA or CPU), ``error`` otherwise; the message is one line."""
-    name = type(exc).__name__
-    text = str(exc).strip().splitlines()
-    last = text[-1] if text else ""
-    message = f"{name}: {last}" if last else name
-    if name == "OutOfMemoryError" or "can't allocate memory" in str(exc) or "out of memory" in str(exc).lower():
-        return {"status": "oom", "message": message[:500]}
-    return {"status": "error", "message": message[:500]}
 
 
 def write_result(path: Path, state: dict[str, Any]) -> None:
