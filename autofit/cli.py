@@ -11,7 +11,8 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -188,14 +189,40 @@ def run(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, gl
         timeout_s: float | None, storage: str | None, study_name: str | None, out_path: str,
         report_dir: str | None, margin: float) -> None:
     """The search: probe the most promising candidates and write the fastest that fits as DeepSpeed JSON."""
-    from autofit.search import run_search
+    from autofit.search import SearchSettings, run_search
 
+    settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=margin)
     setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
-    result = run_search(setup.entry, setup.workload, setup.hardware, setup.space, world_size=setup.world_size,
-                        global_batch=setup.global_batch, fixed=setup.fixed, trials=trials, timeout_s=timeout_s,
-                        storage=storage, study_name=study_name, out_path=out_path, report_dir=report_dir,
-                        margin=margin, progress=True)
+    click.echo(f"autofit: tracing {setup.workload.name or entry}", err=True)
+    plan = setup.plan()
+    click.echo(f"autofit: {len(plan.candidates)} candidates", err=True)
+    with progress_display(trials) as on_event:
+        result = run_search(plan, settings, out_path=out_path, storage=storage, study_name=study_name,
+                            on_event=on_event)
+    if report_dir is not None:
+        from autofit.report import write_report
+
+        write_report(result, report_dir)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
         click.echo(f"wrote {out_path}", err=True)
+
+
+@contextmanager
+def progress_display(total: int) -> Iterator[Callable[[Any], None]]:
+    """A rich progress bar on stderr (stdout stays clean for ``--json``), fed by the search's events."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=Console(file=sys.stderr), transient=False) as progress:
+        task = progress.add_task(f"trial 0/{total}", total=total)
+
+        def show(event: Any) -> None:
+            best = f"best {event.best.samples_per_s:.3g} samples/s" if event.best is not None else "best -"
+            description = f"trial {event.n_done}/{event.trials} | {best} | {event.text}"
+            progress.update(task, completed=min(event.n_done, event.trials), description=description)
+
+        yield show

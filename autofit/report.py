@@ -22,10 +22,10 @@ from autofit.config import Config
 from autofit.units import format_bytes
 
 if TYPE_CHECKING:
-    from autofit.search import SearchResult, TrialRecord
+    from autofit.search.records import SearchResult, TrialRecord
 
 PARTS = ("params", "grads", "optimizer", "activations", "other")
-STATUS_COLORS = {"ok": "#2a9d8f", "oom": "#e63946", "timeout": "#f4a261", "error": "#6c757d", "interrupted": "#adb5bd"}
+STATUS_COLORS = {"ok": "#2a9d8f", "oom": "#e63946", "timeout": "#f4a261", "error": "#6c757d"}
 #: candidates drawn in the memory breakdown
 TOP_N = 8
 

@@ -43,7 +43,6 @@ import tempfile
 import time
 from dataclasses import fields, replace
 from pathlib import Path
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -51,8 +50,9 @@ sys.path.insert(0, str(ROOT))
 from autofit.config import Config  # noqa: E402
 from autofit.errors import AutofitError  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
+from autofit.plan import Plan  # noqa: E402
 from autofit.probe import ProbeResult, run_probe  # noqa: E402
-from autofit.search import run_search  # noqa: E402
+from autofit.search import Prober, SearchSettings, run_search  # noqa: E402
 from autofit.space import enumerate_candidates, load_space, space_from_dict  # noqa: E402
 from autofit.workload import load_workload  # noqa: E402
 
@@ -175,13 +175,15 @@ def budgets(oracle: list[ProbeResult]) -> list[tuple[int, list[ProbeResult]]]:
     return out
 
 
-def _search(entry: str, hardware, trials: int, tmp: str):  # noqa: ANN001, ANN202
+def _plan(entry: str, hardware) -> Plan:  # noqa: ANN001
+    """The benchmark's space for ``entry`` on ``hardware``, traced once (re-budgeted with ``with_memory``)."""
+    return Plan.make(entry, load_workload(entry), hardware, _space(), world_size=1, global_batch=GLOBAL_BATCH, fixed=FIXED)
+
+
+def _search(plan: Plan, trials: int, tmp: str, prober: Prober | None = None):  # noqa: ANN202
     """``autofit run`` on the benchmark's space, its own study in ``tmp``."""
-    return run_search(
-        entry, load_workload(entry), hardware, _space(), world_size=1, global_batch=GLOBAL_BATCH, fixed=FIXED,
-        trials=trials, storage=f"sqlite:///{tmp}/s.db", out_path=f"{tmp}/ds.json", margin=MARGIN,
-        progress=False, probe_steps=STEPS,
-    )
+    settings = SearchSettings(trials=trials, margin=MARGIN, probe_steps=STEPS)
+    return run_search(plan, settings, storage=f"sqlite:///{tmp}/s.db", out_path=f"{tmp}/ds.json", prober=prober)
 
 
 def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
@@ -189,6 +191,7 @@ def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
     configs = _configs(entry, host)
     trials = int(PROBE_SHARE * len(configs))
     oracle, oracle_s = _oracle(name, entry, configs, host, cache)
+    plan = _plan(entry, host)
     rows = []
     for budget, fitting in budgets(oracle):
         top = sorted(fitting, key=lambda r: -r.samples_per_s)[:TOP]
@@ -205,7 +208,7 @@ def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
         with tempfile.TemporaryDirectory() as tmp:
             t1 = time.monotonic()
             try:
-                result = _search(entry, hardware, trials, tmp)
+                result = _search(plan.with_memory(budget), trials, tmp)
             except AutofitError as error:
                 row |= {"error": str(error)}
                 rows.append(row)
@@ -217,7 +220,7 @@ def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
         best_key = max((_k(r.config) for r in top), key=scores.__getitem__)
         emitted = runs[_k(result.config)]
         fits = all(r.status == "ok" and r.peak_bytes <= budget for r in emitted)
-        distinct = {_k(t.config) for t in result.trials if t.status != "interrupted"}
+        distinct = {_k(t.config) for t in result.trials}
         row |= {
             "oracle_config": Config.from_dict(json.loads(best_key)).label(),
             "oracle_samples_per_s": scores[best_key],
@@ -243,13 +246,13 @@ def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
     return rows
 
 
-def _replayed_probe(oracle: list[ProbeResult]):  # noqa: ANN202
-    """A stand-in for run_probe that answers from the oracle's probes: a peak past the budget is an oom."""
+def replayed_prober(oracle: list[ProbeResult], budget_bytes: int) -> Prober:
+    """A prober that answers from the oracle's probes: a peak past ``budget_bytes`` is an oom."""
     by_key = {_k(p.config): p for p in oracle}
 
-    def probe(entry: str, config: Config, hardware, world_size: int = 1, **_: object) -> ProbeResult:  # noqa: ANN001
+    def probe(config: Config, steps: int, timeout_s: float) -> ProbeResult:
         measured = by_key[_k(config)]
-        if measured.status == "ok" and measured.peak_bytes > hardware.memory_bytes:
+        if measured.status == "ok" and measured.peak_bytes > budget_bytes:
             return replace(measured, status="oom", step_time_s=0.0, samples_per_s=0.0, step_times_s=[])
         return measured
 
@@ -263,11 +266,12 @@ def replay_model(name: str, entry: str, cache: Path) -> list[dict]:
     configs = _configs(entry, host)
     oracle, _ = _oracle(name, entry, configs, host, cache)
     samples = {_k(p.config): p.samples_per_s for p in oracle}
+    plan = _plan(entry, host)
     rows = []
     for budget, fitting in budgets(oracle):
         best = max(fitting, key=lambda r: r.samples_per_s)
-        with tempfile.TemporaryDirectory() as tmp, mock.patch("autofit.probe.run_probe", _replayed_probe(oracle)):
-            result = _search(entry, host.with_memory(budget), int(PROBE_SHARE * len(configs)), tmp)
+        with tempfile.TemporaryDirectory() as tmp:
+            result = _search(plan.with_memory(budget), int(PROBE_SHARE * len(configs)), tmp, replayed_prober(oracle, budget))
         emitted = samples[_k(result.config)]
         rows.append({
             "model": name,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from toy_facts import CONFIGS, CPU, FACTS, PRIOR
 
 from autofit.config import Config
-from autofit.cost_model import ActivationProfile, Coefficients, ModelFacts, PeakPoint, predict
+from autofit.cost_model import Coefficients, predict
 from autofit.cost_model.calibrate import (
     MEMORY_SCALE_RANGE,
     Calibration,
@@ -15,62 +16,6 @@ from autofit.cost_model.calibrate import (
     fit_time,
     time_terms,
 )
-from autofit.hardware import Hardware
-
-MIB = 2**20
-
-
-def _profile(dtype: str, checkpointed: bool) -> ActivationProfile:
-    elem = 4 if dtype == "fp32" else 2
-    act = 3 * MIB * elem // 4 if checkpointed else 8 * MIB * elem // 4
-    flops = 4e9 if checkpointed else 3e9
-    points = tuple(
-        PeakPoint(
-            micro_batch_size=n,
-            peak_with_grads_bytes=n * act + 4 * MIB,
-            peak_without_grads_bytes=n * act,
-            activation_bytes=n * act,
-            grad_bytes=4 * MIB,
-            flops=int(n * flops),
-        )
-        for n in (1, 2, 4)
-    )
-    return ActivationProfile(dtype=dtype, attention="sdpa", checkpointed=checkpointed, points=points)
-
-
-FACTS = ModelFacts(
-    name="toy",
-    n_params=1_000_000,
-    n_trainable_params=1_000_000,
-    n_layers=4,
-    layer_params=(240_000,) * 4,
-    largest_module_params=65_536,
-    largest_param_numel=65_536,
-    n_small_params=10_000,
-    factored_state_numel=20_000,
-    n_param_tensors=20,
-    n_persistent_params=0,
-    buffer_bytes=0,
-    tokens_per_sample=None,
-    profiles={ActivationProfile.key(d, "sdpa", c): _profile(d, c) for d in ("fp32", "bf16") for c in (False, True)},
-)
-CPU = Hardware(
-    name="cpu",
-    kind="cpu",
-    memory_bytes=1024 * MIB,
-    peak_flops={"fp32": 1e11, "bf16": 1e11, "fp16": 1e11},
-    memory_bandwidth_bytes_per_s=20e9,
-    intra_node_bytes_per_s=5e9,
-    pcie_bytes_per_s=20e9,
-    host_memory_bytes=2**34,
-)
-PRIOR = Coefficients.for_hardware(CPU)
-CONFIGS = [
-    Config(micro_batch_size=m, grad_accum_steps=16 // m, precision=p, checkpoint_ratio=r)
-    for m in (1, 2, 4, 8)
-    for p in ("fp32", "bf16")
-    for r in (0.0, 1.0)
-]
 
 
 def _truth() -> Coefficients:
@@ -189,19 +134,6 @@ def test_observation_round_trips_through_a_dict() -> None:
         "budget_bytes": obs.budget_bytes,
     }
     assert Observation.from_dict(data) == obs
-
-
-def test_stop_margin_is_the_floor_when_the_model_explains_held_out_probes() -> None:
-    from autofit.search import MAX_STOP_TOLERANCE, stop_margin
-
-    configs = [Config(micro_batch_size=m) for m in (1, 2, 4, 8)]
-    exact = [
-        Observation(c, "ok", 1, predict(c, FACTS, CPU, 1).step_time_s, CPU.memory_bytes) for c in configs
-    ]
-    assert stop_margin(exact, FACTS, CPU, 1, None, 0.05) == pytest.approx(0.05)
-    # one measurement 3x off what the others imply: its held-out miss widens the margin (capped)
-    noisy = exact[:3] + [Observation(configs[3], "ok", 1, 3 * exact[3].step_time_s, CPU.memory_bytes)]
-    assert stop_margin(noisy, FACTS, CPU, 1, None, 0.05) == pytest.approx(MAX_STOP_TOLERANCE)
 
 
 def _observe_split(config: Config, truth: Calibration) -> Observation:

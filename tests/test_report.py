@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_calibrate import CONFIGS, CPU, FACTS, PRIOR
+from toy_facts import CONFIGS, CPU, FACTS, PRIOR
 
 from autofit.cost_model import predict
 from autofit.cost_model.calibrate import Calibration
 from autofit.emit import deepspeed_config
 from autofit.report import report_sections, write_report
-from autofit.search import SearchResult, TrialRecord
+from autofit.search.records import SearchResult, TrialRecord
 
 
 def _result(tmp_path: Path) -> SearchResult:

@@ -1,10 +1,16 @@
-"""Which candidates the search must probe before its stop rule may end it (pure, no probes)."""
+"""The search policy: what it probes first, what it may skip, when it stops (pure, no probes)."""
 
 from __future__ import annotations
 
+import pytest
+from toy_facts import CPU, FACTS
+
 from autofit.config import Config
-from autofit.cost_model import MemoryBreakdown, Prediction
-from autofit.search import TrialRecord, by_expected_speed, unexplored
+from autofit.cost_model import MemoryBreakdown, Prediction, predict
+from autofit.cost_model.calibrate import Observation
+from autofit.search.policy import SearchState, by_expected_speed, next_probe, should_stop, stop_margin, unexplored
+from autofit.search.records import TrialRecord
+from autofit.search.settings import SearchSettings
 
 
 def _prediction(step_s: float, update_s: float, peak: int = 5) -> Prediction:
@@ -74,3 +80,50 @@ def test_a_candidate_predicted_past_the_budget_is_probed_only_when_its_speed_mak
     too_far = (BF16, _prediction(0.1, 0.1, peak=111))  # past the band: never probed
     ranked = by_expected_speed([fits, just_over, far_over, too_far], usable, 0.10)
     assert [c for c, _ in ranked] == [just_over[0], fits[0], far_over[0]]
+
+
+def test_stop_margin_is_the_floor_when_the_model_explains_held_out_probes() -> None:
+    configs = [Config(micro_batch_size=m) for m in (1, 2, 4, 8)]
+    exact = [
+        Observation(c, "ok", 1, predict(c, FACTS, CPU, 1).step_time_s, CPU.memory_bytes) for c in configs
+    ]
+    assert stop_margin(exact, FACTS, CPU, 1, None, 0.05) == pytest.approx(0.05)
+    # one measurement 3x off what the others imply: its held-out miss widens the margin (capped)
+    noisy = exact[:3] + [Observation(configs[3], "ok", 1, 3 * exact[3].step_time_s, CPU.memory_bytes)]
+    assert stop_margin(noisy, FACTS, CPU, 1, None, 0.05, cap=0.30) == pytest.approx(0.30)
+
+
+def _state(records: list[TrialRecord], ranked: list, n_done: int, tolerance: float = 0.05, timed_out: bool = False):  # noqa: ANN202
+    return SearchState(records, ranked, usable_bytes=100, band=0.10, tolerance=tolerance, n_done=n_done,
+                       timed_out=timed_out)
+
+
+SETTINGS = SearchSettings(trials=6, timeout_s=60.0, min_probes=2)
+
+
+def test_the_stop_rule_names_each_reason_in_order() -> None:
+    ranked = [(ADAMW.with_(micro_batch_size=4, grad_accum_steps=2), _prediction(1.0, 0.1))]
+    assert should_stop(_state([], ranked, n_done=6), SETTINGS) == "reached --trials 6"
+    assert should_stop(_state([], ranked, n_done=1, timed_out=True), SETTINGS) == "reached --timeout 60 s"
+    probed = _record(ranked[0][0], "ok", 8.0)
+    assert should_stop(_state([probed], ranked, n_done=1), SETTINGS) == "every candidate predicted to fit has been probed"
+
+
+def test_it_stops_once_nothing_left_could_beat_the_best_even_with_the_models_doubt() -> None:
+    best = _record(ADAMW, "ok", 10.0)
+    # AdamW at micro-batch 4: predicted 8 samples/s; 10% doubt cannot make it beat 10
+    slower = (ADAMW.with_(micro_batch_size=4, grad_accum_steps=2), _prediction(1.0, 0.1))
+    assert should_stop(_state([best, best], [slower], n_done=2), SETTINGS).startswith("no candidate left could beat")
+    # ... before min_probes it goes on, and with a 30% doubt 8 x 1.3 > 10 may still win
+    assert should_stop(_state([best], [slower], n_done=1), SETTINGS) is None
+    assert should_stop(_state([best, best], [slower], n_done=2, tolerance=0.30), SETTINGS) is None
+    assert next_probe(_state([best], [slower], n_done=1)) == slower
+
+
+def test_an_unexplored_optimizer_is_probed_before_the_stop_rule_may_fire() -> None:
+    best = _record(ADAMW, "ok", 10.0)
+    fast_adamw = (ADAMW.with_(micro_batch_size=4, grad_accum_steps=2), _prediction(0.7, 0.1))
+    lion = (LION, _prediction(0.79, 0.3))  # slower predicted, but its update is unmeasured and large
+    state = _state([best, best], [fast_adamw, lion], n_done=2)
+    assert should_stop(state, SETTINGS) is None
+    assert next_probe(state) == lion

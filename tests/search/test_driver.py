@@ -10,70 +10,26 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
-from torch import nn
+from tiny import BIG_ENTRY, ENTRY, big_workload, tiny_workload
 
-from autofit import Workload
+from autofit.config import Config
+from autofit.cost_model.calibrate import Calibration
+from autofit.emit import write_json_atomic
 from autofit.errors import AutofitError
 from autofit.hardware import get_hardware
-from autofit.search import run_search, write_json_atomic
+from autofit.plan import Plan
+from autofit.probe import ProbeResult
+from autofit.report import write_report
+from autofit.search import Prober, SearchSettings, run_search
 from autofit.space import space_from_dict
 
 HERE = Path(__file__).resolve()
-ENTRY = f"{HERE}:tiny_workload"
-REPO = HERE.parents[1]
+REPO = HERE.parents[2]
 MIB = 2**20
-
-
-class Block(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.relu(self.fc1(x)))
-
-
-class Tiny(nn.Module):
-    def __init__(self, d: int = 64, n_layers: int = 4) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(d) for _ in range(n_layers))
-        self.head = nn.Linear(d, 1)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return nn.functional.mse_loss(self.head(x).mean(dim=1), y)
-
-
-def tiny_workload() -> Workload:
-    return Workload(model=Tiny, batch=lambda n: (torch.randn(n, 128, 64), torch.randn(n, 1)), name="tiny")
-
-
-def big_workload() -> Workload:
-    """~67 M parameters: a GiB of AdamW states, sharding matters."""
-    return Workload(
-        model=lambda: Tiny(d=1024, n_layers=8), batch=lambda n: (torch.randn(n, 8, 1024), torch.randn(n, 1)), name="big"
-    )
-
-
-def _space(micro_batches: list[int]):  # noqa: ANN202
-    return space_from_dict(
-        {
-            "global_batch_size": 16,
-            "micro_batch_size": micro_batches,
-            "checkpoint_ratio": [0.0],
-            "precision": ["fp32"],
-            "optimizer": ["sgd"],
-            "zero_stage": [0],
-            "attention": ["sdpa"],
-        },
-        name="tiny",
-    )
 
 
 def test_write_json_atomic_replaces_whole_files(tmp_path: Path) -> None:
@@ -84,26 +40,17 @@ def test_write_json_atomic_replaces_whole_files(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["ds.json"]
 
 
-def test_nothing_fits_raises_names_the_smallest_need_and_writes_nothing(tmp_path: Path) -> None:
+def test_nothing_fits_raises_names_the_smallest_need_and_writes_nothing(tmp_path: Path, storage: str, tiny_plan) -> None:  # noqa: ANN001
     out = tmp_path / "ds.json"
     with pytest.raises(AutofitError) as info:
-        run_search(
-            ENTRY,
-            tiny_workload(),
-            get_hardware("cpu", 2 * MIB),
-            _space([1, 2]),
-            trials=3,
-            storage=f"sqlite:///{tmp_path / 'study.db'}",
-            out_path=out,
-            progress=False,
-        )
+        run_search(tiny_plan(2, [1, 2]), SearchSettings(trials=3), storage=storage, out_path=out)
     message = str(info.value)
     assert "nothing fits" in message and "smallest candidate" in message and "needs" in message
     assert "10% safety margin" in message
     assert not out.exists()
 
 
-def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path) -> None:
+def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path, storage: str) -> None:
     out = tmp_path / "ds.json"
     space = space_from_dict(
         {
@@ -116,38 +63,21 @@ def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path) -> No
         },
         name="gpu",
     )
+    plan = Plan.make(BIG_ENTRY, big_workload(), get_hardware("h100-80gb", 1200 * MIB), space)
     with pytest.raises(AutofitError) as info:
-        run_search(
-            f"{HERE}:big_workload",
-            big_workload(),
-            get_hardware("h100-80gb", 1200 * MIB),
-            space,
-            trials=3,
-            storage=f"sqlite:///{tmp_path / 'study.db'}",
-            out_path=out,
-            progress=False,
-        )
+        run_search(plan, SearchSettings(trials=3), storage=storage, out_path=out)
     message = str(info.value)
     assert "4 GPUs with ZeRO-3 sharding" in message, message
     assert not out.exists()
 
 
 @pytest.mark.slow
-def test_search_emits_a_verified_winner_whose_json_trains(tmp_path: Path) -> None:
+def test_search_emits_a_verified_winner_whose_json_trains(tmp_path: Path, storage: str, tiny_plan) -> None:  # noqa: ANN001
     out = tmp_path / "ds_config.json"
     report = tmp_path / "report"
-    result = run_search(
-        ENTRY,
-        tiny_workload(),
-        get_hardware("cpu", 1024 * MIB),
-        _space([2, 4, 16]),
-        trials=3,
-        storage=f"sqlite:///{tmp_path / 'study.db'}",
-        study_name="tiny",
-        out_path=out,
-        report_dir=report,
-        progress=False,
-    )
+    result = run_search(tiny_plan(1024, [2, 4, 16]), SearchSettings(trials=3), storage=storage, study_name="tiny",
+                        out_path=out)
+    write_report(result, report)
     ds = json.loads(out.read_text())
     assert ds == result.deepspeed
     assert ds["train_batch_size"] == 16
@@ -171,7 +101,7 @@ def test_search_emits_a_verified_winner_whose_json_trains(tmp_path: Path) -> Non
         import json, sys
         sys.path.insert(0, {str(HERE.parent)!r})
         import deepspeed, torch
-        from test_search import Tiny
+        from tiny import Tiny
         ds = json.load(open({str(out)!r}))
         ds.pop("autofit")
         deepspeed.init_distributed(dist_backend="gloo")
@@ -203,11 +133,13 @@ def test_search_emits_a_verified_winner_whose_json_trains(tmp_path: Path) -> Non
 _RUNNER = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_search import ENTRY, _space, tiny_workload
+from tiny import ENTRY, sgd_space, tiny_workload
 from autofit.hardware import get_hardware
-from autofit.search import run_search
-run_search(ENTRY, tiny_workload(), get_hardware("cpu", 1024 * 2**20), _space([1, 16]), trials=4,
-           storage={storage!r}, study_name="resume", out_path={out!r}, progress=False)
+from autofit.plan import Plan
+from autofit.probe import ProbeResult
+from autofit.search import Prober, SearchSettings, run_search
+plan = Plan.make(ENTRY, tiny_workload(), get_hardware("cpu", 1024 * 2**20), sgd_space([1, 16]))
+run_search(plan, SearchSettings(trials=4), storage={storage!r}, study_name="resume", out_path={out!r})
 """
 
 
@@ -223,7 +155,7 @@ def _finished_probes(db: Path) -> int:
 
 
 @pytest.mark.slow
-def test_a_killed_search_resumes_without_repeating_or_losing_probes(tmp_path: Path) -> None:
+def test_a_killed_search_resumes_without_repeating_or_losing_probes(tmp_path: Path, tiny_plan) -> None:  # noqa: ANN001
     db = tmp_path / "study.db"
     storage = f"sqlite:///{db}"
     out = tmp_path / "ds.json"
@@ -247,23 +179,14 @@ def test_a_killed_search_resumes_without_repeating_or_losing_probes(tmp_path: Pa
     assert not out.exists()
     first = _finished_probes(db)
 
-    result = run_search(
-        ENTRY,
-        tiny_workload(),
-        get_hardware("cpu", 1024 * MIB),
-        _space([1, 16]),
-        trials=4,
-        storage=storage,
-        study_name="resume",
-        out_path=out,
-        progress=False,
-    )
+    result = run_search(tiny_plan(1024, [1, 16]), SearchSettings(trials=4), storage=storage, study_name="resume",
+                        out_path=out)
     resumed = [t for t in result.trials if t.resumed]
     assert len(resumed) == first >= 1
     searched = [
         json.dumps(t.config.to_dict(), sort_keys=True)
         for t in result.trials
-        if t.phase == "search" and t.status != "interrupted"
+        if t.phase == "search"
     ]
     assert len(searched) == len(set(searched)) == 2  # each config probed once, over both runs
     # the winner is the best measured over both runs: what an uninterrupted search that measured the same
@@ -271,3 +194,45 @@ def test_a_killed_search_resumes_without_repeating_or_losing_probes(tmp_path: Pa
     best = max((t for t in result.trials if t.phase == "search" and t.within_margin), key=lambda t: t.samples_per_s)
     assert result.config == best.config
     assert json.loads(out.read_text())["train_micro_batch_size_per_gpu"] == best.config.micro_batch_size
+
+
+def _device_prober(plan: Plan, truth: Calibration, calls: list[Config]) -> Prober:
+    """A prober for a device the plan's prior does not know: the cost model at ``truth``'s coefficients
+    answers (an oom past the device's memory), as a replay or a remote executor would plug in."""
+
+    def probe(config: Config, steps: int, timeout_s: float) -> ProbeResult:
+        calls.append(config)
+        p = truth.predict(config, plan.facts, plan.hardware, plan.world_size)
+        if p.peak_bytes > plan.hardware.memory_bytes:
+            return ProbeResult(config, "oom", plan.hardware.memory_bytes, 0.0, 0.0, None, "past the budget", 1.0)
+        return ProbeResult(config, "ok", p.peak_bytes, p.step_time_s, p.samples_per_s, None, None, 1.0)
+
+    return probe
+
+
+def test_a_prober_plugs_in_and_the_search_finds_that_devices_best(tmp_path: Path, storage: str) -> None:
+    space = space_from_dict(
+        {"global_batch_size": 16, "micro_batch_size": [1, 2, 4, 8, 16], "checkpoint_ratio": [0.0, 0.5, 1.0],
+         "precision": ["fp32"], "optimizer": ["sgd", "adamw"], "zero_stage": [0], "attention": ["sdpa"]},
+        name="plug",
+    )
+    workload = tiny_workload()
+    unbounded = Plan.make(ENTRY, workload, get_hardware("cpu", 2**40), space)
+    # the device: 3x slower compute, 2x the per-micro-batch overhead and 1.3x the memory the prior expects
+    prior = unbounded.coefficients
+    truth = Calibration(coefficients=prior.with_(
+        compute_efficiency={k: v / 3 for k, v in prior.compute_efficiency.items()},
+        micro_batch_overhead_s=2 * prior.micro_batch_overhead_s, memory_scale=1.3 * prior.memory_scale,
+    ))
+    peaks = sorted(truth.predict(c, unbounded.facts, unbounded.hardware, 1).peak_bytes for c in unbounded.candidates)
+    budget = int(peaks[len(peaks) // 2] / 0.9) + 1  # about half the space fits the usable budget
+    plan = replace(unbounded, hardware=unbounded.hardware.with_memory(budget))
+    calls: list[Config] = []
+    result = run_search(plan, SearchSettings(trials=8), storage=storage, out_path=tmp_path / "ds.json",
+                        prober=_device_prober(plan, truth, calls))
+    usable = plan.with_memory(int(0.9 * budget))
+    fitting = [(c, truth.predict(c, plan.facts, usable.hardware, 1)) for c in plan.candidates]
+    best = max((cp for cp in fitting if cp[1].fits), key=lambda cp: cp[1].samples_per_s)
+    assert result.config == best[0]
+    assert [t.config for t in result.trials] == calls  # every probe went through the prober, in order
+    assert len({c.key() for c in calls}) < len(plan.candidates) // 2

@@ -1,0 +1,194 @@
+"""``run_search``: probe what the policy picks, calibrate after each probe, verify, emit.
+
+The loop, with Optuna owning the study and its storage (:mod:`autofit.search.study`):
+
+1. The :class:`~autofit.plan.Plan` (made once) is priced against the *usable* budget,
+   ``(1 - margin) x device memory``; a config predicted past it is not probed (the memory band aside).
+2. Each round, :mod:`autofit.search.policy` says whether to stop and what to probe next. The
+   ``prober`` runs the probe (by default :func:`subprocess_prober`: real DeepSpeed steps in a
+   subprocess with its own deadline; a benchmark's replay or a remote executor plugs in here).
+3. Every finished probe recalibrates the cost model (:mod:`autofit.cost_model.calibrate`).
+4. The best measured configs are verified (:mod:`autofit.search.verify`); the winner's DeepSpeed
+   JSON is checked by DeepSpeed and written atomically, and only then. Nothing fits: an
+   :class:`AutofitError` with advice (:mod:`autofit.search.advice`), and nothing is written.
+
+Resumption: a search started again on the same study (same storage and study name) reads its
+finished probes back, skips those configs and keeps their results for calibration and the best.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autofit.config import Config
+from autofit.cost_model.calibrate import Calibration, calibrate
+from autofit.errors import AutofitError
+from autofit.plan import Plan
+from autofit.search.advice import nothing_fits
+from autofit.search.policy import next_probe, observe, should_stop
+from autofit.search.records import (
+    Phase,
+    SearchResult,
+    TrialRecord,
+    best_measured,
+    observations,
+    pruned_entries,
+    searched_keys,
+)
+from autofit.search.settings import SearchSettings
+from autofit.search.study import DEFAULT_STORAGE, default_study_name, distributions, open_study, read_back, record_probe
+from autofit.search.verify import verify
+
+Prober = Callable[[Config, int, float], Any]
+"""``(config, timed steps, timeout seconds) -> ProbeResult``: runs one candidate and measures it."""
+
+
+@dataclass(frozen=True)
+class SearchEvent:
+    """Progress, for a display: what the search is doing now."""
+
+    n_done: int
+    """Search probes made so far."""
+    trials: int
+    """The most search probes it will make."""
+    text: str
+    """What happens now (``probing mb2x8 ...``, ``mb2x8 ...: 31.2 samples/s, 88 MiB``, ``verifying ...``)."""
+    best: TrialRecord | None
+    """The fastest probe within the margin so far."""
+
+
+def subprocess_prober(plan: Plan) -> Prober:
+    """The default prober: :func:`autofit.probe.run_probe`, real DeepSpeed steps in a subprocess."""
+    from autofit.probe import run_probe
+
+    def probe(config: Config, steps: int, timeout_s: float) -> Any:
+        return run_probe(plan.entry, config, plan.hardware, plan.world_size, steps=steps, timeout_s=timeout_s)
+
+    return probe
+
+
+class _Search:
+    """The state one call of :func:`run_search` carries: the study, its records and the calibration."""
+
+    def __init__(self, plan: Plan, settings: SearchSettings, study: Any, prober: Prober,
+                 on_event: Callable[[SearchEvent], None]) -> None:
+        self.plan, self.settings, self.study, self.prober, self.on_event = plan, settings, study, prober, on_event
+        self.usable = plan.with_memory(int((1.0 - settings.margin) * plan.hardware.memory_bytes))
+        self.params = distributions(plan)
+        self.records = read_back(study)
+        self.n_done = sum(1 for r in self.records if r.phase == "search")
+        self.deadline = math.inf if settings.timeout_s is None else time.monotonic() + settings.timeout_s
+        self.calibration = self.calibrate()
+
+    def calibrate(self) -> Calibration:
+        observed = observations(self.records, self.plan.hardware.memory_bytes)
+        return calibrate(observed, self.plan.facts, self.usable.hardware, self.plan.world_size, self.plan.coefficients)
+
+    def tell(self, text: str) -> None:
+        self.on_event(SearchEvent(self.n_done, self.settings.trials, text, best_measured(self.records)))
+
+    def probe(self, config: Config, phase: Phase, steps: int) -> TrialRecord:
+        remaining = self.deadline - time.monotonic()
+        limit = self.settings.probe_timeout_s
+        if not math.isinf(remaining):
+            limit = max(self.settings.min_probe_timeout_s, min(limit, remaining))
+        predicted = self.usable.predict(config, self.calibration)
+        record = record_probe(
+            self.study, self.params, config, phase, predicted, lambda: self.prober(config, steps, limit),
+            self.usable.hardware.memory_bytes,
+        )
+        self.records.append(record)
+        return record
+
+    def explore(self) -> str:
+        """Probe what the policy picks until it says stop; returns why it stopped."""
+        while True:
+            state = observe(
+                self.records, self.usable, self.calibration, self.settings, device_bytes=self.plan.hardware.memory_bytes,
+                n_done=self.n_done, timed_out=time.monotonic() >= self.deadline,
+            )
+            reason = should_stop(state, self.settings)
+            if reason is not None:
+                return reason
+            config, _ = next_probe(state)
+            self.tell(f"probing {config.label()}")
+            record = self.probe(config, "search", self.settings.probe_steps)
+            self.n_done += 1
+            self.calibration = self.calibrate()
+            self.tell(f"{config.label()}: {record.outcome()}")
+
+    def verify(self) -> TrialRecord | None:
+        def probe(config: Config) -> TrialRecord:
+            self.tell(f"verifying {config.label()}")
+            return self.probe(config, "verify", self.settings.verify_steps)
+
+        def recalibrate() -> None:
+            self.calibration = self.calibrate()
+
+        return verify(self.records, probe, self.settings, recalibrate)
+
+
+def run_search(
+    plan: Plan,
+    settings: SearchSettings | None = None,
+    *,
+    out_path: str | os.PathLike[str],
+    storage: str | None = None,
+    study_name: str | None = None,
+    prober: Prober | None = None,
+    on_event: Callable[[SearchEvent], None] | None = None,
+) -> SearchResult:
+    """Find the fastest candidate of ``plan`` that fits its device (measured), write its DeepSpeed JSON.
+
+    ``settings`` bounds and tunes the search (:class:`SearchSettings`); ``storage`` and ``study_name``
+    name the Optuna study (the same name resumes a search); ``prober`` runs one probe (default: a
+    subprocess, :func:`subprocess_prober`); ``on_event`` receives progress. Raises
+    :class:`AutofitError` when nothing fits; then nothing is written.
+    """
+    from autofit.emit import check_with_deepspeed, deepspeed_config, write_json_atomic
+
+    settings = settings or SearchSettings()
+    started = time.monotonic()
+    storage = storage or DEFAULT_STORAGE
+    study_name = study_name or default_study_name(plan)
+    study = open_study(plan, storage, study_name, settings.margin)
+    search = _Search(plan, settings, study, prober or subprocess_prober(plan), on_event or (lambda event: None))
+    stop_reason = search.explore()
+    winner = search.verify()
+    if winner is None:
+        raise AutofitError(
+            nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
+        )
+    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind)
+    check_with_deepspeed(ds)
+    ranked = search.usable.price(search.calibration)
+    result = SearchResult(
+        config=winner.config,
+        measured=winner.measured,
+        predicted=search.usable.predict(winner.config, search.calibration).to_dict(),
+        deepspeed=ds,
+        trials=sorted(search.records, key=lambda r: r.number),
+        pruned=pruned_entries(ranked, searched_keys(search.records), winner, plan.rejected, search.usable.hardware.memory_bytes),
+        hardware=plan.hardware,
+        world_size=plan.world_size,
+        global_batch=plan.global_batch if plan.global_batch is not None else plan.space.global_batch_size,
+        margin=settings.margin,
+        usable_bytes=search.usable.hardware.memory_bytes,
+        n_candidates=len(plan.candidates),
+        stop_reason=stop_reason,
+        storage=storage,
+        study_name=study_name,
+        out_path=str(out_path),
+        wall_s=time.monotonic() - started,
+        calibration=search.calibration,
+        predictions=ranked,
+        facts=plan.facts,
+    )
+    write_json_atomic(Path(out_path), ds)
+    return result

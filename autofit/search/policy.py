@@ -1,0 +1,216 @@
+"""What to probe next and when to stop. Pure: no probe, no study, no I/O.
+
+Each round the driver :func:`observe`\\ s the records and the calibrated prices into a
+:class:`SearchState`; :func:`should_stop` names a reason to stop or returns None, and
+:func:`next_probe` picks the candidate. The rules:
+
+- **Who may be probed.** A candidate predicted within the usable budget, or past it by less than
+  the memory model's uncertainty (:func:`memory_band`): its measured peak decides. Candidates are
+  ranked by :func:`expected_speed`, predicted samples/s times the chance it fits.
+- **Explore first.** Each optimizer and precision is probed once (:func:`unexplored`): what an
+  update costs and how fast a dtype runs on a device are what an analytic model knows least.
+- **Stop.** At ``trials`` probes, at the timeout, when nothing is left, or (after ``min_probes``)
+  when no candidate left could beat the best measured even if it ran faster than predicted by the
+  calibrated model's leave-one-out miss (:func:`stop_margin`). This is the shape of Optuna's
+  ``RegretBoundEvaluator`` + ``CrossValidationErrorEvaluator`` terminator: stop when the regret
+  bound of what is left falls below the model's cross-validated error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from autofit.config import Config
+from autofit.cost_model import Coefficients, ModelFacts, Prediction
+from autofit.cost_model.calibrate import Calibration, Observation, calibrate
+from autofit.hardware import Hardware
+from autofit.plan import Plan
+from autofit.search.records import TrialRecord, best_measured, observations, searched_keys
+from autofit.search.settings import SearchSettings
+
+
+def stop_margin(
+    observed: list[Observation],
+    facts: ModelFacts,
+    usable: Hardware,
+    world_size: int,
+    prior: Coefficients | None,
+    floor: float,
+    cap: float = SearchSettings.max_stop_tolerance,
+) -> float:
+    """The stop rule's tolerance: how far the calibrated model misses a measured step time it was not
+    fitted on (leave-one-out over the probes so far), at least ``floor``, at most ``cap``.
+    Fitted on every probe the misses would shrink to nothing whatever the model's real skill.
+
+    Where a probe timed its optimizer update apart, only forward and backward are held out: every
+    optimizer the stop rule weighs has had its update measured (:func:`unexplored`), so what is in
+    doubt is how the model carries one measured point to another micro-batch or checkpoint ratio.
+    """
+    misses = []
+    for i, held_out in enumerate(observed):
+        if held_out.status != "ok" or held_out.step_time_s <= 0:
+            continue
+        others = [o for j, o in enumerate(observed) if j != i]
+        prediction = calibrate(others, facts, usable, world_size, prior).predict(held_out.config, facts, usable, world_size)
+        if held_out.split:
+            update_s = prediction.time_breakdown.get("optimizer", 0.0)
+            miss = (prediction.step_time_s - update_s) - (held_out.step_time_s - held_out.optimizer_time_s)
+        else:
+            miss = prediction.step_time_s - held_out.step_time_s
+        misses.append(abs(miss) / held_out.step_time_s)
+    return min(cap, max([floor, *misses]))
+
+
+def memory_band(
+    records: list[TrialRecord], calibration: Calibration, usable: Plan, floor: float, cap: float
+) -> float:
+    """How far past the usable budget a prediction may be and the candidate still be probed.
+
+    A prediction within a few % of the budget cannot say whether the config fits: the probe's measured
+    peak can (it must be within the budget to win). The band is the calibrated model's largest relative
+    miss on the peaks it has measured, within ``[floor, cap]``.
+    """
+    misses = [
+        abs(r.peak_bytes / predicted - 1.0)
+        for r in records
+        if r.status == "ok" and r.peak_bytes > 0 and (predicted := usable.predict(r.config, calibration).peak_bytes) > 0
+    ]
+    return min(cap, max([floor, *misses]))
+
+
+def fit_chance(prediction: Prediction, usable_bytes: int, band: float) -> float:
+    """1 for a prediction within the usable budget, falling linearly to 0 at ``band`` past it."""
+    over = prediction.peak_bytes / usable_bytes - 1.0
+    if over <= 0:
+        return 1.0
+    return max(0.0, 1.0 - over / band) if band > 0 else 0.0
+
+
+def expected_speed(prediction: Prediction, usable_bytes: int, band: float) -> float:
+    """Predicted samples/s times the chance that the config fits: what a probe of it is worth."""
+    return prediction.samples_per_s * fit_chance(prediction, usable_bytes, band)
+
+
+def by_expected_speed(
+    candidates: list[tuple[Config, Prediction]], usable_bytes: int, band: float
+) -> list[tuple[Config, Prediction]]:
+    """The candidates that may fit (within the memory band), by :func:`expected_speed`, best first: a
+    config predicted just past the budget is probed only where its speed makes up for the doubt."""
+    worth = [(c, p) for c, p in candidates if fit_chance(p, usable_bytes, band) > 0]
+    return sorted(worth, key=lambda cp: -expected_speed(cp[1], usable_bytes, band))
+
+
+def unexplored(
+    todo: list[tuple[Config, Prediction]], records: list[TrialRecord], best: TrialRecord | None, tolerance: float
+) -> list[tuple[Config, Prediction]]:
+    """Candidates with an optimizer or a precision no probe has measured yet that could still win, fastest first.
+
+    What an optimizer's update costs on a device (a bitsandbytes or Python optimizer on a CPU) and how
+    fast a precision runs on it (a CPU without native bf16) are what the analytic model knows least, and
+    the calibration learns them only from a probe of that optimizer or precision. So before the stop
+    rule may end the search, each gets one probe, unless nothing of it fits or (an optimizer) even a
+    free update, with the model's ``tolerance`` in its favour too, could not make it beat the best measured.
+    An oom leaves its optimizer and precision unexplored; an error or a timeout does not.
+    """
+    settled = [r for r in records if r.status in ("ok", "error", "timeout")]
+    optimizers = {r.config.optimizer for r in settled}
+    precisions = {r.config.precision for r in settled}
+    out = []
+    for config, prediction in todo:
+        new_precision = config.precision not in precisions
+        if not new_precision and config.optimizer in optimizers:
+            continue
+        if not new_precision and best is not None:
+            without_update = prediction.step_time_s - prediction.time_breakdown.get("optimizer", 0.0)
+            bound = prediction.samples_per_s * prediction.step_time_s / without_update if without_update > 0 else math.inf
+            if bound * (1.0 + tolerance) <= best.samples_per_s:
+                continue
+        out.append((config, prediction))
+    return out
+
+
+@dataclass(frozen=True)
+class SearchState:
+    """What the policy decides from, one round of the search."""
+
+    records: list[TrialRecord]
+    """Every probe so far (resumed ones included)."""
+    ranked: list[tuple[Config, Prediction]]
+    """Every candidate with its calibrated prediction, fastest first."""
+    usable_bytes: int
+    """The budget a winner's measured peak must stay within."""
+    band: float
+    """:func:`memory_band` of this round."""
+    tolerance: float
+    """:func:`stop_margin` of this round."""
+    n_done: int
+    """Search probes made (resumed ones count)."""
+    timed_out: bool
+    """The search's own deadline has passed."""
+
+    @cached_property
+    def best(self) -> TrialRecord | None:
+        return best_measured(self.records)
+
+    @cached_property
+    def todo(self) -> list[tuple[Config, Prediction]]:
+        """Candidates no search probe has measured that may fit, by expected speed."""
+        searched = searched_keys(self.records)
+        unprobed = [(c, p) for c, p in self.ranked if c.key() not in searched]
+        return by_expected_speed(unprobed, self.usable_bytes, self.band)
+
+    @cached_property
+    def explore(self) -> list[tuple[Config, Prediction]]:
+        return unexplored(self.todo, self.records, self.best, self.tolerance)
+
+
+def observe(
+    records: list[TrialRecord], usable: Plan, calibration: Calibration, settings: SearchSettings, *,
+    device_bytes: int, n_done: int, timed_out: bool,
+) -> SearchState:
+    """The state of one round: ``usable`` is the plan priced against the usable budget, ``device_bytes``
+    the whole device's memory (what the probes ran under)."""
+    observed = observations(records, device_bytes)
+    return SearchState(
+        records=records,
+        ranked=usable.price(calibration),
+        usable_bytes=usable.hardware.memory_bytes,
+        band=memory_band(records, calibration, usable, settings.memory_band_floor, settings.memory_band_cap),
+        tolerance=stop_margin(
+            observed, usable.facts, usable.hardware, usable.world_size, usable.coefficients,
+            settings.stop_tolerance, settings.max_stop_tolerance,
+        ),
+        n_done=n_done,
+        timed_out=timed_out,
+    )
+
+
+def should_stop(state: SearchState, settings: SearchSettings) -> str | None:
+    """Why the search stops probing now, or None to go on (the rules of the module docstring, in order)."""
+    if state.n_done >= settings.trials:
+        return f"reached --trials {settings.trials}"
+    if state.timed_out:
+        return f"reached --timeout {settings.timeout_s:g} s"
+    if not state.todo:
+        return "every candidate predicted to fit has been probed"
+    if state.explore:
+        return None
+    best = state.best
+    if (
+        best is not None
+        and state.n_done >= settings.min_probes
+        and expected_speed(state.todo[0][1], state.usable_bytes, state.band) * (1.0 + state.tolerance) <= best.samples_per_s
+    ):
+        return (
+            f"no candidate left could beat the best measured {best.samples_per_s:.3g} samples/s, even "
+            f"{state.tolerance:.0%} faster than predicted (the calibrated model's largest leave-one-out miss, "
+            f"at least {settings.stop_tolerance:.0%})"
+        )
+    return None
+
+
+def next_probe(state: SearchState) -> tuple[Config, Prediction]:
+    """The candidate to probe when :func:`should_stop` said go on: an unexplored one first, else the best."""
+    return (state.explore or state.todo)[0]

@@ -1,0 +1,174 @@
+"""The Optuna study behind a search: open it (or resume it), record each probe, read probes back.
+
+One trial per probe. The config to run is pinned with Optuna's own ``enqueue_trial`` and then
+``ask``: every config key is a categorical parameter of the trial (a dashboard can slice by them),
+and the config, phase, prediction and measurement are user attrs. The measurement is stored
+before ``tell``, so a process killed between the two loses nothing: :func:`read_back` finds it.
+A trial left ``RUNNING`` without a measurement (killed mid-probe) is failed and its config probed
+again; a trial left ``WAITING`` (killed between enqueue and ask) is failed too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autofit.config import Config
+from autofit.cost_model import Prediction
+from autofit.errors import AutofitError
+from autofit.plan import Plan
+from autofit.search.records import Phase, TrialRecord
+
+DEFAULT_STORAGE = "sqlite:///autofit.db"
+
+
+def signature(plan: Plan) -> str:
+    """What a study is a search of: entry, device, space, world size, global batch and ``--set``."""
+    text = json.dumps(
+        {
+            "entry": plan.entry,
+            "hardware": plan.hardware.fingerprint(),
+            "space": plan.space.to_dict(),
+            "world_size": plan.world_size,
+            "global_batch": plan.global_batch,
+            "fixed": {k: plan.fixed[k] for k in sorted(plan.fixed)},
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def default_study_name(plan: Plan) -> str:
+    return f"autofit-{plan.name}-{signature(plan)[:10]}"
+
+
+def open_study(plan: Plan, storage: str, study_name: str, margin: float) -> Any:
+    """Create the study, or load it when it exists and was started for the same search."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        storage=storage,
+        study_name=study_name,
+        direction="maximize",
+        sampler=optuna.samplers.RandomSampler(seed=0),  # never consulted: every trial is enqueued
+        load_if_exists=True,
+    )
+    mine = signature(plan)
+    earlier = study.user_attrs.get("signature")
+    if earlier is not None and earlier != mine:
+        raise AutofitError(
+            f"study {study_name!r} in {storage} was started with another entry, device, space, world size, "
+            "global batch or --set; give a new --study name"
+        )
+    if earlier is None:
+        for key, value in {
+            "signature": mine, "entry": plan.entry, "hardware": plan.hardware.name,
+            "memory_bytes": plan.hardware.memory_bytes, "world_size": plan.world_size, "margin": margin,
+        }.items():
+            study.set_user_attr(key, value)
+    return study
+
+
+def distributions(plan: Plan) -> dict[str, Any]:
+    """Every config key as a categorical parameter whose choices are the values the candidates take."""
+    from optuna.distributions import CategoricalDistribution
+
+    return {
+        name: CategoricalDistribution(sorted({getattr(c, name) for c in plan.candidates}, key=str))
+        for name in Config.__dataclass_fields__
+    }
+
+
+def record_probe(
+    study: Any,
+    params: dict[str, Any],
+    config: Config,
+    phase: Phase,
+    predicted: Prediction,
+    run: Callable[[], Any],
+    usable_bytes: int,
+) -> TrialRecord:
+    """Pin ``config`` as the next trial, ``run()`` the probe (a :class:`~autofit.probe.ProbeResult`), store
+    the measurement, then ``tell``: within the margin its samples/s, past it pruned, a failed probe failed."""
+    from optuna.trial import TrialState
+
+    study.enqueue_trial(
+        config.to_dict(),
+        user_attrs={"config": config.to_dict(), "phase": phase, "predicted": predicted.to_dict(), "label": config.label()},
+    )
+    trial = study.ask(params)
+    started_s = time.time()
+    result = run()
+    measured = {k: v for k, v in result.to_dict().items() if k not in ("config", "predicted")}
+    within = result.status == "ok" and result.peak_bytes <= usable_bytes
+    for key, value in {"status": result.status, "measured": measured, "within_margin": within, "started_s": started_s}.items():
+        trial.set_user_attr(key, value)
+    if within:
+        study.tell(trial, result.samples_per_s)
+    elif result.status == "ok":
+        study.tell(trial, state=TrialState.PRUNED)  # ran, but past the safety margin
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+    return TrialRecord(
+        number=trial.number,
+        config=config,
+        phase=phase,
+        status=result.status,
+        measured=measured,
+        predicted=predicted.to_dict(),
+        within_margin=within,
+        started_s=started_s,
+        wall_s=result.wall_s,
+    )
+
+
+def read_back(study: Any) -> list[TrialRecord]:
+    """The finished probes of an earlier run of this study; trials a killed run left open are closed."""
+    from optuna.trial import TrialState
+
+    records = []
+    for t in study.get_trials(deepcopy=False):
+        attrs = t.user_attrs
+        if t.state == TrialState.WAITING:  # enqueued, never asked: take it and fail it
+            study.tell(study.ask(), state=TrialState.FAIL)
+            continue
+        if "config" not in attrs:
+            continue
+        if "measured" in attrs:
+            records.append(_record(t.number, attrs))
+            if t.state == TrialState.RUNNING:  # killed between the measurement and tell
+                study.tell(t.number, *_verdict(attrs))
+        elif t.state == TrialState.RUNNING:  # killed mid-probe: nothing measured, the config is probed again
+            study.tell(t.number, state=TrialState.FAIL)
+    return records
+
+
+def _record(number: int, attrs: dict[str, Any]) -> TrialRecord:
+    return TrialRecord(
+        number=number,
+        config=Config.from_dict(attrs["config"]),
+        phase=attrs.get("phase", "search"),
+        status=attrs.get("status", "error"),
+        measured=dict(attrs["measured"]),
+        predicted=dict(attrs.get("predicted", {})),
+        within_margin=bool(attrs.get("within_margin", False)),
+        started_s=float(attrs.get("started_s", 0.0)),
+        wall_s=float(attrs["measured"].get("wall_s", 0.0)),
+        resumed=True,
+    )
+
+
+def _verdict(attrs: dict[str, Any]) -> tuple[Any, Any]:
+    """``(value, state)`` to tell for a trial whose measurement was stored: as :func:`record_probe` tells it."""
+    from optuna.trial import TrialState
+
+    if attrs.get("within_margin"):
+        return float(attrs["measured"].get("samples_per_s") or 0.0), TrialState.COMPLETE
+    if attrs.get("status") == "ok":
+        return None, TrialState.PRUNED
+    return None, TrialState.FAIL

@@ -1,0 +1,73 @@
+"""The Optuna study behind a search: pinned configs, resumption, and what a killed run leaves behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autofit.config import Config
+from autofit.errors import AutofitError
+from autofit.plan import Plan
+from autofit.probe import ProbeResult
+from autofit.search import study as studies
+
+
+def _measured(config: Config, status: str = "ok", peak: int = 10 * 2**20) -> Callable[[], ProbeResult]:
+    return lambda: ProbeResult(config, status, peak, 0.5 if status == "ok" else 0.0,
+                               32.0 if status == "ok" else 0.0, None, None, 1.0)
+
+
+def test_each_probe_is_a_trial_with_its_config_as_params(storage: str, tiny_plan) -> None:  # noqa: ANN001
+    plan: Plan = tiny_plan(1024, [1, 2, 4])
+    study = studies.open_study(plan, storage, "s", 0.1)
+    params = studies.distributions(plan)
+    usable = 900 * 2**20
+    for config in plan.candidates:
+        record = studies.record_probe(study, params, config, "search", plan.predict(config), _measured(config), usable)
+        assert record.within_margin and record.samples_per_s == 32.0
+    past = studies.record_probe(study, params, plan.candidates[0], "verify", plan.predict(plan.candidates[0]),
+                                _measured(plan.candidates[0], peak=2**30), usable)
+    assert not past.within_margin
+    trials = study.get_trials()
+    assert [Config.from_dict(t.params) for t in trials] == [*plan.candidates, plan.candidates[0]]
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3 + [TrialState.PRUNED]
+    back = studies.read_back(optuna.load_study(study_name="s", storage=storage))
+    assert [(r.config, r.phase, r.within_margin, r.resumed) for r in back] == [
+        (c, "search", True, True) for c in plan.candidates
+    ] + [(plan.candidates[0], "verify", False, True)]
+
+
+def test_read_back_closes_what_a_killed_run_left_open(storage: str, tiny_plan) -> None:  # noqa: ANN001
+    plan: Plan = tiny_plan(1024, [1, 2, 4])
+    study = studies.open_study(plan, storage, "s", 0.1)
+    first, second, third = plan.candidates
+    # killed after storing the measurement, before tell: the measurement is kept and told
+    study.enqueue_trial(first.to_dict(), user_attrs={"config": first.to_dict(), "phase": "search"})
+    trial = study.ask(studies.distributions(plan))
+    result = _measured(first)()
+    trial.set_user_attr("status", "ok")
+    trial.set_user_attr("within_margin", True)
+    trial.set_user_attr("measured", result.to_dict())
+    # killed mid-probe: no measurement, the trial fails and its config will be probed again
+    study.enqueue_trial(second.to_dict(), user_attrs={"config": second.to_dict(), "phase": "search"})
+    study.ask(studies.distributions(plan))
+    # killed between enqueue and ask: a waiting trial that must not be handed to the next probe
+    study.enqueue_trial(third.to_dict(), user_attrs={"config": third.to_dict(), "phase": "search"})
+
+    records = studies.read_back(study)
+    assert [r.config for r in records] == [first]
+    states = [t.state for t in study.get_trials()]
+    assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL]
+    # the next probe gets the config it asked for, not the stale one
+    record = studies.record_probe(study, studies.distributions(plan), second, "search", plan.predict(second),
+                                  _measured(second), 2**30)
+    assert Config.from_dict(study.get_trials()[-1].params) == record.config == second
+
+
+def test_a_study_of_another_search_is_refused(storage: str, tiny_plan) -> None:  # noqa: ANN001
+    studies.open_study(tiny_plan(1024, [1, 2, 4]), storage, "s", 0.1)
+    with pytest.raises(AutofitError, match="give a new --study name"):
+        studies.open_study(tiny_plan(1024, [1, 2]), storage, "s", 0.1)
