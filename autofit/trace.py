@@ -144,6 +144,7 @@ def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, Ac
         n_param_tensors=structure["n_param_tensors"],
         n_persistent_params=structure["n_persistent_params"],
         buffer_bytes=structure["buffer_bytes"],
+        fp8_largest_linear=tuple(structure["fp8_largest_linear"]),
         tokens_per_sample=workload.tokens_per_sample,
         profiles=profiles,
         trace_mode=mode,
@@ -214,7 +215,32 @@ def _model_structure(workload: Workload) -> dict[str, Any]:
         # ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank
         "n_persistent_params": sum(p.numel() for p in params if p.numel() < STAGE3_PERSISTENCE_THRESHOLD),
         "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+        "fp8_largest_linear": max(
+            ((m.in_features, m.out_features) for _, m in _fp8_linears(model)), key=lambda d: d[0] * d[1], default=(0, 0)
+        ),
     }
+
+
+def _fp8_linears(model: Any) -> list[tuple[str, Any]]:
+    """``(name, module)`` of the Linear layers fp8 training converts (:func:`autofit.fp8.convertible_linear`)."""
+    import torch
+
+    from autofit.fp8 import convertible_linear
+
+    return [
+        (name, m) for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and convertible_linear(m.in_features, m.out_features)
+    ]
+
+
+def fp8_linear_flops(model: Any, counts: dict[str, Any]) -> int:
+    """FLOPs of ``FlopCounterMode.get_flop_counts()`` spent inside the Linear layers fp8 converts.
+
+    The counter keys a module as ``<root class>.<name>``; a Linear's matmuls (forward, both backward
+    ones and a checkpointed recompute) are all counted under it.
+    """
+    root = type(model).__name__
+    return int(sum(sum(counts.get(f"{root}.{name}", {}).values()) for name, _ in _fp8_linears(model)))
 
 
 @dataclass
@@ -290,7 +316,7 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, rat
             params = [p for p in model.parameters() if p.requires_grad]
             hooks = [p.register_post_accumulate_grad_hook(_grad_hook(counter)) for p in params]
             activation_bytes_at_loss = 0
-            flops = FlopCounterMode(display=False)
+            flops = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flop_formulas())
             with flops, _make_tracker(counter):
                 loss = workload.compute_loss(model, batch)
                 activation_bytes_at_loss = counter.live
@@ -298,6 +324,7 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, rat
             for hook in hooks:
                 hook.remove()
             grad_bytes = counter.grads
+            fp8_flops = fp8_linear_flops(model, flops.get_flop_counts())
             del loss, model, batch, params
     except Exception as exc:
         if mode == "fake":  # data-dependent shapes, or kernels whose fake (meta) versions are stricter
@@ -310,7 +337,30 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, rat
         activation_bytes=activation_bytes_at_loss,
         grad_bytes=grad_bytes,
         flops=int(flops.get_total_flops()),
+        fp8_flops=fp8_flops,
     )
+
+
+def cpu_sdpa_flop_formulas() -> dict[Any, Any]:
+    """FLOP formulas for the CPU's SDPA kernels, which ``torch.utils.flop_counter`` leaves uncounted.
+
+    A trace runs on the CPU, where SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``;
+    without these its attention matmuls count 0 and an sdpa or flash candidate's compute is priced
+    without them. The formulas are torch's own for its CUDA flash kernel (same arguments first).
+    """
+    import torch
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    pairs = (
+        ("_scaled_dot_product_flash_attention_for_cpu", aten._scaled_dot_product_flash_attention),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", aten._scaled_dot_product_flash_attention_backward),
+    )
+    return {
+        getattr(aten, cpu_name): flop_registry[cuda_op].__wrapped__  # FlopCounterMode wraps it again
+        for cpu_name, cuda_op in pairs
+        if hasattr(aten, cpu_name) and cuda_op in flop_registry
+    }
 
 
 def _to_dtype(model: Any, dtype: Any) -> Any:

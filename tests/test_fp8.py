@@ -47,3 +47,48 @@ def test_bf16_json_leaves_the_model_alone():
     model = Tiny()
     apply_to_model(model, deepspeed_config(Config(precision="bf16"), software=Software()), list(model.blocks))
     assert all(type(m) is torch.nn.Linear for m in (*model.blocks, model.head))
+
+
+def _gpt_facts():
+    from pathlib import Path
+
+    from autofit.trace import trace_workload
+    from autofit.workload import load_workload
+
+    entry = f"{Path(__file__).resolve().parent.parent / 'examples' / 'gpt.py'}:workload"
+    # eager attention: its matmuls are counted (FlopCounterMode counts none for the CPU's SDPA kernel)
+    return trace_workload(load_workload(entry), precisions=("bf16", "fp8"), attentions=("eager",))
+
+
+def _without_fp8(facts):
+    from dataclasses import replace
+
+    profiles = {
+        key: replace(p, points=tuple(replace(point, fp8_flops=0) for point in p.points)) for key, p in facts.profiles.items()
+    }
+    return replace(facts, profiles=profiles, fp8_largest_linear=(0, 0))
+
+
+def test_the_trace_counts_the_flops_of_the_converted_linears():
+    facts = _gpt_facts()
+    point = facts.profile("bf16", "eager", False).points[-1]
+    # the blocks' projections and MLPs are converted; attention's own matmuls and softmax are not
+    assert 0 < point.fp8_flops < point.flops
+    n_in, n_out = facts.fp8_largest_linear
+    assert n_in * n_out >= 256 * 1024  # at least an MLP projection (d_model 256, 4x wider)
+
+
+def test_fp8_speeds_up_only_the_converted_linears_and_adds_its_casts():
+    from autofit.cost_model import Coefficients, predict
+    from autofit.hardware import PRESETS
+
+    facts, h100, coefficients = _gpt_facts(), PRESETS["h100-80gb"], Coefficients()
+    bf16 = predict(Config(micro_batch_size=4, precision="bf16", attention="eager"), facts, h100, 1, coefficients)
+    fp8 = predict(Config(micro_batch_size=4, precision="fp8", attention="eager"), facts, h100, 1, coefficients)
+    assert fp8.time_breakdown["compute"] < bf16.time_breakdown["compute"]
+    assert fp8.peak_bytes > bf16.peak_bytes  # the fp8 casts of the running layer
+    # a model torchao converts nothing of runs fp8 exactly as bf16
+    none = _without_fp8(facts)
+    fp8_none = predict(Config(micro_batch_size=4, precision="fp8", attention="eager"), none, h100, 1, coefficients)
+    assert fp8_none.time_breakdown["compute"] == pytest.approx(bf16.time_breakdown["compute"])
+    assert fp8_none.peak_bytes == bf16.peak_bytes

@@ -98,3 +98,28 @@ def test_trace_never_allocates_a_large_model() -> None:
     facts = trace_workload(Workload(model=Large, batch=lambda n: torch.randn(n, 8192), name="large"))
     assert facts.trace_mode == "fake"
     assert facts.n_params == 4 * (8192 * 8192 + 8192)
+
+
+def test_sdpa_attention_flops_are_counted_on_the_cpu() -> None:
+    """torch's FLOP counter has no formula for the CPU's flash SDPA kernel; the trace adds torch's own."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autofit.trace import cpu_sdpa_flop_formulas
+
+    q = torch.randn(2, 4, 128, 64, requires_grad=True)
+
+    def counted(attention, mapping=None) -> int:
+        counter = FlopCounterMode(display=False, custom_mapping=mapping)
+        with counter:
+            attention(q).sum().backward()
+        return int(counter.get_total_flops())
+
+    def sdpa(x):
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+    def eager(x):
+        return ((x @ x.transpose(-1, -2)) / 8).softmax(-1) @ x
+
+    # the same matmuls as eager attention, plus the scores the backward recomputes
+    assert counted(eager) < counted(sdpa, cpu_sdpa_flop_formulas()) < 1.25 * counted(eager)

@@ -25,6 +25,8 @@ class PeakPoint:
     """Bytes of all parameter gradients (the working precision)."""
     flops: int
     """FLOPs of forward + backward (+ recompute when checkpointed)."""
+    fp8_flops: int = 0
+    """The part of ``flops`` inside the Linear layers fp8 training converts (:mod:`autofit.fp8`)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class ModelFacts:
     """Module buffers (running stats, rotary tables), in fp32."""
     tokens_per_sample: int | None
     """Tokens in one sample, or None."""
+    fp8_largest_linear: tuple[int, int] = (0, 0)
+    """``(in_features, out_features)`` of the largest Linear fp8 training converts; (0, 0): none."""
     profiles: dict[str, ActivationProfile] = field(default_factory=dict)
     """Traced activation profiles by :meth:`ActivationProfile.key`."""
     trace_mode: str = "fake"
@@ -148,4 +152,5 @@ class ModelFacts:
         }
         values = {k: v for k, v in data.items() if k != "profiles"}
         values["layer_params"] = tuple(values.get("layer_params", ()))
+        values["fp8_largest_linear"] = tuple(values.get("fp8_largest_linear", (0, 0)))
         return cls(**values, profiles=profiles)

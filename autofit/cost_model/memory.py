@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from autofit.config import WORKING_BYTES, Config
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.facts import ModelFacts
+from autofit.cost_model.fp8 import fp8_cast_bytes
 from autofit.ds_constants import REDUCE_BUCKET_ELEMENTS, STAGE3_MAX_LIVE_ELEMENTS
 from autofit.hardware import Hardware
 
@@ -245,7 +246,7 @@ def predict_memory(
             params=int(states.params + states.gathered_params),
             grads=int(states.grads_resident + held_grads),
             optimizer=int(states.master + states.optimizer),
-            activations=int(activations),
+            activations=int(activations + fp8_cast_bytes(config, facts)),
             other=runtime,
         ),
         MemoryBreakdown(

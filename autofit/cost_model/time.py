@@ -4,6 +4,7 @@ Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
 
 * compute = a x FLOPs(micro-batch) / (peak FLOP/s[dtype] x efficiency[dtype]); FLOPs are counted
   on the traced model (``torch.utils.flop_counter``), so the recompute that checkpointing adds is in them.
+  fp8 speeds up only the Linear layers torchao converts (:mod:`autofit.cost_model.fp8`).
 * communication (ZeRO paper sec. 7): data parallelism all-reduces gradients, 2 Psi elements per
   step (reduce-scatter + all-gather); ZeRO-2 reduce-scatters every micro-batch and all-gathers
   the updated parameters once; ZeRO-3 moves 3 Psi per micro-batch (all-gather in forward, again
@@ -21,6 +22,7 @@ from __future__ import annotations
 from autofit.config import WORKING_BYTES, Config
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.facts import ModelFacts
+from autofit.cost_model.fp8 import fp8_flops
 from autofit.cost_model.memory import optimizer_state_bytes
 from autofit.hardware import Hardware
 
@@ -33,6 +35,20 @@ def micro_batch_flops(config: Config, facts: ModelFacts) -> float:
     dtype = config.trace_dtype
     n_ckpt = config.checkpointed_layers(facts.n_layers)
     return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, "flops")
+
+
+def micro_batch_compute_s(config: Config, facts: ModelFacts, hardware: Hardware, coefficients: Coefficients) -> float:
+    """Seconds of arithmetic in one micro-batch; under fp8 only the converted Linears run at the fp8 rate."""
+
+    def rate(dtype: str) -> float:
+        return hardware.peak_flops.get(dtype, max(hardware.peak_flops.values())) * coefficients.efficiency(dtype)
+
+    dtype = config.precision if config.precision in hardware.peak_flops else "fp32"
+    flops = micro_batch_flops(config, facts)
+    if dtype != "fp8":
+        return flops / rate(dtype)
+    converted = min(flops, fp8_flops(config, facts))
+    return (flops - converted) / rate("bf16") + converted / rate("fp8")
 
 
 def communication_bytes(config: Config, facts: ModelFacts, world_size: int) -> float:
@@ -67,10 +83,8 @@ def predict_step_time(
     config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, coefficients: Coefficients
 ) -> dict[str, float]:
     """Seconds per optimizer step, by cause."""
-    dtype = config.precision if config.precision in hardware.peak_flops else "fp32"
-    flops_per_s = hardware.peak_flops.get(dtype, max(hardware.peak_flops.values())) * coefficients.efficiency(dtype)
     a = config.grad_accum_steps
-    compute_s = a * micro_batch_flops(config, facts) / flops_per_s
+    compute_s = a * micro_batch_compute_s(config, facts, hardware, coefficients)
 
     nodes_bandwidth = hardware.intra_node_bytes_per_s
     comm_s = communication_bytes(config, facts, world_size) / (nodes_bandwidth * coefficients.comm_efficiency) if (
