@@ -1,0 +1,132 @@
+"""Train the example LM with the Hugging Face ``Trainer`` and the DeepSpeed JSON autofit emitted.
+
+    autofit run examples/hf_trainer/model.py:workload --hardware cpu --memory 2GiB --global-batch 8 \\
+        --space cpu --out ds_config.json
+    torchrun --nproc-per-node 1 examples/hf_trainer/train.py --deepspeed ds_config.json --max-steps 3
+
+(``python train.py`` works too: with no launcher it sets the single-process rendezvous variables.)
+
+The JSON goes to ``TrainingArguments(deepspeed=...)`` as it is; the Trainer checks that its own
+arguments match the JSON (micro-batch, accumulation, clipping, learning rate, precision), so they
+are read from the JSON. What DeepSpeed's JSON cannot say is in its ``"autofit"`` section, applied
+the way the Trainer expects:
+
+* ``attention`` -> ``attn_implementation`` when the model is built;
+* ``checkpoint_ratio`` 1.0 -> ``gradient_checkpointing=True`` (non-reentrant; transformers 5 calls it
+  ``activation_checkpointing``). The Trainer
+  checkpoints every layer or none, so a partial ratio r wraps the first ``round(r x L)`` decoder
+  layers with :func:`autofit.apply.apply_checkpointing` before the Trainer sees the model, and
+  ``gradient_checkpointing`` stays off;
+* the optimizer: when the JSON has an ``optimizer`` section DeepSpeed builds it and ``optim`` is
+  not used; ``adamw8bit`` (no ``optimizer`` section) is ``optim="adamw_bnb_8bit"``; Lion on a CPU
+  (DeepSpeed's FusedLion is CUDA-only) goes in as the Trainer's ``optimizers=(optimizer, None)``;
+* ``fp8``: torchao's float8 conversion (:func:`autofit.apply.apply_fp8`), DeepSpeed's bf16 around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from model import build_model, make_batch  # noqa: E402
+
+#: a client optimizer class in the JSON -> the Trainer's ``optim`` name for the same optimizer
+TRAINER_OPTIM = {"bitsandbytes.optim.AdamW8bit": "adamw_bnb_8bit"}
+
+
+def trainer_arguments(ds: dict[str, Any], output_dir: str, max_steps: int) -> dict[str, Any]:
+    """``TrainingArguments`` keywords that agree with the DeepSpeed JSON ``ds`` (the Trainer checks them)."""
+    section = ds.get("autofit", {})
+    kwargs: dict[str, Any] = {
+        "output_dir": output_dir,
+        "max_steps": max_steps,
+        "per_device_train_batch_size": ds["train_micro_batch_size_per_gpu"],
+        "gradient_accumulation_steps": ds["gradient_accumulation_steps"],
+        "max_grad_norm": ds.get("gradient_clipping", 1.0),
+        "bf16": bool(ds.get("bf16", {}).get("enabled", False)),
+        "fp16": bool(ds.get("fp16", {}).get("enabled", False)),
+        "gradient_checkpointing": float(section.get("checkpoint_ratio", 0.0)) == 1.0,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "dataloader_num_workers": 0,
+    }
+    params = ds.get("optimizer", section.get("client_optimizer", {})).get("params", {})
+    if "lr" in params:
+        kwargs["learning_rate"] = params["lr"]
+    if "weight_decay" in params:
+        kwargs["weight_decay"] = params["weight_decay"]
+    client = section.get("client_optimizer")
+    if "optimizer" not in ds and client and client["class"] in TRAINER_OPTIM:
+        kwargs["optim"] = TRAINER_OPTIM[client["class"]]
+    return kwargs
+
+
+def prepare_model(ds: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
+    """The model with the JSON's attention kernel, partial checkpointing and fp8 applied, and the
+    optimizer the Trainer must be handed (None when DeepSpeed or ``optim`` builds it)."""
+    from autofit.apply import apply_checkpointing, apply_fp8, client_optimizer
+
+    section = ds.get("autofit", {})
+    model = build_model(section.get("attention", "sdpa"))
+    ratio = float(section.get("checkpoint_ratio", 0.0))
+    if 0.0 < ratio < 1.0:
+        apply_checkpointing(model, model.model.layers, ratio)
+    if isinstance(section.get("fp8"), dict):
+        apply_fp8(model, str(section["fp8"].get("recipe", "tensorwise")))
+    client = section.get("client_optimizer")
+    optimizer = None
+    if "optimizer" not in ds and client and client["class"] not in TRAINER_OPTIM:
+        optimizer = client_optimizer(model.parameters(), ds)
+    return model, optimizer
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    """``n`` random sequences, one sample at a time, as the Trainer's data collator expects."""
+
+    def __init__(self, n: int) -> None:
+        self.batch = make_batch(n)
+
+    def __len__(self) -> int:
+        return len(self.batch["input_ids"])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {key: value[i] for key, value in self.batch.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deepspeed", default="ds_config.json", help="The DeepSpeed JSON autofit wrote.")
+    parser.add_argument("--max-steps", type=int, default=3)
+    parser.add_argument("--output-dir", default="hf-trainer-out")
+    args = parser.parse_args(argv)
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "LOCAL_RANK": "0",
+                       "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)  # what a launcher sets; one process without one
+    from transformers import Trainer, TrainingArguments
+
+    ds = json.loads(Path(args.deepspeed).read_text())
+    model, optimizer = prepare_model(ds)
+    kwargs = trainer_arguments(ds, args.output_dir, args.max_steps)
+    if "activation_checkpointing" in TrainingArguments.__dataclass_fields__:  # the name from transformers 5.x on
+        kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
+        kwargs["activation_checkpointing_kwargs"] = kwargs.pop("gradient_checkpointing_kwargs")
+    training_args = TrainingArguments(deepspeed=args.deepspeed, **kwargs)
+    n_samples = training_args.world_size * ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
+    trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(n_samples * args.max_steps),
+                      optimizers=(optimizer, None))
+    result = trainer.train()
+    print(json.dumps({"global_step": result.global_step, "train_loss": result.training_loss}))
+
+
+if __name__ == "__main__":
+    main()
