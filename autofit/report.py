@@ -49,11 +49,38 @@ def write_report(result: SearchResult, report_dir: str | os.PathLike[str]) -> Pa
     return index
 
 
+PVM_HEADER = ["trial", "phase", "config", "status", "pred. peak", "meas. peak", "peak ratio", "pred. samples/s",
+              "meas. samples/s", "wall s"]
+PRUNED_TEXT = (
+    "Candidates never probed: memory (predicted past the usable budget), dominated (predicted "
+    "slower than the winner) or rule (a space rule refused the partial config)."
+)
+
+
 def report_sections(result: SearchResult) -> list[tuple[str, str, list[str], list[list[str]]]]:
     """``(title, paragraph, header, rows)`` for each table of the report."""
+    config_rows = [[k, str(v)] for k, v in result.config.to_dict().items()]
+    runner_rows = [
+        [str(i + 1), t.config.label(), _num(t.samples_per_s), format_bytes(t.peak_bytes)]
+        for i, t in enumerate(result.runner_ups())
+    ]
+    pruned_rows = [[p["kind"], _partial_label(p["config"]), p["reason"]] for p in result.pruned]
+    return [
+        ("Winner", _winner_text(result), ["key", "value"], config_rows),
+        ("Runner-ups", "Other configs measured within the usable budget, fastest first.",
+         ["#", "config", "samples/s", "peak"], runner_rows),
+        ("Predicted vs measured", "Every probe; the prediction is the calibrated one the search held when it chose it.",
+         PVM_HEADER, [_pvm_row(t) for t in result.trials]),
+        ("Calibrated coefficients", "Fitted from the probes (autofit.cost_model.calibrate).",
+         ["coefficient", "value"], _calibration_rows(result)),
+        ("Pruned", PRUNED_TEXT, ["kind", "config", "reason"], pruned_rows),
+    ]
+
+
+def _winner_text(result: SearchResult) -> str:
     m = result.measured
     budget = result.hardware.memory_bytes
-    winner_text = (
+    return (
         f"{result.config.label()} on {result.world_size} x {result.hardware.name}: "
         f"{_num(m.get('samples_per_s'))} samples/s measured, peak {format_bytes(int(m.get('peak_bytes') or 0))} "
         f"of {format_bytes(budget)}. Verified by a probe of its own with a safety margin of {result.margin:.0%}: "
@@ -64,60 +91,18 @@ def report_sections(result: SearchResult) -> list[tuple[str, str, list[str], lis
         f"stopped: {result.stop_reason}. Study {result.study_name!r} in {result.storage} "
         f"(open it with `optuna-dashboard {result.storage}`). DeepSpeed JSON: {result.out_path}."
     )
-    config_rows = [[k, str(v)] for k, v in result.config.to_dict().items()]
-    runner_rows = [
-        [str(i + 1), t.config.label(), _num(t.samples_per_s), format_bytes(t.peak_bytes)]
-        for i, t in enumerate(result.runner_ups())
-    ]
-    pvm_rows = [_pvm_row(t) for t in result.trials]
-    pruned_rows = [[p["kind"], _partial_label(p["config"]), p["reason"]] for p in result.pruned]
+
+
+def _calibration_rows(result: SearchResult) -> list[list[str]]:
     coeff = result.calibration.coefficients
-    calib_rows = [[f"compute_efficiency[{d}]", f"{v:.4g}"] for d, v in coeff.compute_efficiency.items()]
-    calib_rows += [
+    rows = [[f"compute_efficiency[{d}]", f"{v:.4g}"] for d, v in coeff.compute_efficiency.items()]
+    rows += [
         ["micro_batch_overhead_s", f"{coeff.micro_batch_overhead_s:.4g}"],
         ["step_overhead_s", f"{coeff.step_overhead_s:.4g}"],
         ["optimizer_bytes_per_s", f"{coeff.optimizer_bytes_per_s:.4g}"],
         ["memory_scale", f"{coeff.memory_scale:.4g}"],
-    ] + [[f"time_factor[{k}]", f"{v:.3g}"] for k, v in result.calibration.time_factors.items()]
-    return [
-        ("Winner", winner_text, ["key", "value"], config_rows),
-        (
-            "Runner-ups",
-            "Other configs measured within the usable budget, fastest first.",
-            ["#", "config", "samples/s", "peak"],
-            runner_rows,
-        ),
-        (
-            "Predicted vs measured",
-            "Every probe; the prediction is the calibrated one the search held when it chose it.",
-            [
-                "trial",
-                "phase",
-                "config",
-                "status",
-                "pred. peak",
-                "meas. peak",
-                "peak ratio",
-                "pred. samples/s",
-                "meas. samples/s",
-                "wall s",
-            ],
-            pvm_rows,
-        ),
-        (
-            "Calibrated coefficients",
-            "Fitted from the probes (autofit.cost_model.calibrate).",
-            ["coefficient", "value"],
-            calib_rows,
-        ),
-        (
-            "Pruned",
-            "Candidates never probed: memory (predicted past the usable budget), dominated (predicted "
-            "slower than the winner) or rule (a space rule refused the partial config).",
-            ["kind", "config", "reason"],
-            pruned_rows,
-        ),
     ]
+    return rows + [[f"time_factor[{k}]", f"{v:.3g}"] for k, v in result.calibration.time_factors.items()]
 
 
 def _pvm_row(t: TrialRecord) -> list[str]:

@@ -241,12 +241,17 @@ def fit_time(
         rows.append(row)
         rhs.append(RIDGE * prior_values[j] / scales[j])
     u = _nonnegative_lstsq(np.asarray(rows), np.asarray(rhs))
-    values = [float(u_j * s_j) for u_j, s_j in zip(u, scales, strict=True)]
+    return _fitted_coefficients([float(u_j * s_j) for u_j, s_j in zip(u, scales, strict=True)], dtypes, prior)
 
+
+def _fitted_coefficients(values: list[float], dtypes: list[str], prior: Coefficients) -> Coefficients:
+    """The solved unknowns of :func:`fit_time` (``1/eff`` per measured dtype, the two overheads,
+    ``1/optimizer_bytes_per_s``) as coefficients; unmeasured dtypes keep their prior ratio to the measured
+    ones (the geometric mean of the measured dtypes' moves)."""
+    n = len(values)
     fitted: dict[str, float] = {}
     for d, inv in zip(dtypes, values[: len(dtypes)], strict=True):
         fitted[d] = _clamp(1.0 / inv if inv > 0 else EFFICIENCY_RANGE[1], *EFFICIENCY_RANGE)
-    # unmeasured dtypes keep their prior ratio to the measured ones (geometric mean of the moves)
     moves = [math.log(fitted[d] / prior.efficiency(d)) for d in dtypes]
     move = math.exp(sum(moves) / len(moves))
     efficiency = {

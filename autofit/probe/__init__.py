@@ -118,7 +118,6 @@ def run_probe(
     DeepSpeed start on a machine JIT-builds an op: allow ~2 minutes for it).
     Never raises for what happens inside the probe: that is the result's ``status``.
     """
-    from autofit.emit import deepspeed_config
     from autofit.probe.launch import launch
 
     if mode not in MODES:
@@ -127,7 +126,22 @@ def run_probe(
         raise AutofitError(f"world_size must be >= 1, but got {world_size!r}")
     if steps < 1 or warmup_steps < 0:
         raise AutofitError(f"probe needs steps >= 1 and warmup_steps >= 0, but got {steps=}, {warmup_steps=}")
-    spec = {
+    spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps)
+    # fake mode simulates every rank in one process
+    n_procs = 1 if mode == "fake" else world_size
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="autofit-probe-") as tmp:
+        outcomes, timed_out = launch(spec, Path(tmp), n_procs, timeout_s)
+    return _combine(config, outcomes, timed_out, world_size, mode, timeout_s, time.monotonic() - t0)
+
+
+def _spec(
+    entry: str, config: Config, hardware: Hardware, world_size: int, mode: str, steps: int, warmup_steps: int
+) -> dict[str, Any]:
+    """What the worker reads: the workload, the config and its DeepSpeed JSON, the steps and the device."""
+    from autofit.emit import deepspeed_config
+
+    return {
         "entry": entry,
         "config": config.to_dict(),
         "deepspeed": deepspeed_config(config, world_size, hardware.kind),
@@ -141,12 +155,12 @@ def run_probe(
         "context_bytes": hardware.context_bytes,
         "hardware": {k: v for k, v in asdict(hardware).items()},
     }
-    # fake mode simulates every rank in one process
-    n_procs = 1 if mode == "fake" else world_size
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="autofit-probe-") as tmp:
-        outcomes, timed_out = launch(spec, Path(tmp), n_procs, timeout_s)
-    wall_s = time.monotonic() - t0
+
+
+def _combine(
+    config: Config, outcomes: list[Any], timed_out: bool, world_size: int, mode: str, timeout_s: float, wall_s: float
+) -> ProbeResult:
+    """One result from the ranks' own: the worst status, the largest peak, the slowest rank's step."""
     results = [o.result for o in outcomes]
     statuses = [_rank_status(o.result, timed_out) for o in outcomes]
     status = max(statuses, key=_STATUS_RANK.__getitem__)
@@ -154,11 +168,10 @@ def run_probe(
     if mode == "fake" and results[0]:
         per_rank = [int(b) for b in results[0].get("per_rank_peak_bytes", per_rank)]
     # the slowest rank sets the pace of a data-parallel step
-    step_time = max((float(r.get("step_time_s", 0.0)) for r in results if r), default=0.0) if status == "ok" else 0.0
-    slowest = max((r for r in results if r), key=lambda r: float(r.get("step_time_s", 0.0)), default=None)
-    optimizer_time = (
-        max((float(r.get("optimizer_time_s", 0.0)) for r in results if r), default=0.0) if status == "ok" else 0.0
-    )
+    ran = [r for r in results if r] if status == "ok" else []
+    step_time = max((float(r.get("step_time_s", 0.0)) for r in ran), default=0.0)
+    slowest = max(ran, key=lambda r: float(r.get("step_time_s", 0.0)), default=None)
+    optimizer_time = max((float(r.get("optimizer_time_s", 0.0)) for r in ran), default=0.0)
     samples = config.samples_per_step(world_size) / step_time if step_time > 0 else 0.0
     tokens_per_sample = next((r.get("tokens_per_sample") for r in results if r and r.get("tokens_per_sample")), None)
     phases = dict(results[0].get("phases_s", {})) if results[0] else {}
@@ -168,7 +181,7 @@ def run_probe(
         peak_bytes=max(per_rank, default=0),
         step_time_s=step_time,
         optimizer_time_s=optimizer_time,
-        step_times_s=[float(t) for t in slowest.get("step_times_s", [])] if slowest and status == "ok" else [],
+        step_times_s=[float(t) for t in slowest.get("step_times_s", [])] if slowest else [],
         samples_per_s=samples,
         tokens_per_s=samples * tokens_per_sample if tokens_per_sample and samples else None,
         message=_message(outcomes, statuses, status, timeout_s),
