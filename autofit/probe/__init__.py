@@ -69,6 +69,9 @@ class ProbeResult:
     optimizer_time_s: float = 0.0
     """Median seconds of the optimizer's ``engine.step`` within one step (the update itself; 0.0 when not
     measured): the search calibrates the optimizer's cost from it apart from forward and backward."""
+    device_memory: dict[str, int | None] = field(default_factory=dict)
+    """CUDA, rank 0: ``nvml_peak_bytes`` (NVML's per-process peak, None where NVML lists no row for the
+    pid), ``max_memory_reserved_bytes`` and ``context_bytes``: the sources of ``peak_bytes``."""
     oom_on: str | None = None
     """For ``oom``: ``device`` (the GPU, or the budget of a CPU device) or ``host`` (the host's RAM: a CPU
     allocation failed or the kernel's OOM killer ended a rank); None otherwise."""
@@ -193,6 +196,7 @@ def _combine(
         mode=mode,
         wall_s=wall_s,
         oom_on=_oom_on(results, statuses) if status == "oom" else None,
+        device_memory=dict(results[0].get("device_memory", {})) if results[0] else {},
     )
 
 

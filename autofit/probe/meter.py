@@ -2,7 +2,11 @@
 
 CPU (the process is the device): ``VmHWM - VmRSS`` after the imports, the high-water
 mark reset after them, and a watchdog that ends the process with ``oom`` once RSS
-passes the budget. CUDA: ``max_memory_reserved`` after a reset, plus the CUDA context.
+passes the budget. CUDA: the most device memory NVML lists for this process, sampled in a thread
+from the context's creation through the steps (:mod:`autofit.probe.nvml`); ``max_memory_reserved``
+and the context beside it, and their sum where NVML has no figure. ``--memory`` is enforced:
+``torch.cuda.set_per_process_memory_fraction`` caps the caching allocator at the budget less the
+context, so a candidate past it fails with the allocator's own out-of-memory error.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autofit.probe import memory
+from autofit.probe.nvml import ProcessMemorySampler, start_sampler
 
 
 class Meter:
@@ -21,16 +26,21 @@ class Meter:
     passes ``budget_bytes`` (``None``: no budget); it is never called on CUDA.
     """
 
-    def __init__(self, torch: Any, kind: str, budget_bytes: int | None, on_exceeded: Callable[[int], None]) -> None:
+    def __init__(self, torch: Any, kind: str, budget_bytes: int | None, on_exceeded: Callable[[int], None],
+                 device_budget_bytes: int | None = None) -> None:
         self.torch = torch
         self.cuda = kind == "cuda"
         self.context_bytes = 0
         self.baseline_bytes = 0
         self.watchdog: memory.RssWatchdog | None = None
+        self.sampler: ProcessMemorySampler | None = None
         if self.cuda:
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local_rank)
             self.context_bytes = cuda_context_bytes(torch, local_rank)
+            self.sampler = start_sampler(torch, local_rank, os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+            if device_budget_bytes is not None:
+                enforce_budget(torch, local_rank, device_budget_bytes, self.context_bytes)
             torch.cuda.reset_peak_memory_stats()
             self.device = torch.device("cuda", local_rank)
         else:
@@ -40,9 +50,11 @@ class Meter:
             self.watchdog = memory.RssWatchdog(self.baseline_bytes, budget_bytes, on_exceeded).start()
 
     def peak_bytes(self) -> int:
-        """Most memory held since metering started (CUDA: reserved plus the context)."""
+        """Most memory held since metering started (CUDA: NVML's per-process peak, else reserved + context)."""
         if self.cuda:
-            return int(self.torch.cuda.max_memory_reserved()) + self.context_bytes
+            allocator = int(self.torch.cuda.max_memory_reserved()) + self.context_bytes
+            nvml = self.sampler.stop() if self.sampler else None
+            return nvml if nvml is not None else allocator
         seen = self.watchdog.max_rss_bytes if self.watchdog else 0
         return max(memory.hwm_bytes(), seen) - self.baseline_bytes
 
@@ -54,6 +66,32 @@ class Meter:
     def stop_watchdog(self) -> None:
         if self.watchdog:
             self.watchdog.stop()
+
+    def report(self) -> dict[str, Any]:
+        """What the probe JSON shows beside ``peak_bytes`` (CUDA: each source of the figure)."""
+        if not self.cuda:
+            return {}
+        return {
+            "nvml_peak_bytes": self.sampler.peak_bytes if self.sampler else None,
+            "max_memory_reserved_bytes": int(self.torch.cuda.max_memory_reserved()),
+            "context_bytes": self.context_bytes,
+        }
+
+
+def allocator_fraction(budget_bytes: int, context_bytes: int, total_bytes: int) -> float | None:
+    """The caching allocator's share of the device that keeps the process within ``budget_bytes``;
+    None when the budget is the whole device (nothing to enforce)."""
+    if budget_bytes >= total_bytes:
+        return None
+    return max(0.0, budget_bytes - context_bytes) / total_bytes
+
+
+def enforce_budget(torch: Any, device_index: int, budget_bytes: int, context_bytes: int) -> None:
+    """``--memory`` on CUDA: cap the caching allocator (``set_per_process_memory_fraction``)."""
+    _, total = torch.cuda.mem_get_info(device_index)
+    fraction = allocator_fraction(budget_bytes, context_bytes, int(total))
+    if fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(fraction, device_index)
 
 
 def cuda_context_bytes(torch: Any, device_index: int) -> int:

@@ -107,7 +107,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
         )
         os._exit(0)
 
-    meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded)
+    meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded, device_budget_bytes=spec.get("memory_bytes"))
     t0 = time.time()
     model, n_ckpt = _build_model(workload, config, ds)
     phases["model_build_s"] = time.time() - t0
@@ -124,7 +124,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     return {
         "status": "ok",
         **times.summary(),
-        "context_bytes": meter.context_bytes,
+        "device_memory": meter.report(),
         "n_checkpointed": n_ckpt,
         "tokens_per_sample": workload.tokens_per_sample,
     }
