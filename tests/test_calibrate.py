@@ -8,7 +8,6 @@ from toy_facts import CONFIGS, CPU, FACTS, PRIOR
 from autofit.config import Config
 from autofit.cost_model import Coefficients, predict
 from autofit.cost_model.calibrate import (
-    MEMORY_SCALE_RANGE,
     Calibration,
     Observation,
     calibrate,
@@ -16,6 +15,7 @@ from autofit.cost_model.calibrate import (
     fit_time,
     time_terms,
 )
+from autofit.cost_model.memory_correction import SCALE_RANGE
 
 
 def _truth() -> Coefficients:
@@ -95,14 +95,14 @@ def test_memory_scale_is_a_robust_ratio() -> None:
     wild = observations[0]
     observations[0] = Observation(wild.config, "ok", wild.peak_bytes * 10, wild.step_time_s, wild.budget_bytes)
     fitted = fit_memory(observations, FACTS, CPU, 1, PRIOR)
-    assert fitted.memory_scale == pytest.approx(1.4, rel=0.02)
+    assert fitted.global_scale == pytest.approx(1.4, rel=0.02)
 
 
 def test_memory_scale_is_clamped() -> None:
     config = CONFIGS[0]
     p = predict(config, FACTS, CPU, 1, PRIOR)
     huge = Observation(config, "ok", p.peak_bytes * 1000, 1.0, CPU.memory_bytes)
-    assert fit_memory([huge], FACTS, CPU, 1, PRIOR).memory_scale == MEMORY_SCALE_RANGE[1]
+    assert fit_memory([huge], FACTS, CPU, 1, PRIOR).scale_for(config) == SCALE_RANGE[1]
 
 
 def test_an_oom_makes_its_config_and_bigger_ones_not_fit() -> None:
@@ -115,6 +115,44 @@ def test_an_oom_makes_its_config_and_bigger_ones_not_fit() -> None:
     fitted = calibrate([oom], FACTS, small, 1, PRIOR)
     assert not fitted.predict(config, FACTS, small, 1).fits
     assert not fitted.predict(config.with_(micro_batch_size=8, grad_accum_steps=2), FACTS, small, 1).fits
+
+
+def test_two_ooms_of_one_family_do_not_condemn_another() -> None:
+    """bf16 + Lion ran out of memory twice; fp32 SGD, another family, still fits as predicted."""
+    lion = Config(micro_batch_size=4, grad_accum_steps=4, precision="bf16", optimizer="lion")
+    sgd = Config(micro_batch_size=4, grad_accum_steps=4, precision="fp32", optimizer="sgd")
+    budget = int(max(predict(c, FACTS, CPU, 1, PRIOR).peak_bytes for c in (lion, sgd)) * 1.2)
+    small = CPU.with_memory(budget)
+    ooms = [Observation(lion, "oom", budget, 0.0, budget),
+            Observation(lion.with_(micro_batch_size=2, grad_accum_steps=8), "oom", budget, 0.0, budget)]
+    fitted = calibrate(ooms, FACTS, small, 1, PRIOR)
+    assert not fitted.predict(lion, FACTS, small, 1).fits
+    assert fitted.predict(sgd, FACTS, small, 1).fits
+    # a neighbour differing in one key (bf16 SGD) is raised part of the way, not all of it
+    base = predict(sgd.with_(precision="bf16"), FACTS, small, 1, PRIOR).peak_bytes
+    raised = fitted.predict(sgd.with_(precision="bf16"), FACTS, small, 1).peak_bytes
+    assert base < raised
+
+
+def test_a_measured_family_is_corrected_and_an_unmeasured_one_moves_toward_the_global_ratio() -> None:
+    adamw = [Config(micro_batch_size=m, grad_accum_steps=16 // m) for m in (1, 2, 4)]
+    sgd = Config(micro_batch_size=2, grad_accum_steps=8, optimizer="sgd")
+    # AdamW's peaks run 30% over the model; one SGD probe runs 10% under it
+    observed = [_observe_scaled(c, 1.3) for c in adamw] + [_observe_scaled(sgd, 0.9)]
+    fitted = calibrate(observed, FACTS, CPU, 1, PRIOR)
+
+    def ratio(config: Config) -> float:
+        return fitted.predict(config, FACTS, CPU, 1).peak_bytes / predict(config, FACTS, CPU, 1, PRIOR).peak_bytes
+
+    assert ratio(adamw[0].with_(micro_batch_size=8, grad_accum_steps=2)) == pytest.approx(1.3, rel=0.03)
+    assert ratio(sgd.with_(micro_batch_size=4, grad_accum_steps=4)) == pytest.approx(0.9, abs=0.1)
+    lion = sgd.with_(optimizer="lion")  # never probed: between its neighbours, near the global median 1.3
+    assert 0.9 < ratio(lion) <= 1.3
+
+
+def _observe_scaled(config: Config, scale: float) -> Observation:
+    p = predict(config, FACTS, CPU, 1, PRIOR)
+    return Observation(config, "ok", int(p.peak_bytes * scale), p.step_time_s, CPU.memory_bytes)
 
 
 def test_errors_and_timeouts_carry_no_information() -> None:

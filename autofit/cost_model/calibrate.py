@@ -30,11 +30,11 @@ step alone (update + per-step bookkeeping), measured / predicted: what a bandwid
 formula cannot know (a bitsandbytes or Python optimizer on a CPU). An optimizer no
 probe has run moves with the measured ones (their geometric mean), as dtypes do.
 
-Memory. :func:`fit_memory` sets ``memory_scale`` to the median of measured /
-predicted peak over successful probes (robust to one noisy probe), then raises
-it so that every probe that ran out of memory is predicted not to fit its
-budget (an OOM shrinks trust: similar configs get pruned). Clamped to
-:data:`MEMORY_SCALE_RANGE`.
+Memory. :func:`fit_memory` learns a correction of the predicted peak family by family
+(:mod:`autofit.cost_model.memory_correction`): a probe's measured / predicted ratio corrects its
+own family (precision, optimizer, ZeRO stage, offload, attention) and, fading with distance, its
+neighbours, shrunk toward the median of all probes where a family has none; an out-of-memory probe
+raises its own family past its budget, not the whole space.
 """
 
 from __future__ import annotations
@@ -47,10 +47,9 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.cost_model import Coefficients, ModelFacts, Prediction, predict
+from autofit.cost_model.memory_correction import MemoryCorrection, fit_correction
 from autofit.hardware import Hardware
 
-#: clamp of the fitted memory correction: beyond it the analytic model is broken, not miscalibrated
-MEMORY_SCALE_RANGE = (0.25, 8.0)
 #: clamp of a fitted compute efficiency (achieved / datasheet FLOP/s)
 EFFICIENCY_RANGE = (1e-5, 1.0)
 #: clamp of the factor on one optimizer's update time
@@ -58,8 +57,6 @@ TIME_FACTOR_RANGE = (0.02, 50.0)
 #: weight of the pull toward the prior (u = 1), against one probe's relative residual: small, so it only
 #: decides what the probes leave open (with one probe: the least change, spread by term size)
 RIDGE = 1e-3
-#: an OOM at budget B means the true peak is above B: predict at least this much above B for that config
-OOM_HEADROOM = 1.02
 
 Predictor = Callable[[Config, ModelFacts, Hardware, int, Coefficients], Prediction]
 
@@ -128,12 +125,18 @@ class Calibration:
     """The factor of an optimizer no probe ran: the geometric mean of ``time_factors``."""
     n_observations: int = 0
     """Probes the fit used (ok and oom)."""
+    memory: MemoryCorrection | None = None
+    """The memory correction by family; None: ``coefficients.memory_scale`` everywhere."""
 
     def predict(
         self, config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, predictor: Predictor = predict
     ) -> Prediction:
-        """The cost model's prediction with the fitted coefficients and the optimizer's factor applied."""
-        prediction = predictor(config, facts, hardware, world_size, self.coefficients)
+        """The cost model's prediction with the fitted coefficients, the memory correction of ``config``'s
+        family and the optimizer's factor applied."""
+        coefficients = self.coefficients
+        if self.memory is not None:
+            coefficients = coefficients.with_(memory_scale=self.memory.scale_for(config))
+        prediction = predictor(config, facts, hardware, world_size, coefficients)
         factor = self.time_factors.get(config.optimizer, self.default_time_factor)
         update_s = prediction.time_breakdown.get("optimizer", 0.0)
         if factor == 1.0 or update_s <= 0.0:
@@ -154,6 +157,9 @@ class Calibration:
             "time_factors": dict(self.time_factors),
             "default_time_factor": self.default_time_factor,
             "n_observations": self.n_observations,
+            "memory_scale_by_family": {
+                "/".join(map(str, f)): scale for f, scale in (self.memory.families() if self.memory else {}).items()
+            },
         }
 
 
@@ -273,19 +279,15 @@ def fit_memory(
     world_size: int,
     prior: Coefficients,
     predictor: Predictor = predict,
-) -> Coefficients:
-    """``memory_scale``: the median measured/predicted peak of ok probes, raised past every OOM's budget."""
+) -> MemoryCorrection:
+    """The memory correction learned from ok and oom probes, family by family (:mod:`.memory_correction`)."""
     unscaled = prior.with_(memory_scale=1.0)
 
     def base(config: Config) -> float:
         return float(predictor(config, facts, hardware, world_size, unscaled).peak_bytes)
 
-    ratios = [o.peak_bytes / base(o.config) for o in observations if o.status == "ok" and o.peak_bytes > 0]
-    scale = statistics.median(ratios) if ratios else prior.memory_scale
-    for o in observations:
-        if o.status == "oom" and o.budget_bytes > 0:
-            scale = max(scale, OOM_HEADROOM * o.budget_bytes / base(o.config))
-    return prior.with_(memory_scale=_clamp(scale, *MEMORY_SCALE_RANGE))
+    measured = [(o.config, o.status, o.peak_bytes, o.budget_bytes) for o in observations]
+    return fit_correction(measured, base, prior.memory_scale)
 
 
 def fit_time_factors(
@@ -328,11 +330,14 @@ def calibrate(
     """Everything probes say, in one :class:`Calibration` (time, then memory, then residual factors)."""
     prior = prior or Coefficients.for_hardware(hardware)
     coefficients = fit_time(observations, facts, hardware, world_size, prior, predictor)
-    coefficients = fit_memory(observations, facts, hardware, world_size, coefficients, predictor)
+    memory = fit_memory(observations, facts, hardware, world_size, coefficients, predictor)
+    coefficients = coefficients.with_(memory_scale=memory.global_scale)
     factors = fit_time_factors(observations, facts, hardware, world_size, coefficients, predictor)
     default = math.exp(statistics.fmean(math.log(f) for f in factors.values())) if factors else 1.0
     used = sum(1 for o in observations if o.status in ("ok", "oom"))
-    return Calibration(coefficients=coefficients, time_factors=factors, default_time_factor=default, n_observations=used)
+    return Calibration(
+        coefficients=coefficients, time_factors=factors, default_time_factor=default, n_observations=used, memory=memory
+    )
 
 
 def _nonnegative_lstsq(a: Any, b: Any) -> Any:
