@@ -7,6 +7,7 @@ line on stderr and exit status 1 (a traceback only with ``--debug``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -20,10 +21,10 @@ import click
 from autofit.errors import AutofitError
 
 
-def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def common_options(command: Callable[..., Any], entry_required: bool = True) -> Callable[..., Any]:
     """The options every command shares (DESIGN.md, CLI)."""
     options = [
-        click.argument("entry"),
+        click.argument("entry", required=entry_required),
         click.option("--hardware", default="auto", show_default=True,
                       help="Preset (h100-80gb, h200, a100-40gb, a100-80gb, l4, rtx4090), cpu, or auto."),
         click.option("--memory", default=None, help="Device memory budget, e.g. 2GiB, 1.5GiB, 800MiB."),
@@ -87,7 +88,7 @@ def main() -> None:
 class Setup:
     """The parsed common options: workload, hardware, space, world size, fixed values."""
 
-    def __init__(self, entry: str, hardware: str, memory: str | None, gpus: int, nodes: int,
+    def __init__(self, entry: str | None, hardware: str, memory: str | None, gpus: int, nodes: int,
                  global_batch: int | None, space: str | None, set_values: tuple[str, ...]) -> None:
         from autofit.config import parse_set
         from autofit.hardware import get_hardware
@@ -104,7 +105,7 @@ class Setup:
         _use_nvme_path(click.get_current_context().meta.get("autofit.nvme_path"))
         self.world_size = gpus * nodes
         self.global_batch = global_batch
-        self.workload = load_workload(entry)
+        self.workload = load_workload(entry) if entry is not None else None  # None: script mode
 
     def plan(self) -> Any:
         """Trace the workload and enumerate the space's candidates (:class:`autofit.plan.Plan`)."""
@@ -174,7 +175,9 @@ def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, 
 
 
 @main.command()
-@common_options
+@functools.partial(common_options, entry_required=False)
+@click.option("--script", default=None, metavar="CMD",
+              help='Script mode instead of ENTRY: an unmodified DeepSpeed script, "python train.py --deepspeed_config {config}".')
 @click.option("--trials", default=20, show_default=True, type=click.IntRange(min=1), help="Most probes to run.")
 @click.option("--timeout", "timeout_s", default=None, type=float, help="Stop the search after this many seconds.")
 @click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///autofit.db here).")
@@ -187,18 +190,26 @@ def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, 
 def run(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
         space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, trials: int,
         timeout_s: float | None, storage: str | None, study_name: str | None, out_path: str,
-        report_dir: str | None, margin: float) -> None:
+        report_dir: str | None, margin: float, script: str | None) -> None:
     """The search: probe the most promising candidates and write the fastest that fits as DeepSpeed JSON."""
     from autofit.search import SearchSettings, run_search
 
+    if (entry is None) == (script is None):
+        raise AutofitError('autofit run takes an ENTRY or --script "CMD ... {config}", exactly one of them')
     settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=margin)
     setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
-    click.echo(f"autofit: tracing {setup.workload.name or entry}", err=True)
-    plan = setup.plan()
-    click.echo(f"autofit: {len(plan.candidates)} candidates", err=True)
-    with progress_display(trials) as on_event:
-        result = run_search(plan, settings, out_path=out_path, storage=storage, study_name=study_name,
-                            on_event=on_event)
+    with contextlib.ExitStack() as stack:
+        if script is not None:
+            from autofit.script.cli import script_plan_and_prober
+
+            plan, prober = script_plan_and_prober(setup, script, stack)
+        else:
+            click.echo(f"autofit: tracing {setup.workload.name or entry}", err=True)
+            plan, prober = setup.plan(), None
+        click.echo(f"autofit: {len(plan.candidates)} candidates", err=True)
+        with progress_display(trials) as on_event:
+            result = run_search(plan, settings, out_path=out_path, storage=storage, study_name=study_name,
+                                prober=prober, on_event=on_event)
     if report_dir is not None:
         from autofit.report import write_report
 

@@ -1,0 +1,107 @@
+"""Start the ranks of a user's script with one DeepSpeed JSON, wait with a deadline, measure from outside.
+
+Each rank is the user's command in its own session (so a timeout or a budget overrun kills all it
+started), with the rendezvous variables a launcher sets (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``: :func:`autofit.probe.launch.rank_env`, the probe's own). The script
+ends itself: DeepSpeed's autotuning section makes the engine exit after the profiled steps.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from autofit.probe.launch import FAILURE_GRACE_S, free_port, kill_group, rank_env
+from autofit.script.command import ScriptCommand
+from autofit.script.tree import TreeMeter, import_baseline_bytes
+
+#: characters of each rank's log kept for messages
+LOG_TAIL_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    """What one run of the script left: exit codes, log tails, each rank's peak memory, and why it ended."""
+
+    returncodes: list[int | None]
+    """Each rank's exit status (None: still running when killed)."""
+    log_tails: list[str]
+    """The end of each rank's stdout and stderr."""
+    peak_bytes: list[int]
+    """Each rank's peak, measured from outside (:class:`~autofit.script.tree.TreeMeter`)."""
+    timed_out: bool
+    """The deadline passed before every rank exited."""
+    over_budget: bool
+    """A rank passed the CPU budget and the run was stopped."""
+    wall_s: float
+    """Seconds from the first start to the last exit."""
+
+
+def run_script(command: ScriptCommand, config_path: Path, workdir: Path, world_size: int, kind: str,
+               timeout_s: float, budget_bytes: int | None) -> ScriptRun:
+    """Run ``world_size`` ranks of ``command`` with the JSON at ``config_path``, in the current directory."""
+    port = free_port()
+    baseline = import_baseline_bytes() if kind == "cpu" else 0
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
+    started = time.monotonic()
+    try:
+        for rank in range(world_size):
+            log = open(workdir / f"script-rank{rank}.log", "wb")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                command.argv(config_path), env=rank_env(dict(os.environ), rank, world_size, port, kind),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            ))
+        meter = TreeMeter([p.pid for p in procs], kind, budget_bytes, lambda used: _kill_all(procs), baseline)
+        with meter:
+            timed_out = _wait(procs, time.monotonic() + timeout_s)
+    finally:
+        for proc in procs:
+            kill_group(proc)
+        for log in logs:
+            log.close()
+    return ScriptRun(
+        returncodes=[p.returncode for p in procs],
+        log_tails=[_tail(workdir / f"script-rank{rank}.log") for rank in range(len(procs))],
+        peak_bytes=list(meter.peaks),
+        timed_out=timed_out,
+        over_budget=meter.exceeded,
+        wall_s=time.monotonic() - started,
+    )
+
+
+def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], deadline: float) -> bool:
+    """Wait for every rank; once one has failed, its peers get a grace period. True when the deadline passed."""
+    failed_at: float | None = None
+    while True:
+        codes = [proc.poll() for proc in procs]
+        if all(code is not None for code in codes):
+            return False
+        now = time.monotonic()
+        if now > deadline:
+            return True
+        if failed_at is None and any(code not in (None, 0) for code in codes):
+            failed_at = now
+        if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
+            return False
+        time.sleep(0.05)
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_bytes()[-LOG_TAIL_CHARS:].decode("utf-8", "replace")
+    except OSError:
+        return ""
