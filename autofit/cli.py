@@ -237,3 +237,102 @@ def progress_display(total: int) -> Iterator[Callable[[Any], None]]:
             progress.update(task, completed=min(event.n_done, event.trials), description=description)
 
         yield show
+
+
+@main.group()
+def schedule() -> None:
+    """Queue searches for workers on other machines (Optuna storage: SQLite here, PostgreSQL across machines)."""
+
+
+@schedule.command("add")
+@common_options
+@click.option("--trials", default=20, show_default=True, type=click.IntRange(min=1), help="Most probes of the search.")
+@click.option("--storage", required=True, help="Optuna storage URL shared with the workers (sqlite:///FILE, "
+              "postgresql://USER:PASSWORD@HOST:PORT/DB).")
+@user_errors
+def schedule_add(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
+                 space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, trials: int,
+                 storage: str) -> None:
+    """Queue one search of ENTRY on --hardware (a preset or cpu) and print its id.
+
+    ENTRY is loaded again by the workers where they run: it must be importable there (a path on a
+    shared file system, or package.module:function of a package installed on the workers). A search
+    already done for the same model, space, request and machine returns its stored winner at once.
+    """
+    from autofit.schedule.submit import absolute_entry, make_request, submit
+    from autofit.units import parse_bytes
+
+    setup = Setup(absolute_entry(entry), hardware, memory, gpus, nodes, global_batch, space, set_values)
+    request = make_request(setup.entry, setup.hardware, gpus=gpus, nodes=nodes, global_batch=global_batch,
+                           space=setup.space, fixed=setup.fixed, trials=trials,
+                           memory_bytes=parse_bytes(memory) if memory is not None else None)
+    added = submit(storage, setup.plan(), setup.workload, request)
+    if as_json:
+        click.echo(json.dumps(added.to_dict()))
+        return
+    click.echo(added.id)
+    click.echo(f"autofit: {added.state}{' (cached)' if added.cached else ''}", err=True)
+
+
+@schedule.command("list")
+@click.option("--storage", required=True, help="Optuna storage URL.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@user_errors
+def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
+    """Every search: hardware, state (queued, running, done, failed, nothing-fits), trials, worker, best so far."""
+    from autofit.schedule.status import print_searches, search_summaries
+
+    searches = search_summaries(storage)
+    if as_json:
+        click.echo(json.dumps({"searches": searches}, indent=1))
+    else:
+        print_searches(searches)
+
+
+@main.command()
+@click.option("--storage", required=True, help="Optuna storage URL shared with `autofit schedule add`.")
+@click.option("--hardware", default="auto", show_default=True, help="This machine's device: auto (detect), a preset, or cpu.")
+@click.option("--gpus", default=None, type=click.IntRange(min=1), help="Devices here (default: detected).")
+@click.option("--nodes", default=1, show_default=True, type=click.IntRange(min=1), help="Nodes this worker launches on.")
+@click.option("--idle-exit", "idle_exit_s", default=60.0, show_default=True, type=click.FloatRange(min=0.0),
+              help="Exit after this many seconds with nothing to claim.")
+@click.option("--lease", "lease_s", default=60.0, show_default=True, type=click.FloatRange(min=1.0),
+              help="Seconds without a heartbeat before another worker takes a search over.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@user_errors
+def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_s: float, lease_s: float,
+           debug: bool) -> None:
+    """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds."""
+    from autofit.hardware import get_hardware
+    from autofit.schedule.fingerprint import detect_machine, worker_name
+    from autofit.schedule.worker import Worker
+
+    device = get_hardware(hardware)
+    if device.kind == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    machine = detect_machine(device, gpus)
+    Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s).serve()
+
+
+@main.command()
+@click.option("--storage", required=True, help="Optuna storage URL.")
+@click.option("--entry", default=None, help="Only this entry point (as queued).")
+@click.option("--price", "prices", multiple=True, metavar="NAME=USD_PER_DEVICE_HOUR",
+              help="Price of one device-hour, e.g. --price h100-80gb=3.5 (repeatable).")
+@click.option("--report", "report_dir", default=None, help="Write results.md, results.json and results.png here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@user_errors
+def results(storage: str, entry: str | None, prices: tuple[str, ...], report_dir: str | None, as_json: bool,
+            debug: bool) -> None:
+    """Each model's winners across hardware: samples/s, tokens/s, memory headroom, cost per million tokens."""
+    from autofit.schedule.results import compare, parse_prices, print_results, write_results_report
+
+    rows = compare(storage, parse_prices(prices), entry)
+    if report_dir is not None:
+        write_results_report(rows, report_dir)
+    if as_json:
+        click.echo(json.dumps({"results": rows}, indent=1))
+    else:
+        print_results(rows)

@@ -1,0 +1,73 @@
+"""``autofit schedule list``: every search with its state, trials, worker and best so far.
+
+Read only: trials are read from each study as stored (a running trial of a live worker is left as it
+is; only a worker that resumes a study closes what a dead one left open).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofit.schedule import queue
+from autofit.schedule.store import optuna_storage
+
+
+def best_so_far(trials: list[Any]) -> dict[str, Any] | None:
+    """The fastest probe measured within the margin: ``{"config", "samples_per_s", "peak_bytes", "tokens_per_s"}``."""
+    good = [t.user_attrs for t in trials if t.user_attrs.get("within_margin") and "measured" in t.user_attrs]
+    if not good:
+        return None
+    best = max(good, key=lambda a: float(a["measured"].get("samples_per_s") or 0.0))
+    measured = best["measured"]
+    return {"config": best["config"], "samples_per_s": measured.get("samples_per_s"),
+            "tokens_per_s": measured.get("tokens_per_s"), "peak_bytes": measured.get("peak_bytes")}
+
+
+def search_summaries(url: str) -> list[dict[str, Any]]:
+    """``schedule list --json``'s ``searches``: one dict per search, oldest first."""
+    import optuna
+
+    storage = optuna_storage(url)
+    out = []
+    for row in queue.search_rows(url):
+        study = optuna.load_study(study_name=row.study_name, storage=storage)
+        trials = study.get_trials(deepcopy=False)
+        searched = sum(1 for t in trials if "measured" in t.user_attrs and t.user_attrs.get("phase") == "search")
+        result = study.user_attrs.get(queue.RESULT_ATTR)
+        best = best_so_far(trials)
+        if result is not None:
+            measured = result["best"]["measured"]
+            best = {"config": result["best"]["config"], "samples_per_s": measured.get("samples_per_s"),
+                    "tokens_per_s": measured.get("tokens_per_s"), "peak_bytes": measured.get("peak_bytes")}
+        out.append({
+            "id": row.id, "entry": row.entry, "hardware": row.hardware, "gpus": row.gpus, "nodes": row.nodes,
+            "state": row.state, "trials": searched, "probes": sum(1 for t in trials if "measured" in t.user_attrs),
+            "worker": row.worker, "claims": row.claims, "best": best, "message": row.message,
+        })
+    return out
+
+
+def print_searches(searches: list[dict[str, Any]]) -> None:
+    """A rich table of :func:`search_summaries` on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from autofit.units import format_bytes
+
+    table = Table(title="autofit searches")
+    for column in ("id", "entry", "hardware", "state", "trials", "worker", "best"):
+        table.add_column(column)
+    for s in searches:
+        best = s["best"]
+        text = "-" if best is None else (
+            f"{_label(best['config'])}: {best['samples_per_s']:.3g} samples/s, {format_bytes(int(best['peak_bytes'] or 0))}"
+        )
+        table.add_row(s["id"], s["entry"].rsplit("/", 1)[-1], f"{s['hardware']} x{s['gpus'] * s['nodes']}", s["state"],
+                      str(s["trials"]), s["worker"] or "-", text)
+    Console().print(table)
+
+
+def _label(config: dict[str, Any]) -> str:
+    from autofit.config import Config
+
+    return Config.from_dict(config).label()

@@ -1,0 +1,49 @@
+"""``autofit schedule add``: make a search's request from the command's options and queue it.
+
+The workload is loaded and traced here, on the machine that adds the search: its fingerprint goes into
+the cache key, and the cost model's best candidate for the named device is kept as the plan
+(``autofit results`` shows it for devices no worker has run yet). Workers load the entry again where
+they run, so it must be importable there (a path on a shared file system, or an installed package).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autofit.schedule import queue
+from autofit.schedule.fingerprint import check_device_name, device_name, workload_fingerprint
+
+
+def absolute_entry(entry: str) -> str:
+    """``path.py:fn`` with the path made absolute (workers start elsewhere); ``package.module:fn`` as is."""
+    target, sep, attr = entry.rpartition(":")
+    if sep and (target.endswith(".py") or "/" in target):
+        return f"{Path(target).resolve()}:{attr}"
+    return entry
+
+
+def make_request(entry: str, hardware: Any, *, gpus: int, nodes: int, global_batch: int | None, space: Any,
+                 fixed: dict[str, Any], trials: int, memory_bytes: int | None) -> dict[str, Any]:
+    """The study's ``request`` attribute: all a worker needs to plan the search again."""
+    return {
+        "entry": entry, "hardware": check_device_name(device_name(hardware)), "gpus": gpus, "nodes": nodes,
+        "global_batch": global_batch, "space": space.to_dict(), "space_name": space.name,
+        "fixed": {k: fixed[k] for k in sorted(fixed)}, "trials": trials, "memory_bytes": memory_bytes,
+    }
+
+
+def planned(plan: Any) -> dict[str, Any] | None:
+    """The cost model's fastest candidate predicted to fit (prior coefficients), None when none does."""
+    from autofit.estimate import estimate
+
+    fitting = estimate(plan).fitting
+    if not fitting:
+        return None
+    best = fitting[0]
+    return {"config": best.config.to_dict(), "predicted": best.prediction.to_dict(), "memory_bytes": plan.hardware.memory_bytes}
+
+
+def submit(url: str, plan: Any, workload: Any, request: dict[str, Any]) -> queue.Added:
+    """Queue ``request`` (or return the same search queued, running or finished: ``cached``)."""
+    return queue.add_search(url, request, workload_fingerprint(request["entry"], workload), planned(plan))
