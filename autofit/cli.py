@@ -247,8 +247,8 @@ def schedule() -> None:
 @schedule.command("add")
 @common_options
 @click.option("--trials", default=20, show_default=True, type=click.IntRange(min=1), help="Most probes of the search.")
-@click.option("--storage", required=True, help="Optuna storage URL shared with the workers (sqlite:///FILE, "
-              "postgresql://USER:PASSWORD@HOST:PORT/DB).")
+@click.option("--storage", required=True, envvar="AUTOFIT_STORAGE",
+              help="Optuna storage URL shared with the workers (sqlite:///FILE, postgresql://USER@HOST:PORT/DB).")
 @user_errors
 def schedule_add(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
                  space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, trials: int,
@@ -275,7 +275,7 @@ def schedule_add(entry: str, hardware: str, memory: str | None, gpus: int, nodes
 
 
 @schedule.command("list")
-@click.option("--storage", required=True, help="Optuna storage URL.")
+@click.option("--storage", required=True, envvar="AUTOFIT_STORAGE", help="Optuna storage URL.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @user_errors
@@ -291,7 +291,7 @@ def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
 
 
 @main.command()
-@click.option("--storage", required=True, help="Optuna storage URL shared with `autofit schedule add`.")
+@click.option("--storage", required=True, envvar="AUTOFIT_STORAGE", help="Optuna storage URL shared with `autofit schedule add`.")
 @click.option("--hardware", default="auto", show_default=True, help="This machine's device: auto (detect), a preset, or cpu.")
 @click.option("--gpus", default=None, type=click.IntRange(min=1), help="Devices here (default: detected).")
 @click.option("--nodes", default=1, show_default=True, type=click.IntRange(min=1), help="Nodes this worker launches on.")
@@ -316,7 +316,7 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
 
 
 @main.command()
-@click.option("--storage", required=True, help="Optuna storage URL.")
+@click.option("--storage", required=True, envvar="AUTOFIT_STORAGE", help="Optuna storage URL.")
 @click.option("--entry", default=None, help="Only this entry point (as queued).")
 @click.option("--price", "prices", multiple=True, metavar="NAME=USD_PER_DEVICE_HOUR",
               help="Price of one device-hour, e.g. --price h100-80gb=3.5 (repeatable).")

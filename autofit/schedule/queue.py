@@ -143,7 +143,8 @@ def register_worker(url: str, worker_id: str, machine: MachineFingerprint) -> No
     """Record a started worker: its machine fingerprint becomes the one cached results are checked against."""
     _, _, workers = tables()
     now = time.time()
-    with engine(url).begin() as conn:
+    with engine(url).begin() as conn:  # a worker id seen before (a pid reused, a serve() called again) starts anew
+        conn.execute(workers.delete().where(workers.c.id == worker_id))
         conn.execute(workers.insert().values(id=worker_id, hardware=machine.device, machine_key=machine.key(),
                                              machine=machine.to_dict(), started_s=now, seen_s=now, state="idle"))
 

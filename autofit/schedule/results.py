@@ -144,7 +144,7 @@ def _chart(rows: list[dict[str, Any]], path: Path) -> None:
     speed.set_title("Throughput of each device's winner")
     per_million = [r["usd_per_million_tokens"] or r["usd_per_million_samples"] or 0.0 for r in rows]
     cost.bar(labels, per_million, color=colors)
-    cost.set_ylabel("USD per million tokens (samples without tokens)")
+    cost.set_ylabel("USD per 1M tokens (or samples)")
     cost.set_title("Cost (devices with a --price)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -78,10 +78,12 @@ def engine(url: str) -> Any:
     return made
 
 
+@functools.lru_cache(maxsize=8)
 def optuna_storage(url: str) -> Any:
-    """Optuna's RDB storage on ``url`` (SQLite waits for locks here too)."""
+    """Optuna's RDB storage on ``url``, one per process (its engine keeps a pool of connections; SQLite waits
+    for locks here too)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    kwargs = {"engine_kwargs": {"connect_args": {"timeout": 60}}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(url, **kwargs)
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)

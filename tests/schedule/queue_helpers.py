@@ -1,0 +1,55 @@
+"""Helpers of the scheduler's tests: queue a tiny search, a worker on this CPU, a prober for queueing logic."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "search"))
+from tiny import ENTRY, sgd_space  # noqa: E402
+
+from autofit.config import Config  # noqa: E402
+from autofit.hardware import get_hardware  # noqa: E402
+from autofit.plan import Plan  # noqa: E402
+from autofit.probe import ProbeResult  # noqa: E402
+from autofit.schedule.fingerprint import detect_machine  # noqa: E402
+from autofit.schedule.queue import Added  # noqa: E402
+from autofit.schedule.submit import make_request, submit  # noqa: E402
+from autofit.schedule.worker import Worker  # noqa: E402
+from autofit.workload import load_workload  # noqa: E402
+
+MIB = 2**20
+
+
+def queue_tiny(url: str, *, entry: str = ENTRY, micro_batches: tuple[int, ...] = (4, 8), global_batch: int = 16,
+               hardware: str = "cpu", memory_mib: int | None = 1024, trials: int = 2) -> Added:
+    """``autofit schedule add`` of the tiny model, fp32 SGD, through the library."""
+    device = get_hardware(hardware, memory_mib * MIB if memory_mib else None)
+    workload = load_workload(entry)
+    space = sgd_space(list(micro_batches))
+    request = make_request(entry, device, gpus=1, nodes=1, global_batch=global_batch, space=space, fixed={},
+                           trials=trials, memory_bytes=memory_mib * MIB if memory_mib else None)
+    plan = Plan.make(entry, workload, device, space, global_batch=global_batch)
+    return submit(url, plan, workload, request)
+
+
+def model_prober(plan: Any) -> Callable[[Config, int, float], ProbeResult]:
+    """A prober answering with the plan's prior prediction (an oom past the device): for queueing logic only."""
+
+    def probe(config: Config, steps: int, timeout_s: float) -> ProbeResult:
+        p = plan.predict(config)
+        if p.peak_bytes > plan.hardware.memory_bytes:
+            return ProbeResult(config, "oom", plan.hardware.memory_bytes, 0.0, 0.0, None, "past the budget", 0.0)
+        return ProbeResult(config, "ok", p.peak_bytes, p.step_time_s, p.samples_per_s, p.tokens_per_s, None, 0.0)
+
+    return probe
+
+
+def model_worker(url: str, name: str, hardware: str = "cpu", **machine_changes: Any) -> Worker:
+    """A worker on ``hardware`` answering probes with the cost model; ``machine_changes`` alter its fingerprint."""
+    device = get_hardware(hardware)
+    machine = replace(detect_machine(device), **machine_changes)
+    return Worker(url, name, device, machine, idle_exit_s=0.0, poll_s=0.1, prober=model_prober, log=lambda text: None)

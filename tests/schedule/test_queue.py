@@ -1,0 +1,127 @@
+"""The queue on SQLite and on a real PostgreSQL server: atomic claims, leases, takeover, the cache."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from queue_helpers import model_worker, queue_tiny
+from tiny import HERE as TINY
+
+from autofit.schedule import queue
+from autofit.schedule.status import search_summaries
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest) -> str:
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+def _request(n: int) -> dict:
+    return {"entry": "m.py:f", "hardware": "cpu", "gpus": 1, "nodes": 1, "global_batch": 8 * n, "space": {},
+            "space_name": "s", "fixed": {}, "trials": 2, "memory_bytes": None}
+
+
+def _machine(name: str = "cpu"):  # noqa: ANN202
+    from autofit.hardware import get_hardware
+    from autofit.schedule.fingerprint import detect_machine
+
+    return detect_machine(get_hardware(name))
+
+
+def test_each_search_is_claimed_by_exactly_one_of_many_racing_workers(url: str) -> None:
+    ids = {queue.add_search(url, _request(n), "wfp").id for n in range(1, 5)}
+    assert len(ids) == 4
+    machine = _machine()
+    claimed: dict[str, list[str]] = {}
+    start = threading.Barrier(8)
+
+    def race(worker: str) -> None:
+        start.wait()
+        claimed[worker] = []
+        while (search_id := queue.claim(url, worker, machine)) is not None:
+            claimed[worker].append(search_id)
+
+    threads = [threading.Thread(target=race, args=(f"w{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [s for searches in claimed.values() for s in searches]
+    assert sorted(won) == sorted(ids)  # every search once, none twice
+    rows = {r.id: r for r in queue.search_rows(url)}
+    assert all(rows[s].worker == w and rows[s].claims == 1 for w, searches in claimed.items() for s in searches)
+
+
+def test_a_search_whose_lease_ran_out_is_taken_over_and_its_old_holder_is_told(url: str) -> None:
+    search_id = queue.add_search(url, _request(1), "wfp").id
+    machine = _machine()
+    assert queue.claim(url, "a", machine, lease_s=1.0) == search_id
+    assert queue.claim(url, "b", machine, lease_s=1.0) is None  # a's lease holds
+    assert queue.heartbeat(url, search_id, "a")
+    time.sleep(1.3)
+    assert queue.claim(url, "b", machine, lease_s=1.0) == search_id
+    assert not queue.heartbeat(url, search_id, "a")  # a learns it lost the search
+    assert not queue.finish(url, search_id, "a", "done")
+    assert queue.finish(url, search_id, "b", "done")
+    assert [(r.state, r.worker, r.claims) for r in queue.search_rows(url)] == [("done", "b", 2)]
+
+
+def test_a_worker_claims_only_its_own_device_and_count(sqlite_url: str) -> None:
+    queue.add_search(sqlite_url, _request(1) | {"hardware": "l4"}, "wfp")
+    queue.add_search(sqlite_url, _request(2) | {"gpus": 2}, "wfp")
+    assert queue.claim(sqlite_url, "w", _machine()) is None
+
+
+def test_a_done_search_is_returned_cached_with_its_winner(url: str) -> None:
+    first = queue_tiny(url)
+    assert (first.state, first.cached) == ("queued", False)
+    assert queue_tiny(url) == first  # queued: the same search, not a second one
+    assert model_worker(url, "w1").serve() == [first.id]
+    again = queue_tiny(url)
+    assert (again.id, again.state, again.cached) == (first.id, "done", True)
+    summary = search_summaries(url)[0]
+    assert again.result is not None and again.result["best"]["config"] == summary["best"]["config"]
+    assert summary["state"] == "done" and summary["worker"] == "w1" and summary["trials"] == 2
+
+
+def test_a_changed_model_file_makes_a_new_search(sqlite_url: str, tmp_path: Path) -> None:
+    model = tmp_path / "model.py"
+    model.write_text(TINY.read_text())
+    entry = f"{model}:tiny_workload"
+    first = queue_tiny(sqlite_url, entry=entry)
+    model_worker(sqlite_url, "w1").serve()
+    assert queue_tiny(sqlite_url, entry=entry).cached
+    model.write_text(TINY.read_text().replace("n_layers: int = 4", "n_layers: int = 3"))
+    changed = queue_tiny(sqlite_url, entry=entry)
+    assert (changed.cached, changed.state) == (False, "queued") and changed.id != first.id
+
+
+def test_a_changed_space_makes_a_new_search(sqlite_url: str) -> None:
+    first = queue_tiny(sqlite_url)
+    model_worker(sqlite_url, "w1").serve()
+    other = queue_tiny(sqlite_url, micro_batches=(4,))
+    assert (other.cached, other.state) == (False, "queued") and other.id != first.id
+
+
+def test_a_new_torch_or_driver_on_the_workers_makes_a_new_search(sqlite_url: str) -> None:
+    first = queue_tiny(sqlite_url)
+    model_worker(sqlite_url, "old").serve()
+    assert queue_tiny(sqlite_url).cached
+    upgraded = model_worker(sqlite_url, "new", torch="99.0", driver="999.1")
+    upgraded.serve()  # registers; nothing queued for it yet
+    fresh = queue_tiny(sqlite_url)
+    assert (fresh.cached, fresh.state) == (False, "queued") and fresh.id != first.id
+    assert upgraded.serve() == [fresh.id]
+    assert queue_tiny(sqlite_url) == queue.Added(fresh.id, "done", True, queue.stored_result(sqlite_url, fresh.id))
+
+
+def test_nothing_fits_is_a_state_and_is_cached_too(sqlite_url: str) -> None:
+    first = queue_tiny(sqlite_url, memory_mib=2)
+    model_worker(sqlite_url, "w").serve()
+    summary = search_summaries(sqlite_url)[0]
+    assert summary["state"] == "nothing-fits" and "nothing fits" in summary["message"]
+    again = queue_tiny(sqlite_url, memory_mib=2)
+    assert (again.id, again.state, again.cached) == (first.id, "nothing-fits", True)
