@@ -5,15 +5,23 @@ training script (and the probe) calls :func:`apply_to_model` before
 ``deepspeed.initialize``::
 
     ds = json.load(open("ds_config.json"))
-    model = workload.build_model(attention=ds["autofit"]["attention"])
+    with build_context(ds):   # deepspeed.zero.Init(config_dict_or_path=ds) under ZeRO-3
+        model = workload.build_model(attention=ds["autofit"]["attention"])
     apply_to_model(model, ds, workload.repeated_layers(model))
     optimizer = client_optimizer(model.parameters(), ds)   # None when DeepSpeed builds it
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                       optimizer=optimizer, config=ds)
+
+Under ZeRO-3 the model is built inside ``deepspeed.zero.Init(config_dict_or_path=ds)``
+(:func:`build_context`): each module's parameters are partitioned over the ranks as soon as
+the module is made (in the JSON's precision, on the rank's device, or on the host with
+parameter offload), so no rank ever holds the whole model. The cost model prices ZeRO-3
+that way, and the probe builds that way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from collections.abc import Iterable, Sequence
@@ -79,6 +87,18 @@ def _wrap_forward(layer: Any) -> None:
 
     layer.forward = forward
     setattr(layer, CHECKPOINTED_ATTR, True)
+
+
+def build_context(ds: dict[str, Any]) -> Any:
+    """The context to build the model in: ``deepspeed.zero.Init(config_dict_or_path=ds)`` for ZeRO-3,
+    a no-op context otherwise. ``torch.distributed`` is started first (``deepspeed.init_distributed``,
+    as ``deepspeed.initialize`` would): zero.Init checks the JSON's batch against the world size."""
+    if ds.get("zero_optimization", {}).get("stage", 0) != 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    deepspeed.init_distributed()
+    return deepspeed.zero.Init(config_dict_or_path=ds)
 
 
 def client_optimizer(parameters: Iterable[Any], ds: dict[str, Any]) -> Any | None:

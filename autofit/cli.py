@@ -8,6 +8,7 @@ line on stderr and exit status 1 (a traceback only with ``--debug``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -104,6 +105,9 @@ class Setup:
         self.space = load_space(space)
         _use_nvme_path(click.get_current_context().meta.get("autofit.nvme_path"))
         self.world_size = gpus * nodes
+        self.nodes = nodes
+        # --gpus ranks share each node's host memory and links (cost_model.host, cost_model.time)
+        self.hardware = dataclasses.replace(self.hardware, devices_per_node=gpus)
         self.global_batch = global_batch
         self.workload = load_workload(entry) if entry is not None else None  # None: script mode
 

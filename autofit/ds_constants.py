@@ -16,5 +16,8 @@ ALLGATHER_BUCKET_ELEMENTS = 50_000_000
 STAGE3_PREFETCH_ELEMENTS = 50_000_000
 #: ``stage3_max_live_parameters``: most gathered parameters ZeRO-3 keeps before releasing
 STAGE3_MAX_LIVE_ELEMENTS = 1_000_000_000
+#: ``stage3_max_reuse_distance``: a released parameter stays gathered if it is used again within this many
+#: elements of the module order (partitioned_param_coordinator.py ``__params_to_release``)
+STAGE3_MAX_REUSE_ELEMENTS = 1_000_000_000
 #: ``stage3_param_persistence_threshold``: parameters smaller than this stay whole on every rank
 STAGE3_PERSISTENCE_THRESHOLD = 100_000

@@ -20,6 +20,7 @@ from autofit.ds_constants import (
     ALLGATHER_BUCKET_ELEMENTS,
     REDUCE_BUCKET_ELEMENTS,
     STAGE3_MAX_LIVE_ELEMENTS,
+    STAGE3_MAX_REUSE_ELEMENTS,
     STAGE3_PERSISTENCE_THRESHOLD,
     STAGE3_PREFETCH_ELEMENTS,
 )
@@ -126,6 +127,7 @@ def _zero_section(config: Config, software: Software) -> dict[str, Any]:
         zero |= {
             "stage3_prefetch_bucket_size": STAGE3_PREFETCH_ELEMENTS,
             "stage3_max_live_parameters": STAGE3_MAX_LIVE_ELEMENTS,
+            "stage3_max_reuse_distance": STAGE3_MAX_REUSE_ELEMENTS,
             "stage3_param_persistence_threshold": STAGE3_PERSISTENCE_THRESHOLD,
             "stage3_gather_16bit_weights_on_model_save": True,
         }

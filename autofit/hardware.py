@@ -49,13 +49,26 @@ class Hardware:
     supports_flash: bool = False
     """Whether flash attention kernels run here (CUDA, sm80 and newer)."""
     host_memory_bytes: int = 0
-    """Host RAM available to offload to (per node)."""
+    """Host RAM of one node: every rank's process, model build and offloaded states share it."""
+    devices_per_node: int = 0
+    """Devices (ranks) that share one node, ``--gpus``; 0: every rank on one node."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("cuda", "cpu"):
             raise AutofitError(f"hardware kind must be cuda or cpu, but got {self.kind!r}")
         if self.memory_bytes <= 0:
             raise AutofitError(f"hardware memory must be positive, but got {self.memory_bytes!r}")
+        if self.devices_per_node < 0:
+            raise AutofitError(f"devices_per_node must be >= 0, but got {self.devices_per_node!r}")
+
+    def ranks_on_a_node(self, world_size: int) -> int:
+        """Ranks that share one node's host and intra-node links."""
+        return min(world_size, self.devices_per_node) if self.devices_per_node > 0 else world_size
+
+    def n_nodes(self, world_size: int) -> int:
+        """Nodes a job of ``world_size`` ranks spans."""
+        per_node = self.ranks_on_a_node(world_size)
+        return -(-world_size // per_node)
 
     def supports_precision(self, precision: str) -> bool:
         return precision in self.peak_flops

@@ -80,6 +80,15 @@ def trace_workload(
     return _facts(workload, structure, profiles, structure["n_layers"], tracer.mode, time.perf_counter() - started)
 
 
+def parameter_facts(workload: Workload) -> ModelFacts:
+    """The model's parameter facts alone (counts, largest module, persistent parameters), from a build
+    on the meta device: enough for model states (:func:`autofit.cost_model.memory.model_states`),
+    without the activation traces that pricing a whole config needs."""
+    started = time.perf_counter()
+    structure = _model_structure(workload)
+    return _facts(workload, structure, {}, structure["n_layers"], "fake", time.perf_counter() - started)
+
+
 def middle_checkpointed_layers(ratios: tuple[float, ...], n_layers: int) -> int:
     """Checkpointed layers of the ratio nearest 0.5 that wraps some but not all of ``n_layers`` (0: none)."""
     counts = {int(round(r * n_layers)) for r in ratios} - {0, n_layers}

@@ -24,18 +24,20 @@ TRAINABLE = {
     "benchmarks/models/moe.py": (4, True),
     "benchmarks/models/cnn.py": (8, False),
 }
-NEEDS_TRANSFORMERS = {"hf_bert", "t5_encdec", "vit", "gqa_llama", "moe", "llama_7b"}
+NEEDS_TRANSFORMERS = {"hf_bert", "t5_encdec", "vit", "gqa_llama", "moe", "llama_7b", "llama2"}
+#: planning-only examples (built on meta tensors, never trained here)
+PLANNING_ONLY = {"examples/llama_7b.py", "examples/llama2.py"}
 
 
-def _load(path: str) -> Workload:
+def _load(path: str, function: str = "workload") -> Workload:
     if Path(path).stem in NEEDS_TRANSFORMERS:
         pytest.importorskip("transformers")
-    return load_workload(f"{ROOT / path}:workload")
+    return load_workload(f"{ROOT / path}:{function}")
 
 
 def test_every_entry_file_is_covered() -> None:
     shipped = {str(p.relative_to(ROOT)) for p in [*ROOT.glob("examples/*.py"), *ROOT.glob("benchmarks/models/*.py")]}
-    assert shipped - {"benchmarks/models/__init__.py"} == set(TRAINABLE) | {"examples/llama_7b.py"}
+    assert shipped - {"benchmarks/models/__init__.py"} == set(TRAINABLE) | PLANNING_ONLY
 
 
 @pytest.mark.parametrize("path", sorted(TRAINABLE))
@@ -137,3 +139,14 @@ def test_llama_7b_builds_on_meta_with_7b_params() -> None:
     assert workload.tokens_per_sample == 2048
     # the batch is cheap and real: only the model is meta
     assert workload.batch(1)["input_ids"].shape == (1, 2048)
+
+
+@pytest.mark.parametrize(("function", "n_params", "n_layers"), [("llama2_7b", 6.74e9, 32), ("llama2_13b", 13.02e9, 40),
+                                                               ("llama2_70b", 68.98e9, 80)])
+def test_llama2_builds_on_meta_with_its_published_size(function: str, n_params: float, n_layers: int) -> None:
+    workload = _load("examples/llama2.py", function)
+    with torch.device("meta"):
+        model = workload.build_model("sdpa")
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(n_params, rel=0.01)
+    assert len(workload.repeated_layers(model)) == n_layers
+    assert workload.tokens_per_sample == 4096

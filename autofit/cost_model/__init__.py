@@ -14,6 +14,7 @@ from typing import Any
 from autofit.config import Config
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
+from autofit.cost_model.host import host_peak_bytes
 from autofit.cost_model.memory import MemoryBreakdown, predict_memory
 from autofit.cost_model.time import predict_step_time
 from autofit.hardware import Hardware
@@ -44,15 +45,19 @@ class Prediction:
     tokens_per_s: float | None
     """``samples_per_s x tokens_per_sample`` for token workloads."""
     fits: bool
-    """Whether ``peak_bytes`` is within the device memory."""
+    """Whether ``peak_bytes`` is within the device memory and ``host_peak_bytes`` within the node's host memory."""
     reason: str | None = None
     """Why it does not fit (None when it does)."""
     time_breakdown: dict[str, float] = field(default_factory=dict)
     """Seconds per step by cause: compute, recompute, communication, offload, overhead."""
+    host_peak_bytes: int = 0
+    """Most host (CPU RAM) bytes one node needs: its ranks' processes, builds and offloaded states
+    (:mod:`autofit.cost_model.host`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "peak_bytes": self.peak_bytes,
+            "host_peak_bytes": self.host_peak_bytes,
             "breakdown": asdict(self.breakdown),
             "step_time_s": self.step_time_s,
             "samples_per_s": self.samples_per_s,
@@ -77,8 +82,11 @@ def predict(
     samples = config.samples_per_step(world_size)
     samples_per_s = samples / step_time_s if step_time_s > 0 else 0.0
     tokens_per_s = samples_per_s * facts.tokens_per_sample if facts.tokens_per_sample else None
-    fits = peak <= hardware.memory_bytes
-    reason = None if fits else _not_fit_reason(peak, hardware, memory)
+    host_peak = host_peak_bytes(config, facts, hardware, world_size, peak)
+    reason = _not_fit_reason(peak, hardware, memory) if peak > hardware.memory_bytes else None
+    if reason is None and hardware.host_memory_bytes and host_peak > hardware.host_memory_bytes:
+        reason = _host_reason(host_peak, hardware, world_size)
+    fits = reason is None
     return Prediction(
         peak_bytes=peak,
         breakdown=memory,
@@ -88,6 +96,7 @@ def predict(
         fits=fits,
         reason=reason,
         time_breakdown=time_parts,
+        host_peak_bytes=host_peak,
     )
 
 
@@ -99,4 +108,14 @@ def _not_fit_reason(peak: int, hardware: Hardware, memory: MemoryBreakdown) -> s
     return (
         f"needs {format_bytes(peak)} but {hardware.name} has {format_bytes(hardware.memory_bytes)} "
         f"(largest part: {biggest} {format_bytes(parts[biggest])})"
+    )
+
+
+def _host_reason(host_peak: int, hardware: Hardware, world_size: int) -> str:
+    from autofit.units import format_bytes
+
+    ranks = hardware.ranks_on_a_node(world_size)
+    return (
+        f"host memory: {ranks} rank(s) per node need {format_bytes(host_peak)} of host RAM "
+        f"but a node has {format_bytes(hardware.host_memory_bytes)}"
     )

@@ -3,9 +3,16 @@
 The peak is the largest of three phases (DESIGN.md measures from model
 construction through the measured steps):
 
-* **init** -- the fp32 model as built, plus what ``deepspeed.initialize`` copies
-  while it flattens and partitions parameters (ZeRO keeps the old and the new
-  storage alive together for a moment).
+* **init** -- the model as built on the device, plus what ``deepspeed.initialize``
+  copies while it flattens and partitions parameters (ZeRO keeps the old and the new
+  storage alive together for a moment). Where the model is built depends on the
+  stage: ZeRO 0-2 build the fp32 model on the host and DeepSpeed casts it to the
+  working precision there and moves it (engine.py ``_configure_distributed_model``),
+  so a GPU sees ``w x Psi``; ZeRO-3 builds under ``deepspeed.zero.Init``, which
+  partitions each module's parameters as soon as its ``__init__`` returns
+  (partition_parameters.py ``Init._post_init_method``), so a rank holds its
+  partition plus one module whole. A CPU device is the process that builds the
+  fp32 model (ZeRO 0-2: ``4 x Psi`` in it).
 * **backward** -- resident states (parameters, fp32 master copy, optimizer
   states, gradient buffers DeepSpeed keeps) plus the traced peak of live
   activations and gradients during forward+backward.
@@ -24,13 +31,18 @@ measures each of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autofit.config import WORKING_BYTES, Config
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_bytes
-from autofit.ds_constants import REDUCE_BUCKET_ELEMENTS, STAGE3_MAX_LIVE_ELEMENTS
+from autofit.ds_constants import (
+    REDUCE_BUCKET_ELEMENTS,
+    STAGE3_MAX_LIVE_ELEMENTS,
+    STAGE3_MAX_REUSE_ELEMENTS,
+    STAGE3_PREFETCH_ELEMENTS,
+)
 from autofit.hardware import Hardware
 
 FP32 = 4
@@ -117,7 +129,16 @@ class ModelStates:
     step_scratch: float
     """The largest temporary of the step (flattened bucket copy, or the optimizer's scratch)."""
     init_extra: float
-    """Bytes ``deepspeed.initialize`` holds briefly above the built fp32 model."""
+    """Bytes ``deepspeed.initialize`` holds briefly above the built model (``built``)."""
+    built: float = 0.0
+    """Device bytes of the model as built, before ``deepspeed.initialize`` (see the module docstring)."""
+
+    @property
+    def resident(self) -> float:
+        """The model states a rank keeps through training: parameters (own and gathered), the fp32
+        partition, optimizer states and the gradient buffers alive through backward. What DeepSpeed's
+        ``estimate_zero{2,3}_model_states_mem_needs`` estimate as ``gpu_mem``."""
+        return self.params + self.gathered_params + self.master + self.optimizer + self.grads_resident
 
 
 def reduce_bucket_bytes(n_elements: float, bucket_elements: int, element_bytes: int, device_kind: str) -> float:
@@ -137,7 +158,9 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
     made even in fp32); gradients go through a reduce bucket (fp32 for stage 1, w for stage 2,
     stage_1_and_2.setup_buckets) into an fp32 partition.
     Stage 3: parameters too are partitioned; a gradient partition buffer and the reduce bucket live
-    for the whole run; layers gather their parameters while they run.
+    for the whole run; layers gather their parameters while they run (:func:`stage3_live_elements`).
+    Offload moves what DeepSpeed puts on ``self.device = 'cpu'`` to the host (:mod:`autofit.cost_model.host`
+    prices it there) and keeps the device-side buffers named in :func:`_offloaded`.
     """
     psi = float(facts.n_trainable_params)
     frozen = float(facts.n_params - facts.n_trainable_params)
@@ -148,12 +171,10 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
     shard = psi / dp if stage >= 1 else psi
     optimizer = optimizer_state_bytes(config.optimizer, facts, shard, flat=stage >= 1)
     scratch_per_element = TRANSIENT_BYTES_PER_ELEMENT[device_kind][config.optimizer]
-    offloaded = config.offload_optimizer != "none"
-    if offloaded:
-        optimizer, scratch_per_element = 0.0, 0.0
     stepped_elements = shard if stage >= 1 else facts.largest_param_numel
     optimizer_scratch = scratch_per_element * stepped_elements
-    built = float(FP32 * facts.n_params)
+    # a CPU device is the process that builds the fp32 model; a GPU receives it cast to w (engine.py)
+    built = float(FP32 * facts.n_params) if device_kind == "cpu" else w * (psi + frozen)
     largest = float(facts.largest_param_numel)
 
     if stage == 0:
@@ -166,7 +187,7 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
         if sixteen_bit:
             # fp16/fused_optimizer.py (DeepSpeed's Adam): a flat 16-bit gradient copy and its fp32 image;
             # fp16/unfused_optimizer.py (others): fp32 gradients made tensor by tensor
-            fused = config.optimizer == "adamw" and not offloaded
+            fused = config.optimizer == "adamw" and config.offload_optimizer == "none"
             bucket += (w + FP32) * psi if fused else w * psi + FP32 * largest
             init_extra = (w + FP32 + w) * psi + (FP32 + w) * (psi if fused else largest) - (built - params)
     elif stage in (1, 2):
@@ -189,15 +210,16 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
         master = FP32 * shard
         # the gradient partition and the reduce bucket live for the whole run
         grads_resident = w * shard + reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind)
-        gathered = w * min(partitioned - partitioned / dp + facts.largest_module_params, STAGE3_MAX_LIVE_ELEMENTS)
+        gathered = w * stage3_live_elements(partitioned - partitioned / dp, facts.largest_module_params)
+        # stage3.py initialize_optimizer_states: an fp32 gradient buffer for the optimizer beside the partition
         grads_step = FP32 * shard + FP32 * shard
         bucket = 0.0
-        init_extra = w * psi + FP32 * shard + w * shard - (built - params)
-    if offloaded:
-        master, grads_step = 0.0, min(grads_step, w * shard)
-    if config.offload_params != "none":
-        params, gathered = 0.0, w * min(psi, 2 * facts.largest_module_params)
-    return ModelStates(
+        # zero.Init: each module is made whole in w (fp32 tensor by tensor) then partitioned (Init._post_init_method)
+        built = params + w * facts.largest_module_params + FP32 * largest
+        # deepspeed.initialize: defragment() copies the partitions into one flat buffer; the fp32 master is
+        # made by .to(fp32) and then .clone() (stage3.py _create_fp32_partitions): twice for a moment
+        init_extra = w * shard + 2 * FP32 * shard - (built - params)
+    states = ModelStates(
         params=params,
         master=master,
         optimizer=optimizer,
@@ -206,7 +228,55 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
         grads_step=grads_step,
         step_scratch=max(bucket, optimizer_scratch),
         init_extra=max(0.0, init_extra),
+        built=built,
     )
+    return _offloaded(states, config, facts, world_size) if config.zero_stage >= 1 else states
+
+
+def stage3_live_elements(not_on_device: float, largest_module_params: float) -> float:
+    """Elements ZeRO-3 holds gathered on a rank beyond its own partition, at most.
+
+    The parameter coordinator (partitioned_param_coordinator.py) releases a module's parameters after
+    it runs unless they are used again within ``stage3_max_reuse_distance`` elements of the module
+    order (``__params_to_release``): at the turn from forward to backward the last
+    ``max_reuse_distance / 2`` elements of layers stay gathered (they are traversed once more in forward
+    and once in backward before their reuse). It prefetches up to ``stage3_prefetch_bucket_size``
+    elements ahead (capped by ``stage3_max_live_parameters``), and the running module is whole.
+    A model smaller than that keeps everything it does not own gathered.
+    """
+    window = STAGE3_MAX_REUSE_ELEMENTS / 2 + min(STAGE3_PREFETCH_ELEMENTS, STAGE3_MAX_LIVE_ELEMENTS)
+    return min(not_on_device, window) + largest_module_params
+
+
+def _offloaded(states: ModelStates, config: Config, facts: ModelFacts, world_size: int) -> ModelStates:
+    """What stays on the device when ZeRO offloads the optimizer and/or the parameters.
+
+    Optimizer offload: the fp32 partition, its gradient and the optimizer states live on the host
+    (``self.device = 'cpu'`` in stage_1_and_2.py and stage3.py); ZeRO 1/2 keep a device buffer of the
+    largest parameter for each gradient's copy down (``temp_grad_buffer_for_gpu_offload``), ZeRO-3 keeps
+    only its reduce bucket (its gradient partition buffer, ``grad_partitions_flat_buffer``, is on the host).
+    Parameter offload (ZeRO-3): the partition lives on the host (``param_groups_fp16_flat_cpu_memory``);
+    the device holds the persistent parameters and what is gathered, the rank's own share included.
+    """
+    w = WORKING_BYTES[config.precision]
+    changes: dict[str, float] = {}
+    if config.offload_optimizer != "none":
+        changes |= {"master": 0.0, "optimizer": 0.0, "step_scratch": 0.0}
+        if config.zero_stage == 3:
+            bucket = reduce_bucket_bytes(facts.n_trainable_params, REDUCE_BUCKET_ELEMENTS, w, "cuda")
+            changes |= {"grads_resident": bucket, "grads_step": 0.0, "init_extra": 0.0}
+        else:
+            changes |= {"grads_step": w * float(facts.largest_param_numel)}
+            changes["init_extra"] = max(0.0, states.init_extra - FP32 * facts.n_trainable_params / world_size)
+    if config.offload_params != "none" and config.zero_stage == 3:
+        persistent = float(facts.n_persistent_params)
+        partitioned = facts.n_trainable_params - persistent
+        frozen = float(facts.n_params - facts.n_trainable_params)
+        params = w * (persistent + frozen)
+        gathered = w * stage3_live_elements(partitioned, facts.largest_module_params)
+        built = params + w * facts.largest_module_params + FP32 * facts.largest_param_numel
+        changes |= {"params": params, "gathered_params": gathered, "built": built, "init_extra": 0.0}
+    return replace(states, **changes)
 
 
 def activation_peak_bytes(config: Config, facts: ModelFacts, keep_grads: bool) -> float:
@@ -239,9 +309,7 @@ def predict_memory(
     held_grads = states.grads_step if (stage0 and config.grad_accum_steps > 1) else 0.0
     activations = activation_peak_bytes(config, facts, keep_grads)
     phases = (
-        MemoryBreakdown(
-            params=FP32 * facts.n_params, grads=0, optimizer=int(states.init_extra), activations=0, other=runtime
-        ),
+        MemoryBreakdown(params=int(states.built), grads=0, optimizer=int(states.init_extra), activations=0, other=runtime),
         MemoryBreakdown(
             params=int(states.params + states.gathered_params),
             grads=int(states.grads_resident + held_grads),

@@ -76,6 +76,11 @@ class ProbeResult:
     """For ``oom``: ``device`` (the GPU, or the budget of a CPU device) or ``host`` (the host's RAM: a CPU
     allocation failed or the kernel's OOM killer ended a rank); None otherwise."""
 
+    per_rank_build_bytes: list[int] = field(default_factory=list)
+    """Memory each rank held once the model was built, before ``deepspeed.initialize`` (real mode)."""
+    per_rank_param_elements: list[int] = field(default_factory=list)
+    """Parameter elements each rank held once the model was built: its partition under ZeRO-3 (zero.Init)."""
+
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise AutofitError(f"probe status must be one of {', '.join(STATUSES)}, but got {self.status!r}")
@@ -190,6 +195,8 @@ def _combine(
         message=_message(outcomes, statuses, status, timeout_s),
         overhead_s=sum(v for k, v in phases.items() if k != "steps_s"),
         per_rank_peak_bytes=per_rank,
+        per_rank_build_bytes=[int(r.get("build_peak_bytes", 0)) if r else 0 for r in results],
+        per_rank_param_elements=[int(r.get("param_elements", 0)) if r else 0 for r in results],
         phases_s=phases,
         breakdown=dict(results[0].get("breakdown", {})) if results[0] else {},
         world_size=world_size,

@@ -111,6 +111,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     t0 = time.time()
     model, n_ckpt = _build_model(workload, config, ds)
     phases["model_build_s"] = time.time() - t0
+    built = {"build_peak_bytes": meter.peak_bytes(), "param_elements": held_param_elements(model)}
 
     t0 = time.time()
     engine = _initialize(deepspeed, model, ds)
@@ -127,6 +128,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
         "device_memory": meter.report(),
         "n_checkpointed": n_ckpt,
         "tokens_per_sample": workload.tokens_per_sample,
+        **built,
     }
 
 
@@ -148,11 +150,21 @@ def _import_workload(spec: dict[str, Any], config: Any, torch: Any) -> Any:
 
 
 def _build_model(workload: Any, config: Any, ds: dict[str, Any]) -> tuple[Any, int]:
-    """The model with the candidate's checkpointing applied; returns it and its checkpointed layers."""
-    from autofit.apply import apply_to_model
+    """The model with the candidate's checkpointing applied; returns it and its checkpointed layers.
 
-    model = workload.build_model(attention=config.attention)
+    ZeRO-3 builds under ``deepspeed.zero.Init`` (:func:`autofit.apply.build_context`), as a training
+    script following the emitted JSON does: each rank holds its partition from the start.
+    """
+    from autofit.apply import apply_to_model, build_context
+
+    with build_context(ds):
+        model = workload.build_model(attention=config.attention)
     return model, apply_to_model(model, ds, workload.repeated_layers(model))
+
+
+def held_param_elements(model: Any) -> int:
+    """Parameter elements this rank holds: its ZeRO-3 partition (``ds_tensor``) where there is one."""
+    return sum(int(p.ds_tensor.numel()) if hasattr(p, "ds_tensor") else int(p.numel()) for p in model.parameters())
 
 
 def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> Any:

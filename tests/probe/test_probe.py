@@ -140,3 +140,20 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+@pytest.mark.slow
+def test_zero3_builds_under_zero_init_with_half_the_parameters_per_rank() -> None:
+    """World size 2: under ZeRO-3 each rank holds about half the parameters from the start (zero.Init);
+    under ZeRO-2 each rank builds a whole copy."""
+    whole = run_probe(entry("medium"), Config(zero_stage=2), CPU, world_size=2, steps=1, warmup_steps=0, timeout_s=START_S)
+    split = run_probe(entry("medium"), Config(zero_stage=3), CPU, world_size=2, steps=1, warmup_steps=0, timeout_s=START_S)
+    assert whole.status == split.status == "ok", (whole.message, split.message)
+    n_params = whole.per_rank_param_elements[0]
+    assert whole.per_rank_param_elements == [n_params, n_params]
+    assert sum(split.per_rank_param_elements) == pytest.approx(n_params, rel=0.01)
+    for held, built in zip(split.per_rank_param_elements, split.per_rank_build_bytes, strict=True):
+        assert held == pytest.approx(n_params / 2, rel=0.02)
+        # the partition in fp32 plus one module made whole for a moment, against the whole fp32 copy
+        assert built < 0.7 * min(whole.per_rank_build_bytes)
+    assert min(whole.per_rank_build_bytes) > 0.9 * 4 * n_params
