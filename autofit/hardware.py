@@ -197,8 +197,92 @@ def detect_cpu() -> Hardware:
     )
 
 
+@dataclass(frozen=True)
+class DeviceRecord:
+    """One visible GPU as NVML describes it (``nvmlDeviceGetName``, ``nvmlDeviceGetMemoryInfo``,
+    ``nvmlDeviceGetNvLinkState`` over its links)."""
+
+    name: str
+    """The device's name (``NVIDIA H100 80GB HBM3``, ``NVIDIA H100 PCIe``)."""
+    memory_bytes: int
+    """Total device memory."""
+    nvlink: bool
+    """Whether any NVLink is active: SXM boards have them, PCIe cards (without a bridge) do not."""
+
+
+def node_hardware(records: list[DeviceRecord]) -> Hardware | None:
+    """The preset every visible device of a node matches (None: no preset does); one line of error
+    for a mixed node.
+
+    A device without an active NVLink gets its intra-node bandwidth from PCIe (an H100 PCIe is no SXM
+    part: NVLink 4's 450 GB/s does not apply), and its name says so.
+    """
+    if not records:
+        raise AutofitError("no CUDA device visible")
+    kinds = sorted({(r.name, round(r.memory_bytes / GB), r.nvlink) for r in records})
+    if len(kinds) > 1:
+        seen = "; ".join(f"{name} {gb} GB {'NVLink' if link else 'PCIe'}" for name, gb, link in kinds)
+        raise AutofitError(f"mixed node: the visible devices differ ({seen}); set CUDA_VISIBLE_DEVICES to one kind")
+    first = records[0]
+    base = _closest_preset(first.name, first.memory_bytes)
+    if base is None:
+        return None
+    key, preset = base
+    hardware = replace(preset, name=f"{key} ({first.name})", memory_bytes=first.memory_bytes)
+    if not first.nvlink:
+        hardware = replace(hardware, name=f"{key} PCIe ({first.name})", intra_node_bytes_per_s=preset.pcie_bytes_per_s)
+    return replace(hardware, devices_per_node=len(records))
+
+
+def _closest_preset(device_name: str, memory_bytes: int) -> tuple[str, Hardware] | None:
+    compact = device_name.lower().replace(" ", "")
+    for key, preset in PRESETS.items():
+        family = key.split("-")[0]
+        if family in compact and abs(preset.memory_bytes - memory_bytes) < 0.1 * preset.memory_bytes:
+            return key, preset
+    return None
+
+
+def nvml_records() -> list[DeviceRecord] | None:
+    """Every device NVML sees (honouring ``CUDA_VISIBLE_DEVICES`` only as NVML does: not at all), or
+    None where NVML is unavailable."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        records = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            records.append(
+                DeviceRecord(
+                    name=name.decode() if isinstance(name, bytes) else str(name),
+                    memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    nvlink=_any_nvlink(pynvml, handle),
+                )
+            )
+        return records
+    except Exception:  # no driver, no pynvml, no NVML in the container
+        return None
+
+
+def _any_nvlink(pynvml: Any, handle: Any) -> bool:
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            if pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED:
+                return True
+        except pynvml.NVMLError:  # link not present (a PCIe card answers NOT_SUPPORTED)
+            continue
+    return False
+
+
 def detect_cuda() -> Hardware | None:
-    """CUDA device 0 matched to the closest preset by name and memory; None without CUDA."""
+    """The node's CUDA devices, every one of them through NVML (:func:`node_hardware`), else device 0
+    through torch matched to the closest preset by name and memory; None without CUDA."""
+    records = nvml_records()
+    matched = node_hardware(records) if records else None
+    if matched is not None:
+        return matched
     try:
         import torch
     except ImportError:

@@ -101,3 +101,30 @@ def test_with_memory_refuses_no_memory(memory_bytes):
 def test_hardware_validates_its_kind():
     with pytest.raises(AutofitError, match="tpu"):
         Hardware(name="x", kind="tpu", memory_bytes=1)
+
+
+def _h100(name: str = "NVIDIA H100 80GB HBM3", nvlink: bool = True):  # noqa: ANN202
+    from autofit.hardware import DeviceRecord
+
+    return DeviceRecord(name=name, memory_bytes=81559 * 2**20, nvlink=nvlink)
+
+
+def test_node_detection_reads_every_device_and_tells_pcie_from_sxm():
+    from autofit.hardware import PRESETS, node_hardware
+
+    sxm = node_hardware([_h100() for _ in range(8)])
+    assert sxm.devices_per_node == 8
+    assert sxm.intra_node_bytes_per_s == PRESETS["h100-80gb"].intra_node_bytes_per_s
+    pcie = node_hardware([_h100("NVIDIA H100 PCIe", nvlink=False) for _ in range(4)])
+    assert "PCIe" in pcie.name
+    assert pcie.intra_node_bytes_per_s == PRESETS["h100-80gb"].pcie_bytes_per_s < sxm.intra_node_bytes_per_s
+
+
+def test_a_mixed_node_is_one_line_of_error():
+    from autofit.hardware import node_hardware
+
+    with pytest.raises(AutofitError, match="mixed node") as caught:
+        node_hardware([_h100(), _h100("NVIDIA H100 PCIe", nvlink=False)])
+    assert "\n" not in str(caught.value)
+    with pytest.raises(AutofitError, match="no CUDA device"):
+        node_hardware([])

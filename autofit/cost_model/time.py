@@ -8,7 +8,8 @@ Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
 * communication (ZeRO paper sec. 7): data parallelism all-reduces gradients, 2 Psi elements per
   step (reduce-scatter + all-gather); ZeRO-2 reduce-scatters every micro-batch and all-gathers
   the updated parameters once; ZeRO-3 moves 3 Psi per micro-batch (all-gather in forward, again
-  in backward, reduce-scatter of gradients). A ring moves (N_d - 1)/N_d of that per rank.
+  in backward, reduce-scatter of gradients). A ring moves (N_d - 1)/N_d of that per rank, on the
+  intra-node links within a node and hierarchically across nodes (:mod:`autofit.cost_model.comm`).
 * offload (ZeRO-Offload, Ren et al. 2021): gradients down and parameters up once per step over
   PCIe (or NVMe), and the optimizer runs on the host; parameter offload streams the parameters
   in for forward and backward of every micro-batch.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from autofit.config import WORKING_BYTES, Config
 from autofit.cost_model.coefficients import Coefficients
+from autofit.cost_model.comm import communication_seconds
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_flops
 from autofit.cost_model.memory import optimizer_state_bytes
@@ -51,22 +53,6 @@ def micro_batch_compute_s(config: Config, facts: ModelFacts, hardware: Hardware,
     return (flops - converted) / rate("bf16") + converted / rate("fp8")
 
 
-def communication_bytes(config: Config, facts: ModelFacts, world_size: int) -> float:
-    """Bytes one rank sends per optimizer step for gradient reduction and parameter gathering."""
-    if world_size <= 1:
-        return 0.0
-    psi_bytes = float(facts.n_trainable_params * WORKING_BYTES[config.precision])
-    ring = (world_size - 1) / world_size
-    a = config.grad_accum_steps
-    if config.zero_stage <= 1:
-        volume = 2 * psi_bytes
-    elif config.zero_stage == 2:
-        volume = a * psi_bytes + psi_bytes
-    else:
-        volume = 3 * a * psi_bytes
-    return ring * volume
-
-
 def offload_bytes(config: Config, facts: ModelFacts, world_size: int) -> float:
     """Bytes moved between device and host (or NVMe) per optimizer step."""
     w = WORKING_BYTES[config.precision]
@@ -86,10 +72,7 @@ def predict_step_time(
     a = config.grad_accum_steps
     compute_s = a * micro_batch_compute_s(config, facts, hardware, coefficients)
 
-    nodes_bandwidth = hardware.intra_node_bytes_per_s
-    comm_s = communication_bytes(config, facts, world_size) / (nodes_bandwidth * coefficients.comm_efficiency) if (
-        nodes_bandwidth > 0
-    ) else 0.0
+    comm_s = communication_seconds(config, facts, hardware, world_size, coefficients.comm_efficiency)
 
     link = hardware.nvme_bytes_per_s if "nvme" in (config.offload_optimizer, config.offload_params) else hardware.pcie_bytes_per_s
     moved = offload_bytes(config, facts, world_size)

@@ -1,0 +1,58 @@
+"""Communication time of data parallelism by topology: ring collectives, hierarchical across nodes.
+
+Volumes per optimizer step, in units of the model's working-precision bytes S = w x Psi
+(ZeRO paper, Rajbhandari et al. 2020, sec. 7.2): data parallelism and ZeRO-1 all-reduce the
+gradients once (a reduce-scatter plus an all-gather: 2 S); ZeRO-2 reduce-scatters the gradients
+of every micro-batch and all-gathers the updated parameters once ((a + 1) S); ZeRO-3 all-gathers
+the parameters in forward and again in backward and reduce-scatters the gradients, every
+micro-batch (3 a S) -- the seeds' "2 Psi vs 3 Psi".
+
+Time of one reduce-scatter or all-gather of S bytes over n ranks on a ring: each rank moves
+``(n - 1) / n x S`` over its slowest link. That is NCCL's bus bandwidth (nccl-tests
+doc/PERFORMANCE.md: ``busBw = algBw x (n - 1) / n`` for reduce-scatter and all-gather,
+``x 2 (n - 1) / n`` for all-reduce), so ``t = (n - 1) / n x S / busBw`` with busBw the link speed.
+
+Across nodes the collectives run hierarchically (NCCL's tree/NVLS-tree and DeepSpeed's hierarchical
+partitioning do the same): a reduce-scatter over the g ranks of a node on the intra-node links,
+then one over the N nodes of the S / g bytes each rank holds on its own network link, and the
+all-gather mirrors it. So one S-collective over g x N ranks costs
+``(g - 1) / g x S / B_intra + (N - 1) / N x S / g / B_inter``; on one node the second term is 0
+and the first is the flat ring.
+"""
+
+from __future__ import annotations
+
+from autofit.config import WORKING_BYTES, Config
+from autofit.cost_model.facts import ModelFacts
+from autofit.hardware import Hardware
+
+
+def collective_volumes(config: Config) -> float:
+    """Reduce-scatters plus all-gathers of the whole model (S each) per optimizer step (module docstring)."""
+    a = config.grad_accum_steps
+    if config.zero_stage <= 1:
+        return 2.0
+    if config.zero_stage == 2:
+        return a + 1.0
+    return 3.0 * a
+
+
+def collective_seconds(n_bytes: float, hardware: Hardware, world_size: int, efficiency: float = 1.0) -> float:
+    """Seconds of one reduce-scatter (or all-gather) of ``n_bytes`` over ``world_size`` ranks, hierarchical
+    across nodes; 0 on one rank or where the hardware names no link."""
+    if world_size <= 1 or efficiency <= 0:
+        return 0.0
+    g = hardware.ranks_on_a_node(world_size)
+    n_nodes = hardware.n_nodes(world_size)
+    seconds = 0.0
+    if g > 1 and hardware.intra_node_bytes_per_s > 0:
+        seconds += (g - 1) / g * n_bytes / (hardware.intra_node_bytes_per_s * efficiency)
+    if n_nodes > 1 and hardware.inter_node_bytes_per_s > 0:
+        seconds += (n_nodes - 1) / n_nodes * n_bytes / g / (hardware.inter_node_bytes_per_s * efficiency)
+    return seconds
+
+
+def communication_seconds(config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, efficiency: float) -> float:
+    """Seconds per optimizer step of gradient reduction and parameter gathering."""
+    model_bytes = float(facts.n_trainable_params * WORKING_BYTES[config.precision])
+    return collective_volumes(config) * collective_seconds(model_bytes, hardware, world_size, efficiency)
