@@ -128,6 +128,18 @@ def _use_nvme_path(path: str | None) -> None:
         detect_software.cache_clear()
 
 
+def _prepare_ops(configs: list[Any], hardware: Any) -> None:
+    """Build or load the DeepSpeed ops the configs need, as its own step (not in a probe's time)."""
+    from autofit.probe.ops import prepare_ops
+
+    report = prepare_ops(configs, hardware)
+    for lock in report.cleared_locks:
+        click.echo(f"removed a stale build lock: {lock}", err=True)
+    if report.ops:
+        states = ", ".join(f"{op} {state}" for op, state in report.loaded.items())
+        click.echo(f"DeepSpeed ops: {states} ({report.seconds:.1f} s)", err=True)
+
+
 @main.command()
 @common_options
 @user_errors
@@ -164,6 +176,8 @@ def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, 
     setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
     result = run_estimate(setup.plan())
     chosen = (result.fitting or result.candidates)[0]
+    if mode == "real":
+        _prepare_ops([chosen.config], setup.hardware)
     click.echo(f"probing {chosen.config.label()} ({mode})", err=True)
     measured = run_probe(setup.entry, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,
                          warmup_steps=warmup, timeout_s=timeout_s)

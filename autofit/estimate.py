@@ -53,6 +53,8 @@ class EstimateResult:
             "hardware": self.hardware.to_dict() | {"world_size": self.world_size},
             "candidates": [c.to_dict() for c in self.candidates],
             "rejected": [{"config": partial, "reason": reason} for partial, reason in self.rejected],
+            # how a kernel was traced where not as itself: {"flash": "flash-attn" | "sdpa flash backend"}
+            "attention_traces": dict(self.facts.attention_traces) if self.facts is not None else {},
         }
 
 

@@ -32,6 +32,9 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
     console.print(table)
     if len(result.candidates) > max_rows:
         console.print(f"... {len(result.candidates) - max_rows} more (--json lists all)")
+    traces = getattr(result.facts, "attention_traces", None) or {}
+    for kernel, how in traces.items():
+        console.print(f"{kernel} attention is predicted from a trace through the {how}", markup=False)
     if result.rejected:
         from autofit.space import describe_rejections
 

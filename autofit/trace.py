@@ -29,13 +29,14 @@ import contextlib
 import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autofit.config import Config, trace_dtype_of
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.ds_constants import STAGE3_PERSISTENCE_THRESHOLD
 from autofit.errors import AutofitError
+from autofit.trace_attention import SDPA_FLASH, flash_attn_installed, flash_trace_plan, kernel_context
 from autofit.workload import Workload
 
 TRACE_MICRO_BATCHES = (1, 4)
@@ -65,19 +66,20 @@ def trace_workload(
     for dtype_name in dtype_names:
         for attention in attention_names:
             for checkpointed in (False, True) if structure["n_layers"] else (False,):
-                points = tracer.points(dtype_name, traced_kernel(attention), 1.0 if checkpointed else 0.0,
+                points = tracer.points(dtype_name, attention, 1.0 if checkpointed else 0.0,
                                        TRACE_MICRO_BATCHES)
                 profiles[ActivationProfile.key(dtype_name, attention, checkpointed)] = ActivationProfile(
                     dtype=dtype_name, attention=attention, checkpointed=checkpointed, points=points
                 )
             n_middle = middle_checkpointed_layers(checkpoint_ratios, structure["n_layers"])
             if n_middle:
-                points = tracer.points(dtype_name, traced_kernel(attention), n_middle / structure["n_layers"],
+                points = tracer.points(dtype_name, attention, n_middle / structure["n_layers"],
                                        TRACE_MICRO_BATCHES)
                 profiles[ActivationProfile.partial_key(dtype_name, attention, n_middle)] = ActivationProfile(
                     dtype=dtype_name, attention=attention, checkpointed=True, points=points
                 )
-    return _facts(workload, structure, profiles, structure["n_layers"], tracer.mode, time.perf_counter() - started)
+    facts = _facts(workload, structure, profiles, structure["n_layers"], tracer.mode, time.perf_counter() - started)
+    return replace(facts, attention_traces=dict(tracer.attention_traces))
 
 
 def parameter_facts(workload: Workload) -> ModelFacts:
@@ -104,10 +106,11 @@ def trace_config(workload: Workload, config: Config) -> ModelFacts:
     tracer = _Tracer(workload, structure)
     dtype_name = config.trace_dtype
     attention = config.attention if workload.searches_attention else "sdpa"
-    points = tracer.points(dtype_name, traced_kernel(attention), config.checkpoint_ratio, (config.micro_batch_size,))
+    points = tracer.points(dtype_name, attention, config.checkpoint_ratio, (config.micro_batch_size,))
     profile = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=False, points=points)
     profiles = {ActivationProfile.key(dtype_name, attention, False): profile}
-    return _facts(workload, structure, profiles, 0, tracer.mode, time.perf_counter() - started)
+    facts = _facts(workload, structure, profiles, 0, tracer.mode, time.perf_counter() - started)
+    return replace(facts, attention_traces=dict(tracer.attention_traces))
 
 
 class _Tracer:
@@ -118,12 +121,35 @@ class _Tracer:
         self.structure = structure
         self.mode = "fake"
         self.done: dict[tuple[Any, ...], tuple[PeakPoint, ...]] = {}
+        self.attention_traces: dict[str, str] = {}
+        """How each searched kernel was traced where it is not itself (``flash``: :mod:`autofit.trace_attention`)."""
 
-    def points(self, dtype_name: str, kernel: str, ratio: float, micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
-        key = (dtype_name, kernel, ratio, micro_batches)
+    def points(self, dtype_name: str, attention: str, ratio: float, micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
+        key = (dtype_name, attention, ratio, micro_batches)
         if key not in self.done:
-            self.done[key] = tuple(self._step(n, dtype_name, kernel, ratio) for n in micro_batches)
+            if attention == "flash":
+                self.done[key] = self._flash_points(dtype_name, ratio, micro_batches)
+            else:
+                self.done[key] = tuple(self._step(n, dtype_name, attention, ratio) for n in micro_batches)
         return self.done[key]
+
+    def _flash_points(self, dtype_name: str, ratio: float, micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
+        """flash-attn's own functions where installed and they trace; SDPA's flash backend otherwise."""
+        plan = flash_trace_plan(flash_attn_installed())
+        if self.attention_traces.get("flash") == SDPA_FLASH:
+            plan = plan[-1:]
+        for kernel, label in plan[:-1]:
+            try:
+                with kernel_context(label):
+                    points = tuple(_trace_step(self.workload, n, dtype_name, kernel, ratio, self.mode) for n in micro_batches)
+                self.attention_traces["flash"] = label
+                return points
+            except Exception:  # flash-attn's functions do not run here: the SDPA flash backend stands in
+                continue
+        kernel, label = plan[-1]
+        self.attention_traces["flash"] = label
+        with kernel_context(label):
+            return tuple(self._step(n, dtype_name, kernel, ratio) for n in micro_batches)
 
     def _step(self, n: int, dtype_name: str, kernel: str, ratio: float) -> PeakPoint:
         try:
@@ -159,13 +185,6 @@ def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, Ac
         trace_mode=mode,
         trace_seconds=seconds,
     )
-
-
-def traced_kernel(attention: str) -> str:
-    """The kernel a trace runs for ``attention``. flash-attn needs CUDA, so "flash" is traced with
-    SDPA, whose CPU kernel is flash-style too (saves the output and log-sum-exp, O(S), never the
-    S x S scores) -- the same memory; its speed comes from calibration on a GPU."""
-    return "sdpa" if attention == "flash" else attention
 
 
 class _NeedsRealTensors(Exception):

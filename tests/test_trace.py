@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from autofit.config import Config
 from autofit.trace import _LiveBytes, _make_tracker, trace_config, trace_workload
-from autofit.workload import Workload
+from autofit.workload import Workload, load_workload
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 WIDTH, TOKENS, N_LAYERS = 64, 32, 4
 
@@ -123,3 +127,18 @@ def test_sdpa_attention_flops_are_counted_on_the_cpu() -> None:
 
     # the same matmuls as eager attention, plus the scores the backward recomputes
     assert counted(eager) < counted(sdpa, cpu_sdpa_flop_formulas()) < 1.25 * counted(eager)
+
+
+def test_flash_is_traced_through_sdpas_flash_backend_and_labelled_so() -> None:
+    """Without flash-attn (this machine), flash is SDPA forced to its flash backend; the facts say so."""
+    from autofit.trace_attention import FLASH_ATTN, SDPA_FLASH, flash_attn_installed, flash_trace_plan
+
+    assert flash_trace_plan(True) == [("flash", FLASH_ATTN), ("sdpa", SDPA_FLASH)]
+    assert flash_trace_plan(False) == [("sdpa", SDPA_FLASH)]
+    if flash_attn_installed():
+        pytest.skip("flash-attn is installed: flash traces through it")
+    facts = trace_workload(load_workload(f"{EXAMPLES / 'gpt.py'}:workload"), precisions=("bf16",),
+                           attentions=("sdpa", "flash"))
+    assert facts.attention_traces == {"flash": SDPA_FLASH}
+    flash, sdpa = facts.profile("bf16", "flash", False).points, facts.profile("bf16", "sdpa", False).points
+    assert [p.activation_bytes for p in flash] == [p.activation_bytes for p in sdpa]  # the CPU's SDPA is flash-style

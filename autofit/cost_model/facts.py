@@ -99,6 +99,8 @@ class ModelFacts:
     """``(in_features, out_features)`` of the largest Linear fp8 training converts; (0, 0): none."""
     profiles: dict[str, ActivationProfile] = field(default_factory=dict)
     """Traced activation profiles by :meth:`ActivationProfile.key`."""
+    attention_traces: dict[str, str] = field(default_factory=dict)
+    """How a searched kernel was traced where not as itself: ``{"flash": "flash-attn" | "sdpa flash backend"}``."""
     trace_mode: str = "fake"
     """``fake`` (shapes only) or ``real`` (data-dependent models, traced on CPU tensors)."""
     trace_seconds: float = 0.0

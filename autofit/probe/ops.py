@@ -1,0 +1,149 @@
+"""DeepSpeed's compiled ops, built or loaded once before the first probe: ``python -m autofit.probe.ops OP ...``.
+
+DeepSpeed JIT-builds an optimizer's op (FusedAdam, CPU Adam/Lion, async I/O) inside the first
+``deepspeed.initialize`` that needs it: on a 2-core CPU the first probe spent 64 of its 69 s
+building ``fused_adam`` (issue 11), and its timeout had to allow for it. :func:`prepare_ops` does it
+up front, as its own step: it clears the build locks a killed build left behind, then loads every op
+the candidates need (:func:`autofit.software.ops_needed`) in one subprocess, through the
+accelerator's own builders (``get_accelerator().create_op_builder(...).load()``), so the probes
+find them built in torch's extension cache.
+
+Where the search calls it (wired by the search's owner): once after enumeration and before the
+first probe, ``prepare_ops(candidates, hardware)``, reported as a progress step; its seconds are
+not a probe's.
+
+A lock is torch's ``FileBaton`` (``<build dir>/lock``, torch/utils/cpp_extension.py): a file whose
+existence is the lock, with no owner recorded. A build that is killed leaves it, and every later
+build of that op waits on it forever. A lock is stale when no process works in its build directory
+(the lock holder runs ``ninja`` there) and it is older than :data:`STALE_AFTER_S`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autofit.software import OP_BUILDERS, Software, detect_software, ops_needed
+
+#: a lock younger than this may belong to a build that has not started ninja yet
+STALE_AFTER_S = 30.0
+
+
+@dataclass(frozen=True)
+class OpsReport:
+    """What :func:`prepare_ops` did."""
+
+    ops: tuple[str, ...]
+    """The ops the candidates need, sorted."""
+    loaded: dict[str, str] = field(default_factory=dict)
+    """Op -> ``ok`` or the one-line error its build gave."""
+    cleared_locks: tuple[str, ...] = ()
+    """Stale lock files removed first."""
+    seconds: float = 0.0
+    """Wall seconds of the whole step."""
+
+
+def extensions_roots(env: dict[str, str] | None = None) -> tuple[Path, ...]:
+    """Where torch builds extensions: ``TORCH_EXTENSIONS_DIR``, else its per-user cache (``torch_extensions``)."""
+    env = dict(os.environ) if env is None else env
+    if env.get("TORCH_EXTENSIONS_DIR"):
+        return (Path(env["TORCH_EXTENSIONS_DIR"]),)
+    cache = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return (cache / "torch_extensions",)
+
+
+def busy_build_dirs(proc: Path = Path("/proc")) -> set[Path]:
+    """Working directories of the running processes (a build's ninja works in its build directory)."""
+    busy: set[Path] = set()
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if entry.name.isdigit():
+            try:
+                busy.add(Path(os.readlink(entry / "cwd")))
+            except OSError:
+                continue
+    return busy
+
+
+def stale_locks(roots: tuple[Path, ...], busy: set[Path], now: float, min_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Lock files under ``roots`` (``<op>/lock`` or ``<pyXY_acc>/<op>/lock``) whose build nobody runs."""
+    found: list[Path] = []
+    for root in roots:
+        for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:
+            try:
+                age = now - lock.stat().st_mtime
+            except OSError:
+                continue
+            working = any(b == lock.parent or lock.parent in b.parents for b in busy)
+            if age > min_age_s and not working:
+                found.append(lock)
+    return sorted(found)
+
+
+def clear_stale_locks(roots: tuple[Path, ...] | None = None) -> list[Path]:
+    """Remove the stale build locks; returns the ones removed."""
+    removed = []
+    for lock in stale_locks(roots or extensions_roots(), busy_build_dirs(), time.time()):
+        try:
+            lock.unlink()
+            removed.append(lock)
+        except FileNotFoundError:
+            continue
+    return removed
+
+
+def prepare_ops(candidates: list[Any], hardware: Any, software: Software | None = None,
+                timeout_s: float = 1800.0) -> OpsReport:
+    """Clear stale locks, then build or load every DeepSpeed op ``candidates`` (Configs) need on ``hardware``."""
+    started = time.monotonic()
+    software = software if software is not None else detect_software()
+    keys = sorted({(c.optimizer, c.offload_optimizer, c.offload_params) for c in candidates})
+    ops = ops_needed(keys, hardware.kind, software)
+    cleared = tuple(str(p) for p in clear_stale_locks())
+    loaded = load_ops(ops, hardware.kind, timeout_s) if ops else {}
+    return OpsReport(ops=ops, loaded=loaded, cleared_locks=cleared, seconds=time.monotonic() - started)
+
+
+def load_ops(ops: tuple[str, ...], device_kind: str, timeout_s: float) -> dict[str, str]:
+    """Build or load ``ops`` in one subprocess (a build that crashes must not take the caller down)."""
+    env = dict(os.environ)
+    if device_kind == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    try:
+        done = subprocess.run([sys.executable, "-m", "autofit.probe.ops", *ops], env=env, capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return dict.fromkeys(ops, f"not built within {timeout_s:g} s")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return dict.fromkeys(ops, f"exit {done.returncode}: {tail}"[:300])
+    return {str(k): str(v) for k, v in json.loads(lines[-1]).items()}
+
+
+def _load_all(ops: list[str]) -> dict[str, str]:
+    from deepspeed.accelerator import get_accelerator
+
+    result: dict[str, str] = {}
+    for op in ops:
+        try:
+            builder = get_accelerator().create_op_builder(OP_BUILDERS[op])
+            if builder is None:
+                result[op] = f"{get_accelerator().device_name()} has no {OP_BUILDERS[op]}"
+                continue
+            builder.load(verbose=False)
+            result[op] = "ok"
+        except Exception as exc:  # a failed build is a result: the candidates needing it will error
+            result[op] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:300]
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(_load_all(sys.argv[1:])))
+    sys.stdout.flush()
+    os._exit(0)

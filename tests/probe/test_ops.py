@@ -1,0 +1,72 @@
+"""DeepSpeed ops before the first probe: which ones a space needs, stale build locks, loading them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from autofit.config import Config
+from autofit.probe.ops import busy_build_dirs, clear_stale_locks, prepare_ops, stale_locks
+from autofit.software import Software, ops_needed
+
+NO_NVCC = Software(cuda_toolkit=False)
+
+
+def test_ops_the_candidates_need():
+    assert ops_needed([("adamw", "none", "none"), ("lion", "none", "none"), ("sgd", "none", "none")], "cpu", Software()) == (
+        "fused_adam",
+    )  # the CPU runs Lion as a client optimizer
+    assert ops_needed([("lion", "none", "none"), ("adamw", "cpu", "none")], "cuda", Software()) == ("cpu_adam", "fused_lion")
+    assert ops_needed([("adamw", "none", "none")], "cuda", NO_NVCC) == ()  # torch_adam: nothing to build
+    assert ops_needed([("sgd", "none", "nvme")], "cuda", Software()) == ("async_io",)
+
+
+def _killed_build(root: Path, op: str) -> Path:
+    """What a build killed mid-way leaves: torch's FileBaton lock, acquired and never released."""
+    from torch.utils.file_baton import FileBaton
+
+    build = root / "py311_cpu" / op
+    build.mkdir(parents=True)
+    assert FileBaton(str(build / "lock")).try_acquire()
+    return build / "lock"
+
+
+def test_a_lock_left_by_a_killed_build_is_cleared(tmp_path):
+    pytest.importorskip("torch")
+    from torch.utils.file_baton import FileBaton
+
+    lock = _killed_build(tmp_path, "fused_adam")
+    old = time.time() - 120
+    os.utime(lock, (old, old))
+    assert stale_locks((tmp_path,), busy_build_dirs(), time.time()) == [lock]
+    assert clear_stale_locks((tmp_path,)) == [lock]
+    assert FileBaton(str(lock)).try_acquire()  # the next build goes ahead instead of waiting forever
+
+
+def test_a_lock_whose_build_runs_is_kept(tmp_path):
+    pytest.importorskip("torch")
+    lock = _killed_build(tmp_path, "cpu_adam")
+    old = time.time() - 120
+    os.utime(lock, (old, old))
+    ninja = subprocess.Popen(["sleep", "30"], cwd=lock.parent)  # stands where the build's ninja works
+    try:
+        time.sleep(0.1)
+        assert stale_locks((tmp_path,), busy_build_dirs(), time.time()) == []
+    finally:
+        ninja.kill()
+        ninja.wait()
+    young = _killed_build(tmp_path, "fused_lion")  # a build that has not started ninja yet
+    assert young not in stale_locks((tmp_path,), busy_build_dirs(), time.time())
+
+
+@pytest.mark.slow
+def test_prepare_ops_loads_fused_adam_on_the_cpu():
+    from autofit.hardware import get_hardware
+
+    report = prepare_ops([Config(optimizer="adamw"), Config(optimizer="sgd")], get_hardware("cpu"))
+    assert report.ops == ("fused_adam",)
+    assert report.loaded == {"fused_adam": "ok"}, report.loaded
