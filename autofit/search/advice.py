@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autofit.config import Config
 from autofit.cost_model.calibrate import Calibration
+from autofit.cost_model.memory_correction import family
 from autofit.hardware import Hardware
 from autofit.plan import Plan
 from autofit.search.records import TrialRecord
@@ -16,52 +17,83 @@ GPU_COUNTS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 def nothing_fits(
     records: list[TrialRecord], usable: Plan, calibration: Calibration, device: Hardware, margin: float
 ) -> str:
-    """One paragraph: the probes' outcomes, what the smallest candidate needs, and what would make it fit."""
+    """One paragraph: what was measured, what the smallest candidate needs, and what would make it fit
+    on this kind of device (GPU counts and offload on GPUs; a budget on a CPU, which is its own host)."""
     ranked = usable.price(calibration)
     smallest_config, smallest = min(ranked, key=lambda cp: cp[1].peak_bytes)
-    head = (
+    text = (
         f"nothing fits {device.name} ({format_bytes(device.memory_bytes)}, "
         f"{format_bytes(usable.hardware.memory_bytes)} usable with the {margin:.0%} safety margin): "
+        + _measured(records)
+        + f"the smallest candidate ({smallest_config.label()}) needs {format_bytes(smallest.peak_bytes)}."
     )
-    searched = [r for r in records if r.phase == "search"]
-    if searched:
-        outcomes = ", ".join(sorted({r.status if r.status != "ok" else "past the margin" for r in searched}))
-        head += f"{len(searched)} probe(s) ended {outcomes}; "
-    head += f"the smallest candidate ({smallest_config.label()}) needs {format_bytes(smallest.peak_bytes)}."
-    ideas = _ideas(smallest_config, usable, calibration, device)
+    on_gpus = device.kind == "cuda" or usable.world_size > 1
+    ideas = (_gpu_ideas if on_gpus else _cpu_ideas)(smallest_config, usable, calibration, records, margin)
+    ideas += _lean_idea(smallest_config, usable, calibration)
     if ideas:
-        return head + " It would fit with " + "; or ".join(ideas) + "."
-    return head + " Even sharded over 1024 GPUs it would not fit: a larger device or a smaller model is needed."
+        return text + " It would fit with " + "; or ".join(ideas) + "."
+    if on_gpus:
+        return text + " Even sharded over 1024 GPUs it would not fit: a larger device or a smaller model is needed."
+    return text + " A larger --memory budget or a smaller model is needed."
 
 
-def _ideas(smallest: Config, usable: Plan, calibration: Calibration, device: Hardware) -> list[str]:
-    """More ranks with ZeRO-3, offload (on a GPU), or micro-batch 1 with full checkpointing."""
-    world_size = usable.world_size
-    facts, budget = usable.facts, usable.hardware
+def _measured(records: list[TrialRecord]) -> str:
+    """What the probes said: how many configs and families, and the smallest peak one of them reached."""
+    tried = [r for r in records if r.phase == "search" and r.status in ("ok", "oom") and r.peak_bytes > 0]
+    if not tried:
+        failed = sorted({r.status for r in records if r.phase == "search"})
+        return f"{len([r for r in records if r.phase == 'search'])} probe(s) ended {', '.join(failed)}; " if failed else ""
+    low = min(tried, key=lambda r: r.peak_bytes)
+    how = "peaked at" if low.status == "ok" else "ran out of memory holding"
+    families = len({family(r.config) for r in tried})
+    return (
+        f"{len(tried)} config(s) of {families} famil{'y' if families == 1 else 'ies'} measured; the smallest config "
+        f"tried, {low.config.label()}, {how} {format_bytes(low.peak_bytes)}; "
+    )
+
+
+def _gpu_ideas(
+    smallest: Config, usable: Plan, calibration: Calibration, records: list[TrialRecord], margin: float
+) -> list[str]:
+    """More GPUs with ZeRO-3 sharding; ZeRO-3 with everything offloaded to the CPU."""
+    facts, budget, world_size = usable.facts, usable.hardware, usable.world_size
     ideas = []
     sharded = smallest.with_(zero_stage=3)
-    on_gpus = device.kind == "cuda" or world_size > 1
     for n in GPU_COUNTS:
-        if on_gpus and n <= world_size:
+        if n <= world_size:
             continue
         p = calibration.predict(at_world(sharded, n, usable.global_batch), facts, budget, n)
         if p.fits:
-            what = "GPUs" if on_gpus else "ranks"
-            ideas.append(f"{n} {what} with ZeRO-3 sharding (about {format_bytes(p.peak_bytes)} each)")
+            ideas.append(f"{n} GPUs with ZeRO-3 sharding (about {format_bytes(p.peak_bytes)} each)")
             break
-    if on_gpus:
-        offloaded = sharded.with_(offload_optimizer="cpu", offload_params="cpu")
-        p = calibration.predict(offloaded, facts, budget, world_size)
-        if p.fits:
-            ideas.append(f"ZeRO-3 with optimizer and parameters offloaded to the CPU (about {format_bytes(p.peak_bytes)})")
-    lean = smallest.with_(micro_batch_size=1, checkpoint_ratio=1.0)
-    p = calibration.predict(lean.with_(grad_accum_steps=1), facts, budget, world_size)
-    if p.fits and (smallest.micro_batch_size > 1 or smallest.checkpoint_ratio < 1.0):
-        ideas.append(
-            f"micro-batch 1 with full checkpointing (about {format_bytes(p.peak_bytes)}): allow them in the space, "
-            f"with a global batch divisible by {world_size * lean.grad_accum_steps}"
-        )
+    offloaded = sharded.with_(offload_optimizer="cpu", offload_params="cpu")
+    p = calibration.predict(offloaded, facts, budget, world_size)
+    if p.fits:
+        ideas.append(f"ZeRO-3 with optimizer and parameters offloaded to the CPU (about {format_bytes(p.peak_bytes)})")
     return ideas
+
+
+def _cpu_ideas(
+    smallest: Config, usable: Plan, calibration: Calibration, records: list[TrialRecord], margin: float
+) -> list[str]:
+    """The budget that would do: the smallest measured peak (or the smallest prediction) over the margin."""
+    measured = [r.peak_bytes for r in records if r.phase == "search" and r.status == "ok" and r.peak_bytes > 0]
+    need = min(measured) if measured else calibration.predict(smallest, usable.facts, usable.hardware, 1).peak_bytes
+    return [f"--memory {format_bytes(int(need / (1.0 - margin)) + 1)} or more"]
+
+
+def _lean_idea(smallest: Config, usable: Plan, calibration: Calibration) -> list[str]:
+    """Micro-batch 1 with full checkpointing, where the space did not allow it."""
+    if smallest.micro_batch_size == 1 and smallest.checkpoint_ratio >= 1.0:
+        return []
+    lean = smallest.with_(micro_batch_size=1, checkpoint_ratio=1.0, grad_accum_steps=1)
+    p = calibration.predict(lean, usable.facts, usable.hardware, usable.world_size)
+    if not p.fits:
+        return []
+    return [
+        f"micro-batch 1 with full checkpointing (about {format_bytes(p.peak_bytes)}): allow them in the space, "
+        f"with a global batch divisible by {usable.world_size}"
+    ]
 
 
 def at_world(config: Config, n: int, global_batch: int | None) -> Config:

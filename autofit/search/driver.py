@@ -31,7 +31,7 @@ from autofit.cost_model.calibrate import Calibration, calibrate
 from autofit.errors import AutofitError
 from autofit.plan import Plan
 from autofit.search.advice import nothing_fits
-from autofit.search.policy import next_probe, observe, should_stop
+from autofit.search.policy import common_error, is_outlier, next_probe, observe, should_stop
 from autofit.search.records import (
     Phase,
     SearchResult,
@@ -116,12 +116,16 @@ class _Search:
             reason = should_stop(state, self.settings)
             if reason is not None:
                 return reason
-            config, _ = next_probe(state)
+            config, _ = next_probe(state, self.settings)
             self.tell(f"probing {config.label()}")
             record = self.probe(config, "search", self.settings.probe_steps)
             self.n_done += 1
-            self.calibration = self.calibrate()
             self.tell(f"{config.label()}: {record.outcome()}")
+            if is_outlier(record, self.records, self.settings.outlier_factor):
+                self.tell(f"{config.label()} ran far from the model and its neighbours: measuring it again")
+                again = self.probe(config, "repeat", self.settings.probe_steps)
+                self.tell(f"{config.label()} again: {again.outcome()}")
+            self.calibration = self.calibrate()
 
     def verify(self) -> TrialRecord | None:
         def probe(config: Config) -> TrialRecord:
@@ -162,6 +166,9 @@ def run_search(
     stop_reason = search.explore()
     winner = search.verify()
     if winner is None:
+        error = common_error(search.records)
+        if error is not None:
+            raise AutofitError(f"every probe failed with the same error, whatever the config: {error}")
         raise AutofitError(
             nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
         )

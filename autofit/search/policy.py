@@ -9,6 +9,10 @@ Each round the driver :func:`observe`\\ s the records and the calibrated prices 
   ranked by :func:`expected_speed`, predicted samples/s times the chance it fits.
 - **Explore first.** Each optimizer and precision is probed once (:func:`unexplored`): what an
   update costs and how fast a dtype runs on a device are what an analytic model knows least.
+- **Measure before "nothing fits".** When nothing measured has fit and nothing is left that is
+  predicted to, the smallest candidate of each family not yet measured is probed, smallest first
+  (up to ``last_resort_probes`` past ``trials``). A family a probe errored in is not probed again, and
+  the same error in every family probed stops the search with that error.
 - **Stop.** At ``trials`` probes, at the timeout, when nothing is left, or (after ``min_probes``)
   when no candidate left could beat the best measured even if it ran faster than predicted by the
   calibrated model's leave-one-out miss (:func:`stop_margin`). This is the shape of Optuna's
@@ -19,12 +23,14 @@ Each round the driver :func:`observe`\\ s the records and the calibrated prices 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from functools import cached_property
 
 from autofit.config import Config
 from autofit.cost_model import Coefficients, ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration, Observation, calibrate
+from autofit.cost_model.memory_correction import family
 from autofit.hardware import Hardware
 from autofit.plan import Plan
 from autofit.search.records import TrialRecord, best_measured, observations, searched_keys
@@ -131,10 +137,52 @@ def unexplored(
     return out
 
 
+#: the widest memory band (:attr:`SearchSettings.memory_band_cap`): how far past the budget the uncorrected
+#: model may put a last-resort probe
+MAX_BAND = SearchSettings.memory_band_cap
+
+
+def failed_families(records: list[TrialRecord]) -> set[tuple[object, ...]]:
+    """Families a probe ended in ``error`` for: a DeepSpeed op that does not build, a kernel a device lacks.
+    Their other candidates are not probed (the error says nothing of the others)."""
+    return {family(r.config) for r in records if r.status == "error"}
+
+
+def common_error(records: list[TrialRecord]) -> str | None:
+    """The one error every family probed so far ended in (two families at least, nothing ran): the search's
+    problem is then the setup, not the configs, and that error is what the user needs to read."""
+    if any(r.status in ("ok", "oom") for r in records):
+        return None
+    errors = [r for r in records if r.status == "error"]
+    messages = {(str(r.measured.get("message") or "an error without a message").splitlines() or [""])[0] for r in errors}
+    if len({family(r.config) for r in errors}) >= 2 and len(messages) == 1:
+        return messages.pop()
+    return None
+
+
+def is_outlier(record: TrialRecord, records: list[TrialRecord], factor: float) -> bool:
+    """A throughput far from its prediction *and* from what its measured neighbours say of the model: its
+    measured / predicted samples/s differs from the median of the other search probes' by more than
+    ``factor`` either way (a probe that ran while the machine was busy, 7x slow, once moved the calibration
+    and the stop rule for the rest of a search). Needs two other probes to compare with."""
+    def ratio(r: TrialRecord) -> float:
+        predicted = float(r.predicted.get("samples_per_s") or 0.0)
+        return r.samples_per_s / predicted if predicted > 0 and r.samples_per_s > 0 else 0.0
+
+    mine = ratio(record)
+    others = [ratio(r) for r in records if r is not record and r.phase == "search" and ratio(r) > 0]
+    if record.status != "ok" or mine <= 0 or len(others) < 2:
+        return False
+    typical = statistics.median(others)
+    return mine > factor * typical or mine * factor < typical
+
+
 @dataclass(frozen=True)
 class SearchState:
     """What the policy decides from, one round of the search."""
 
+    usable: Plan
+    """The plan priced against the usable budget."""
     records: list[TrialRecord]
     """Every probe so far (resumed ones included)."""
     ranked: list[tuple[Config, Prediction]]
@@ -156,10 +204,26 @@ class SearchState:
 
     @cached_property
     def todo(self) -> list[tuple[Config, Prediction]]:
-        """Candidates no search probe has measured that may fit, by expected speed."""
-        searched = searched_keys(self.records)
-        unprobed = [(c, p) for c, p in self.ranked if c.key() not in searched]
+        """Candidates no search probe has measured that may fit, by expected speed (a family that errored
+        is left out)."""
+        searched, failed = searched_keys(self.records), failed_families(self.records)
+        unprobed = [(c, p) for c, p in self.ranked if c.key() not in searched and family(c) not in failed]
         return by_expected_speed(unprobed, self.usable_bytes, self.band)
+
+    @cached_property
+    def last_resort(self) -> list[tuple[Config, Prediction]]:
+        """Before "nothing fits" is said, it is measured: the smallest candidate of each family, as the
+        *uncorrected* model predicts it (within the widest memory band of the usable budget), whose family
+        has no measured OOM, error or probe yet; smallest first."""
+        settled = {family(r.config) for r in self.records if r.phase == "search"}
+        smallest: dict[tuple[object, ...], tuple[Config, Prediction]] = {}
+        for config, prediction in self.usable.price():
+            f = family(config)
+            if f not in settled and (f not in smallest or prediction.peak_bytes < smallest[f][1].peak_bytes):
+                smallest[f] = (config, prediction)
+        # what the uncorrected model itself puts past the memory band is not worth a probe
+        within = [cp for cp in smallest.values() if fit_chance(cp[1], self.usable_bytes, MAX_BAND) > 0]
+        return sorted(within, key=lambda cp: cp[1].peak_bytes)
 
     @cached_property
     def explore(self) -> list[tuple[Config, Prediction]]:
@@ -174,6 +238,7 @@ def observe(
     the whole device's memory (what the probes ran under)."""
     observed = observations(records, device_bytes)
     return SearchState(
+        usable=usable,
         records=records,
         ranked=usable.price(calibration),
         usable_bytes=usable.hardware.memory_bytes,
@@ -189,12 +254,18 @@ def observe(
 
 def should_stop(state: SearchState, settings: SearchSettings) -> str | None:
     """Why the search stops probing now, or None to go on (the rules of the module docstring, in order)."""
+    error = common_error(state.records)
+    if error is not None:
+        return f"every family probed failed with the same error: {error}"
+    nothing_measured_fits = state.best is None and bool(state.last_resort)
     if state.n_done >= settings.trials:
+        if nothing_measured_fits and state.n_done < settings.trials + settings.last_resort_probes and not state.timed_out:
+            return None
         return f"reached --trials {settings.trials}"
     if state.timed_out:
         return f"reached --timeout {settings.timeout_s:g} s"
     if not state.todo:
-        return "every candidate predicted to fit has been probed"
+        return None if nothing_measured_fits else "every candidate predicted to fit has been probed"
     if state.explore:
         return None
     best = state.best
@@ -211,6 +282,9 @@ def should_stop(state: SearchState, settings: SearchSettings) -> str | None:
     return None
 
 
-def next_probe(state: SearchState) -> tuple[Config, Prediction]:
-    """The candidate to probe when :func:`should_stop` said go on: an unexplored one first, else the best."""
+def next_probe(state: SearchState, settings: SearchSettings) -> tuple[Config, Prediction]:
+    """The candidate to probe when :func:`should_stop` said go on: an unexplored one first, else the best
+    expected; the last resort once the trials are spent or nothing is predicted to fit."""
+    if state.n_done >= settings.trials or not state.todo:
+        return state.last_resort[0]
     return (state.explore or state.todo)[0]

@@ -14,8 +14,9 @@ from autofit.cost_model.calibrate import Calibration, Observation
 from autofit.hardware import Hardware
 from autofit.units import format_bytes
 
-Phase = Literal["search", "verify"]
-"""``search``: a probe the policy chose; ``verify``: a repeat of a leader before it may win."""
+Phase = Literal["search", "repeat", "verify"]
+"""``search``: a probe the policy chose; ``repeat``: that probe again, when its throughput was an outlier;
+``verify``: a leader probed again before it may win."""
 Status = Literal["ok", "oom", "timeout", "error"]
 """How a probe ended (``autofit probe``'s ``status``)."""
 
@@ -88,8 +89,16 @@ class TrialRecord:
 
 
 def observations(records: list[TrialRecord], budget_bytes: int) -> list[Observation]:
-    """The probes calibration learns from (ok and oom; an error or a timeout says nothing of the model)."""
-    return [r.observation(budget_bytes) for r in records if r.status in ("ok", "oom")]
+    """The probes calibration learns from (ok and oom; an error or a timeout says nothing of the model).
+    Of a search probe and its repeat, only the faster counts: a busy machine slows a probe, never speeds it."""
+    return [r.observation(budget_bytes) for r in records if r.status in ("ok", "oom") and not _superseded(r, records)]
+
+
+def _superseded(record: TrialRecord, records: list[TrialRecord]) -> bool:
+    if record.phase not in ("search", "repeat"):
+        return False
+    pair = [r for r in records if r.phase in ("search", "repeat") and r.config.key() == record.config.key()]
+    return len(pair) > 1 and record is not max(pair, key=lambda r: (r.samples_per_s, r.phase == "repeat"))
 
 
 def best_measured(records: list[TrialRecord]) -> TrialRecord | None:

@@ -39,6 +39,12 @@ class SearchSettings:
     widened to the calibrated model's largest miss on the probes so far, ..."""
     memory_band_cap: float = 0.10
     """... at most this."""
+    last_resort_probes: int = 6
+    """Probes past ``trials`` the search may make while nothing measured has fit, on the smallest candidate
+    of each family not yet measured, before it says nothing fits."""
+    outlier_factor: float = 2.0
+    """A search probe whose measured / predicted throughput is this far (either way) from the other probes'
+    median ratio is measured again before it moves the calibration or the stop rule."""
     max_verifications: int = 3
     """Configs verified before giving up (each a probe)."""
     contenders: int = 3
@@ -70,5 +76,10 @@ class SearchSettings:
                 f"memory_band_floor must be within [0, memory_band_cap={self.memory_band_cap}], "
                 f"but got {self.memory_band_floor!r}"
             )
+        if isinstance(self.last_resort_probes, bool) or not isinstance(self.last_resort_probes, int) \
+                or self.last_resort_probes < 0:
+            raise AutofitError(f"last_resort_probes must be an integer >= 0, but got {self.last_resort_probes!r}")
+        if not self.outlier_factor > 1.0:
+            raise AutofitError(f"outlier_factor must be > 1, but got {self.outlier_factor!r}")
         if not 0.0 <= self.contender_within < 1.0:
             raise AutofitError(f"contender_within must be within [0, 1), but got {self.contender_within!r}")

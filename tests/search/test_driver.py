@@ -236,3 +236,30 @@ def test_a_prober_plugs_in_and_the_search_finds_that_devices_best(tmp_path: Path
     assert result.config == best[0]
     assert [t.config for t in result.trials] == calls  # every probe went through the prober, in order
     assert len({c.key() for c in calls}) < len(plan.candidates) // 2
+
+
+def test_ooms_in_one_family_leave_the_others_to_be_measured(tmp_path: Path, storage: str) -> None:
+    """The first family the search probes runs three times over the model on this device (an offload
+    buffer the model lacks, say): it is measured out of memory, and a config of another family wins."""
+    space = space_from_dict(
+        {"global_batch_size": 16, "micro_batch_size": [1, 2, 4, 8, 16], "checkpoint_ratio": [0.0, 1.0],
+         "precision": ["fp32"], "optimizer": ["sgd", "adamw", "lion"], "zero_stage": [0], "attention": ["sdpa"]},
+        name="families",
+    )
+    unbounded = Plan.make(ENTRY, tiny_workload(), get_hardware("cpu", 2**40), space)
+    truth = unbounded.uncalibrated()
+    peaks = sorted(truth.predict(c, unbounded.facts, unbounded.hardware, 1).peak_bytes for c in unbounded.candidates)
+    plan = replace(unbounded, hardware=unbounded.hardware.with_memory(int(peaks[-1] / 0.9) + 1))  # all fit, as modelled
+    bad: list[str] = []
+
+    def prober(config: Config, steps: int, timeout_s: float) -> ProbeResult:
+        p = truth.predict(config, plan.facts, plan.hardware, 1)
+        bad.append(bad[0] if bad else config.optimizer)
+        if config.optimizer == bad[0]:
+            return ProbeResult(config, "oom", plan.hardware.memory_bytes, 0.0, 0.0, None, "past the budget", 1.0)
+        return ProbeResult(config, "ok", p.peak_bytes, p.step_time_s, p.samples_per_s, None, None, 1.0)
+
+    result = run_search(plan, SearchSettings(trials=6), storage=storage, out_path=tmp_path / "ds.json", prober=prober)
+    ooms = [t for t in result.trials if t.status == "oom"]
+    assert ooms and {t.config.optimizer for t in ooms} == {bad[0]}
+    assert result.config.optimizer != bad[0] and result.measured["peak_bytes"] <= 0.9 * plan.hardware.memory_bytes

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from toy_facts import CPU, FACTS
+from toy_facts import CPU, FACTS, PRIOR
 
 from autofit.config import Config
 from autofit.cost_model import MemoryBreakdown, Prediction, predict
 from autofit.cost_model.calibrate import Observation
-from autofit.search.policy import SearchState, by_expected_speed, next_probe, should_stop, stop_margin, unexplored
-from autofit.search.records import TrialRecord
+from autofit.plan import Plan
+from autofit.search.policy import (
+    SearchState,
+    by_expected_speed,
+    common_error,
+    is_outlier,
+    next_probe,
+    should_stop,
+    stop_margin,
+    unexplored,
+)
+from autofit.search.records import TrialRecord, observations
 from autofit.search.settings import SearchSettings
+from autofit.space import space_from_dict
 
 
 def _prediction(step_s: float, update_s: float, peak: int = 5) -> Prediction:
@@ -94,7 +107,10 @@ def test_stop_margin_is_the_floor_when_the_model_explains_held_out_probes() -> N
 
 
 def _state(records: list[TrialRecord], ranked: list, n_done: int, tolerance: float = 0.05, timed_out: bool = False):  # noqa: ANN202
-    return SearchState(records, ranked, usable_bytes=100, band=0.10, tolerance=tolerance, n_done=n_done,
+    plan = Plan(entry="toy", name="toy", hardware=CPU.with_memory(100), space=space_from_dict({}, name="toy"),
+                world_size=1, global_batch=None, fixed={}, candidates=tuple(c for c, _ in ranked), rejected=(),
+                facts=FACTS, coefficients=PRIOR)
+    return SearchState(plan, records, ranked, usable_bytes=100, band=0.10, tolerance=tolerance, n_done=n_done,
                        timed_out=timed_out)
 
 
@@ -117,7 +133,7 @@ def test_it_stops_once_nothing_left_could_beat_the_best_even_with_the_models_dou
     # ... before min_probes it goes on, and with a 30% doubt 8 x 1.3 > 10 may still win
     assert should_stop(_state([best], [slower], n_done=1), SETTINGS) is None
     assert should_stop(_state([best, best], [slower], n_done=2, tolerance=0.30), SETTINGS) is None
-    assert next_probe(_state([best], [slower], n_done=1)) == slower
+    assert next_probe(_state([best], [slower], n_done=1), SETTINGS) == slower
 
 
 def test_an_unexplored_optimizer_is_probed_before_the_stop_rule_may_fire() -> None:
@@ -126,4 +142,53 @@ def test_an_unexplored_optimizer_is_probed_before_the_stop_rule_may_fire() -> No
     lion = (LION, _prediction(0.79, 0.3))  # slower predicted, but its update is unmeasured and large
     state = _state([best, best], [fast_adamw, lion], n_done=2)
     assert should_stop(state, SETTINGS) is None
-    assert next_probe(state) == lion
+    assert next_probe(state, SETTINGS) == lion
+
+
+def test_before_nothing_fits_the_smallest_of_each_unmeasured_family_is_probed() -> None:
+    candidates = (ADAMW, ADAMW.with_(micro_batch_size=1, grad_accum_steps=8), SGD,
+                  SGD.with_(micro_batch_size=1, grad_accum_steps=8), SGD.with_(micro_batch_size=2, grad_accum_steps=4))
+    oom = _record(ADAMW, "oom")
+    # nothing measured fits and nothing is left predicted to fit (the calibrated todo list is empty): AdamW has
+    # an OOM, so SGD's smallest (as the uncorrected model prices it on the whole budget) is the one probed
+    state = _state([oom], [], n_done=1)
+    state = replace(state, usable=replace(state.usable, candidates=candidates, hardware=CPU), usable_bytes=CPU.memory_bytes)
+    assert [c for c, _ in state.last_resort] == [candidates[3]]
+    assert should_stop(state, SETTINGS) is None
+    assert next_probe(state, SETTINGS)[0] == candidates[3]
+    # once every family has been measured out of memory, it stops
+    done = replace(state, records=[oom, _record(candidates[3], "oom")])
+    assert done.last_resort == [] and should_stop(done, SETTINGS) == "every candidate predicted to fit has been probed"
+
+
+def test_the_same_error_in_every_family_stops_the_search_with_that_error() -> None:
+    def failed(config: Config, message: str) -> TrialRecord:
+        record = _record(config, "error")
+        record.measured["message"] = message
+        return record
+
+    same = [failed(ADAMW, "ImportError: no module named foo\ntraceback..."), failed(LION, "ImportError: no module named foo")]
+    assert common_error(same) == "ImportError: no module named foo"
+    assert should_stop(_state(same, [], n_done=2), SETTINGS).endswith("ImportError: no module named foo")
+    # one family's error does not stop the others, and keeps that family out of the todo list
+    one = [failed(LION, "FusedLion: no CUDA")]
+    assert common_error(one) is None and common_error([*one, failed(ADAMW, "other")]) is None
+    ranked = [(LION.with_(micro_batch_size=4, grad_accum_steps=2), _prediction(0.5, 0.1)), (SGD, _prediction(1.0, 0.1))]
+    assert [c for c, _ in _state(one, ranked, n_done=1).todo] == [SGD]
+
+
+def test_a_probe_far_from_the_model_and_its_neighbours_is_an_outlier_and_its_repeat_replaces_it() -> None:
+    def probed(config: Config, measured: float, predicted: float, phase: str = "search") -> TrialRecord:
+        record = _record(config, "ok", measured)
+        record.phase = phase
+        record.predicted = {"samples_per_s": predicted}
+        return record
+
+    neighbours = [probed(ADAMW, 2.0, 2.2), probed(SGD, 1.8, 2.0)]
+    slow = probed(LION, 0.27, 2.1)  # 7x slower than the model and its neighbours say
+    assert is_outlier(slow, [*neighbours, slow], 2.0)
+    assert not is_outlier(neighbours[0], [*neighbours, slow], 2.0)
+    assert not is_outlier(slow, [neighbours[0], slow], 2.0)  # one neighbour is not enough to judge
+    again = probed(LION, 1.9, 2.1, phase="repeat")
+    used = observations([*neighbours, slow, again], 2**30)
+    assert [o.config for o in used] == [ADAMW, SGD, LION] and used[-1].step_time_s == again.observation(2**30).step_time_s
