@@ -78,6 +78,9 @@ class ProbeResult:
 
     per_rank_build_bytes: list[int] = field(default_factory=list)
     """Memory each rank held once the model was built, before ``deepspeed.initialize`` (real mode)."""
+    launcher: str = "direct"
+    """How the ranks were started: ``direct`` (subprocesses of this one) or ``torch.distributed.run``
+    (one elastic agent per node, the ranks' c10d rendezvous)."""
     per_rank_param_elements: list[int] = field(default_factory=list)
     """Parameter elements each rank held once the model was built: its partition under ZeRO-3 (zero.Init)."""
 
@@ -126,6 +129,7 @@ def run_probe(
     DeepSpeed start on a machine JIT-builds an op: allow ~2 minutes for it).
     Never raises for what happens inside the probe: that is the result's ``status``.
     """
+    from autofit.probe.elastic import check_devices, launch_agents
     from autofit.probe.launch import launch
 
     if mode not in MODES:
@@ -135,12 +139,29 @@ def run_probe(
     if steps < 1 or warmup_steps < 0:
         raise AutofitError(f"probe needs steps >= 1 and warmup_steps >= 0, but got {steps=}, {warmup_steps=}")
     spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps)
-    # fake mode simulates every rank in one process
-    n_procs = 1 if mode == "fake" else world_size
+    ranks_per_node, n_nodes = hardware.ranks_on_a_node(world_size), hardware.n_nodes(world_size)
+    if mode == "real":
+        check_devices(hardware.kind, ranks_per_node, visible_cuda_devices() if hardware.kind == "cuda" else None)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="autofit-probe-") as tmp:
-        outcomes, timed_out = launch(spec, Path(tmp), n_procs, timeout_s)
+        if mode == "real" and n_nodes > 1:  # one torch.distributed.run agent per node (probe/elastic.py)
+            outcomes, timed_out = launch_agents(spec, Path(tmp), n_nodes, ranks_per_node, timeout_s)
+        else:  # fake mode simulates every rank in one process
+            outcomes, timed_out = launch(spec, Path(tmp), 1 if mode == "fake" else world_size, timeout_s)
     return _combine(config, outcomes, timed_out, world_size, mode, timeout_s, time.monotonic() - t0)
+
+
+def visible_cuda_devices() -> int | None:
+    """CUDA devices this process may use: ``CUDA_VISIBLE_DEVICES`` where set, else what NVML counts."""
+    import os
+
+    from autofit.hardware import nvml_records
+
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return len([d for d in listed.split(",") if d.strip()])
+    records = nvml_records()
+    return len(records) if records is not None else None
 
 
 def _spec(
@@ -197,6 +218,7 @@ def _combine(
         per_rank_peak_bytes=per_rank,
         per_rank_build_bytes=[int(r.get("build_peak_bytes", 0)) if r else 0 for r in results],
         per_rank_param_elements=[int(r.get("param_elements", 0)) if r else 0 for r in results],
+        launcher="torch.distributed.run" if results and all(r and r.get("elastic_run_id") for r in results) else "direct",
         phases_s=phases,
         breakdown=dict(results[0].get("breakdown", {})) if results[0] else {},
         world_size=world_size,

@@ -128,6 +128,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
         "device_memory": meter.report(),
         "n_checkpointed": n_ckpt,
         "tokens_per_sample": workload.tokens_per_sample,
+        "elastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),  # set when torch.distributed.run started it
         **built,
     }
 

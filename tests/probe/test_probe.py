@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from autofit.config import Config
+from autofit.errors import AutofitError
 from autofit.hardware import get_hardware
 from autofit.probe import ProbeResult, run_probe
 
@@ -157,3 +158,26 @@ def test_zero3_builds_under_zero_init_with_half_the_parameters_per_rank() -> Non
         # the partition in fp32 plus one module made whole for a moment, against the whole fp32 copy
         assert built < 0.7 * min(whole.per_rank_build_bytes)
     assert min(whole.per_rank_build_bytes) > 0.9 * 4 * n_params
+
+
+@pytest.mark.slow
+def test_two_nodes_run_through_the_elastic_launcher() -> None:
+    """``autofit probe --gpus 1 --nodes 2`` on one machine: two torch.distributed.run agents over loopback (c10d)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autofit.cli import main
+    from autofit.probe.elastic import check_devices
+
+    argv = ["probe", entry("tiny"), "--hardware", "cpu", "--gpus", "1", "--nodes", "2", "--steps", "1", "--json"]
+    for fixed in ("micro_batch_size=2", "zero_stage=2", "offload_optimizer=none", "optimizer=adamw", "precision=fp32"):
+        argv += ["--set", fixed]
+    done = CliRunner().invoke(main, argv)
+    assert done.exit_code == 0, done.output[-2000:]
+    result = json.loads(done.stdout)
+    assert result["status"] == "ok", result["message"]
+    assert result["launcher"] == "torch.distributed.run"
+    assert result["world_size"] == 2 and all(b > 0 for b in result["per_rank_peak_bytes"])
+    with pytest.raises(AutofitError, match="ranks per node, but this node has 4"):
+        check_devices("cuda", 8, 4)
