@@ -83,6 +83,6 @@ def test_readme_blocks_run_in_a_fresh_clone(tmp_path: Path) -> None:
         if marker != "run":
             continue
         done = subprocess.run(["bash", "-e", "-c", code], cwd=clone, env=env, capture_output=True, text=True,
-                              timeout=1800)
+                              timeout=3600)
         output = f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
         assert done.returncode == 0, f"README block failed:\n{code}\n{output}"

@@ -14,7 +14,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from autofit.errors import AutofitError
 from autofit.probe.launch import FAILURE_GRACE_S, free_port, kill_group, rank_env
 from autofit.script.command import ScriptCommand
 from autofit.script.tree import TreeMeter, import_baseline_bytes
@@ -53,10 +55,7 @@ def run_script(command: ScriptCommand, config_path: Path, workdir: Path, world_s
         for rank in range(world_size):
             log = open(workdir / f"script-rank{rank}.log", "wb")
             logs.append(log)
-            procs.append(subprocess.Popen(
-                command.argv(config_path), env=rank_env(dict(os.environ), rank, world_size, port, kind),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            ))
+            procs.append(_start(command.argv(config_path), rank_env(dict(os.environ), rank, world_size, port, kind), log))
         meter = TreeMeter([p.pid for p in procs], kind, budget_bytes, lambda used: _kill_all(procs), baseline)
         with meter:
             timed_out = _wait(procs, time.monotonic() + timeout_s)
@@ -73,6 +72,14 @@ def run_script(command: ScriptCommand, config_path: Path, workdir: Path, world_s
         over_budget=meter.exceeded,
         wall_s=time.monotonic() - started,
     )
+
+
+def _start(argv: list[str], env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    except OSError as exc:  # no such program, not executable
+        raise AutofitError(f"--script cannot start {argv[0]!r}: {exc.strerror or exc}") from None
 
 
 def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:

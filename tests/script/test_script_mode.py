@@ -103,3 +103,11 @@ def test_run_takes_an_entry_or_a_script_not_both() -> None:
     for result in (neither, both, no_placeholder):
         assert result.exit_code == 1
         assert result.output.count("\n") == 1 and result.output.startswith("autofit: error:"), result.output
+
+
+def test_a_program_that_does_not_exist_is_one_clear_error(tmp_path: Path) -> None:
+    from autofit.script.prober import probe_script
+
+    with pytest.raises(AutofitError, match="cannot start 'no-such-program-here'"):
+        probe_script(ScriptCommand("no-such-program-here --deepspeed_config {config}"), CONFIG,
+                     get_hardware("cpu", parse_bytes("1GiB")), 1, tmp_path, timeout_s=10)
