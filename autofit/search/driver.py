@@ -63,9 +63,19 @@ class SearchEvent:
     """The fastest probe within the margin so far."""
 
 
-def subprocess_prober(plan: Plan) -> Prober:
-    """The default prober: :func:`autofit.probe.run_probe`, real DeepSpeed steps in a subprocess."""
+def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None = None, trials: int = 0) -> Prober:
+    """The default prober: :func:`autofit.probe.run_probe`, real DeepSpeed steps in a subprocess. The DeepSpeed
+    ops the plan's candidates need are built or loaded first, once, as their own step: a JIT build (a minute
+    or more) is then neither in a probe's timing nor in its timeout."""
     from autofit.probe import run_probe
+    from autofit.probe.ops import prepare_ops
+
+    if on_event is not None:
+        on_event(SearchEvent(0, trials, "building or loading DeepSpeed ops", None))
+    report = prepare_ops(list(plan.candidates), plan.hardware)
+    if on_event is not None and report.ops:
+        states = ", ".join(f"{op} {state}" for op, state in report.loaded.items())
+        on_event(SearchEvent(0, trials, f"DeepSpeed ops: {states} ({report.seconds:.0f} s)", None))
 
     def probe(config: Config, steps: int, timeout_s: float) -> Any:
         return run_probe(plan.entry, config, plan.hardware, plan.world_size, steps=steps, timeout_s=timeout_s)
@@ -162,7 +172,10 @@ def run_search(
     storage = storage or DEFAULT_STORAGE
     study_name = study_name or default_study_name(plan)
     study = open_study(plan, storage, study_name, settings.margin)
-    search = _Search(plan, settings, study, prober or subprocess_prober(plan), on_event or (lambda event: None))
+    on_event = on_event or (lambda event: None)
+    if prober is None:
+        prober = subprocess_prober(plan, on_event, settings.trials)
+    search = _Search(plan, settings, study, prober, on_event)
     stop_reason = search.explore()
     winner = search.verify()
     if winner is None:
