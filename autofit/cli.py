@@ -240,21 +240,26 @@ def run(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, gl
 
 @contextmanager
 def progress_display(total: int) -> Iterator[Callable[[Any], None]]:
-    """A rich progress bar on stderr (stdout stays clean for ``--json``), fed by the search's events."""
+    """Progress on stderr (stdout stays clean for ``--json``), fed by the search's events: a rich progress bar
+    on a terminal, one plain line an event otherwise (a log file, CI, a scheduler's worker)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    def describe(event: Any) -> str:
+        best = f"best {event.best.samples_per_s:.3g} samples/s" if event.best is not None else "best -"
+        return f"trial {event.n_done}/{event.trials} | {best} | {event.text}"
+
+    console = Console(file=sys.stderr)
+    if not console.is_terminal:
+        yield lambda event: print(f"autofit: {describe(event)}", file=sys.stderr, flush=True)
+        return
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    with Progress(*columns, console=Console(file=sys.stderr), transient=False) as progress:
+    with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task(f"trial 0/{total}", total=total)
-
-        def show(event: Any) -> None:
-            best = f"best {event.best.samples_per_s:.3g} samples/s" if event.best is not None else "best -"
-            description = f"trial {event.n_done}/{event.trials} | {best} | {event.text}"
-            progress.update(task, completed=min(event.n_done, event.trials), description=description)
-
-        yield show
+        yield lambda event: progress.update(
+            task, completed=min(event.n_done, event.trials), description=describe(event)
+        )
 
 
 @main.group()

@@ -147,6 +147,35 @@ class _Search:
 
         return verify(self.records, probe, self.settings, recalibrate)
 
+    def result(self, winner: TrialRecord, ds: dict[str, Any], stop_reason: str, storage: str, study_name: str,
+               out_path: str, wall_s: float) -> SearchResult:
+        """The search's record with ``winner`` and its DeepSpeed JSON ``ds``."""
+        plan, usable = self.plan, self.usable
+        ranked = usable.price(self.calibration)
+        searched = searched_keys(self.records)
+        return SearchResult(
+            config=winner.config,
+            measured=winner.measured,
+            predicted=usable.predict(winner.config, self.calibration).to_dict(),
+            deepspeed=ds,
+            trials=sorted(self.records, key=lambda r: r.number),
+            pruned=pruned_entries(ranked, searched, winner, plan.rejected, usable.hardware.memory_bytes),
+            hardware=plan.hardware,
+            world_size=plan.world_size,
+            global_batch=plan.global_batch if plan.global_batch is not None else plan.space.global_batch_size,
+            margin=self.settings.margin,
+            usable_bytes=usable.hardware.memory_bytes,
+            n_candidates=len(plan.candidates),
+            stop_reason=stop_reason,
+            storage=storage,
+            study_name=study_name,
+            out_path=out_path,
+            wall_s=wall_s,
+            calibration=self.calibration,
+            predictions=ranked,
+            facts=plan.facts,
+        )
+
 
 def run_search(
     plan: Plan,
@@ -187,28 +216,6 @@ def run_search(
         )
     ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind)
     check_with_deepspeed(ds)
-    ranked = search.usable.price(search.calibration)
-    result = SearchResult(
-        config=winner.config,
-        measured=winner.measured,
-        predicted=search.usable.predict(winner.config, search.calibration).to_dict(),
-        deepspeed=ds,
-        trials=sorted(search.records, key=lambda r: r.number),
-        pruned=pruned_entries(ranked, searched_keys(search.records), winner, plan.rejected, search.usable.hardware.memory_bytes),
-        hardware=plan.hardware,
-        world_size=plan.world_size,
-        global_batch=plan.global_batch if plan.global_batch is not None else plan.space.global_batch_size,
-        margin=settings.margin,
-        usable_bytes=search.usable.hardware.memory_bytes,
-        n_candidates=len(plan.candidates),
-        stop_reason=stop_reason,
-        storage=storage,
-        study_name=study_name,
-        out_path=str(out_path),
-        wall_s=time.monotonic() - started,
-        calibration=search.calibration,
-        predictions=ranked,
-        facts=plan.facts,
-    )
+    result = search.result(winner, ds, stop_reason, storage, study_name, str(out_path), time.monotonic() - started)
     write_json_atomic(Path(out_path), ds)
     return result
