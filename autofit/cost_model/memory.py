@@ -163,74 +163,92 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
     prices it there) and keeps the device-side buffers named in :func:`_offloaded`.
     """
     psi = float(facts.n_trainable_params)
-    frozen = float(facts.n_params - facts.n_trainable_params)
-    dp = float(world_size)
-    w = WORKING_BYTES[config.precision]
-    sixteen_bit = config.precision != "fp32"
     stage = config.zero_stage
-    shard = psi / dp if stage >= 1 else psi
-    optimizer = optimizer_state_bytes(config.optimizer, facts, shard, flat=stage >= 1)
+    shard = psi / world_size if stage >= 1 else psi
     scratch_per_element = TRANSIENT_BYTES_PER_ELEMENT[device_kind][config.optimizer]
     stepped_elements = shard if stage >= 1 else facts.largest_param_numel
-    optimizer_scratch = scratch_per_element * stepped_elements
-    # a CPU device is the process that builds the fp32 model; a GPU receives it cast to w (engine.py)
-    built = float(FP32 * facts.n_params) if device_kind == "cpu" else w * (psi + frozen)
-    largest = float(facts.largest_param_numel)
-
+    common = {
+        "optimizer": optimizer_state_bytes(config.optimizer, facts, shard, flat=stage >= 1),
+        "optimizer_scratch": scratch_per_element * stepped_elements,
+        # a CPU device is the process that builds the fp32 model; a GPU receives it cast to w (engine.py)
+        "built": float(FP32 * facts.n_params) if device_kind == "cpu" else WORKING_BYTES[config.precision] * facts.n_params,
+    }
     if stage == 0:
-        params = w * (psi + frozen)
-        master = FP32 * psi if sixteen_bit else 0.0
-        grads_resident, gathered = 0.0, 0.0
-        grads_step = w * psi
-        bucket = w * psi  # engine.allreduce_gradients flattens every gradient, even on one rank
-        init_extra = 0.0
-        if sixteen_bit:
-            # fp16/fused_optimizer.py (DeepSpeed's Adam): a flat 16-bit gradient copy and its fp32 image;
-            # fp16/unfused_optimizer.py (others): fp32 gradients made tensor by tensor
-            fused = config.optimizer == "adamw" and config.offload_optimizer == "none"
-            bucket += (w + FP32) * psi if fused else w * psi + FP32 * largest
-            init_extra = (w + FP32 + w) * psi + (FP32 + w) * (psi if fused else largest) - (built - params)
-    elif stage in (1, 2):
-        params = w * (psi + frozen)
-        master = FP32 * shard  # single_partition_of_fp32_groups, made even in fp32
-        gathered = 0.0
-        # the reduce bucket (setup_buckets, at each micro-step's start): a CUDA allocator holds all of it
-        # through backward; on the CPU its pages are touched as gradients arrive, while activations free
-        bucket_bytes = reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, FP32, device_kind)
-        grads_resident = bucket_bytes if device_kind == "cuda" else 0.0
+        return _stage0_states(config, facts, **common)
+    if stage in (1, 2):
+        return _offloaded(_stage12_states(config, facts, shard, device_kind, **common), config, facts, world_size)
+    return _offloaded(_stage3_states(config, facts, shard, world_size, device_kind, **common), config, facts, world_size)
+
+
+def _stage0_states(config: Config, facts: ModelFacts, optimizer: float, optimizer_scratch: float,
+                   built: float) -> ModelStates:
+    """ZeRO 0: whole params, master, optimizer and grads; one flat all-reduce bucket; the 16-bit optimizers'
+    flat copies (fp16/fused_optimizer.py for DeepSpeed's Adam, fp16/unfused_optimizer.py for the others)."""
+    psi, frozen = float(facts.n_trainable_params), float(facts.n_params - facts.n_trainable_params)
+    w = WORKING_BYTES[config.precision]
+    sixteen_bit = config.precision != "fp32"
+    params = w * (psi + frozen)
+    bucket = w * psi  # engine.allreduce_gradients flattens every gradient, even on one rank
+    init_extra = 0.0
+    if sixteen_bit:
+        largest = float(facts.largest_param_numel)
+        fused = config.optimizer == "adamw" and config.offload_optimizer == "none"
+        bucket += (w + FP32) * psi if fused else w * psi + FP32 * largest
+        init_extra = (w + FP32 + w) * psi + (FP32 + w) * (psi if fused else largest) - (built - params)
+    return ModelStates(
+        params=params, master=FP32 * psi if sixteen_bit else 0.0, optimizer=optimizer, grads_resident=0.0,
+        gathered_params=0.0, grads_step=w * psi, step_scratch=max(bucket, optimizer_scratch),
+        init_extra=max(0.0, init_extra), built=built,
+    )
+
+
+def _stage12_states(config: Config, facts: ModelFacts, shard: float, device_kind: str, optimizer: float,
+                    optimizer_scratch: float, built: float) -> ModelStates:
+    """ZeRO 1/2: the optimizer steps on a flat fp32 partition (``single_partition_of_fp32_groups``, made even
+    in fp32); gradients go through a reduce bucket (stage_1_and_2.setup_buckets) into an fp32 partition."""
+    psi, frozen = float(facts.n_trainable_params), float(facts.n_params - facts.n_trainable_params)
+    w = WORKING_BYTES[config.precision]
+    params = w * (psi + frozen)
+    # the reduce bucket (setup_buckets, at each micro-step's start): a CUDA allocator holds all of it
+    # through backward; on the CPU its pages are touched as gradients arrive, while activations free
+    bucket_bytes = reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, FP32, device_kind)
+    grads_resident = bucket_bytes if device_kind == "cuda" else 0.0
+    return ModelStates(
+        params=params, master=FP32 * shard, optimizer=optimizer, grads_resident=grads_resident,
+        gathered_params=0.0,
         # the fp32 gradient partition handed to the optimizer, next to the filled bucket
-        grads_step = FP32 * shard + bucket_bytes - grads_resident
-        bucket = 0.0
-        init_extra = w * psi + FP32 * shard - (built - params)  # flat buffer and fp32 partition next to the built model
-    else:
-        # parameters under the persistence threshold stay whole on every rank (stage3.py persistent_parameters)
-        persistent = float(facts.n_persistent_params)
-        partitioned = psi - persistent
-        params = w * (persistent + partitioned / dp + frozen)
-        master = FP32 * shard
-        # the gradient partition and the reduce bucket live for the whole run
-        grads_resident = w * shard + reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind)
-        gathered = w * stage3_live_elements(partitioned - partitioned / dp, facts.largest_module_params)
-        # stage3.py initialize_optimizer_states: an fp32 gradient buffer for the optimizer beside the partition
-        grads_step = FP32 * shard + FP32 * shard
-        bucket = 0.0
-        # zero.Init: each module is made whole in w (fp32 tensor by tensor) then partitioned (Init._post_init_method)
-        built = params + w * facts.largest_module_params + FP32 * largest
-        # deepspeed.initialize: defragment() copies the partitions into one flat buffer; the fp32 master is
-        # made by .to(fp32) and then .clone() (stage3.py _create_fp32_partitions): twice for a moment
-        init_extra = w * shard + 2 * FP32 * shard - (built - params)
-    states = ModelStates(
-        params=params,
-        master=master,
-        optimizer=optimizer,
-        grads_resident=grads_resident,
-        gathered_params=gathered,
-        grads_step=grads_step,
-        step_scratch=max(bucket, optimizer_scratch),
-        init_extra=max(0.0, init_extra),
+        grads_step=FP32 * shard + bucket_bytes - grads_resident,
+        step_scratch=max(0.0, optimizer_scratch),
+        # flat buffer and fp32 partition next to the built model
+        init_extra=max(0.0, w * psi + FP32 * shard - (built - params)),
         built=built,
     )
-    return _offloaded(states, config, facts, world_size) if config.zero_stage >= 1 else states
+
+
+def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: int, device_kind: str,
+                   optimizer: float, optimizer_scratch: float, built: float) -> ModelStates:
+    """ZeRO 3: parameters partitioned too (those under the persistence threshold stay whole, stage3.py
+    persistent_parameters); a gradient partition and the reduce bucket live for the whole run; layers gather
+    their parameters while they run (:func:`stage3_live_elements`); the model is built under zero.Init."""
+    psi, frozen = float(facts.n_trainable_params), float(facts.n_params - facts.n_trainable_params)
+    w = WORKING_BYTES[config.precision]
+    persistent = float(facts.n_persistent_params)
+    partitioned = psi - persistent
+    params = w * (persistent + partitioned / world_size + frozen)
+    # zero.Init: each module is made whole in w (fp32 tensor by tensor) then partitioned (Init._post_init_method)
+    built = params + w * facts.largest_module_params + FP32 * float(facts.largest_param_numel)
+    return ModelStates(
+        params=params, master=FP32 * shard, optimizer=optimizer,
+        grads_resident=w * shard + reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind),
+        gathered_params=w * stage3_live_elements(partitioned - partitioned / world_size, facts.largest_module_params),
+        # stage3.py initialize_optimizer_states: an fp32 gradient buffer for the optimizer beside the partition
+        grads_step=FP32 * shard + FP32 * shard,
+        step_scratch=max(0.0, optimizer_scratch),
+        # deepspeed.initialize: defragment() copies the partitions into one flat buffer; the fp32 master is
+        # made by .to(fp32) and then .clone() (stage3.py _create_fp32_partitions): twice for a moment
+        init_extra=max(0.0, w * shard + 2 * FP32 * shard - (built - params)),
+        built=built,
+    )
 
 
 def stage3_live_elements(not_on_device: float, largest_module_params: float) -> float:
