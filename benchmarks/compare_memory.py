@@ -9,7 +9,7 @@ config of :data:`CONFIGS` (micro-batch sizes, checkpoint ratios, fp32/bf16, ZeRO
 - **measured**: ``autofit.probe.run_probe`` (a real ``deepspeed.initialize`` step in a subprocess, peak RSS
   over imports, one warm-up and one measured step, as ``benchmarks/memory_accuracy.py``); cached by model
   and config, so re-rendering the table runs no probe;
-- **autofit**: ``autofit.estimate.facts_for`` + ``price`` (what ``autofit estimate`` prints);
+- **autofit**: ``autofit.plan.trace_for`` + ``autofit.cost_model.predict`` (what ``autofit estimate`` prints);
 - **DeepSpeed**: ``estimate_zero2_model_states_mem_needs_all_live`` (ZeRO 0-2; DeepSpeed has none for 0
   and 1, and on one rank their model states are ZeRO-2's) or ``estimate_zero3_..._all_live`` (ZeRO 3),
   called on the built model; the "per GPU" figure of its ``offload=none`` row. Those functions print
@@ -40,8 +40,9 @@ import compare_common as cc
 from memory_accuracy import MODELS as ACCURACY_MODELS
 
 from autofit.config import Config
-from autofit.estimate import facts_for, price
+from autofit.cost_model import predict
 from autofit.hardware import get_hardware
+from autofit.plan import trace_for
 from autofit.probe import run_probe
 from autofit.workload import Workload, load_workload
 
@@ -168,14 +169,33 @@ def _guarded(fn: Any, *args: Any) -> tuple[Any, str | None]:
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
 
 
-def model_rows(name: str, entry: str, cache: cc.JsonCache) -> list[dict[str, Any]]:
+def autofit_estimates(workload: Workload) -> dict[Config, int]:
+    """``autofit estimate``'s predicted peak of each config: one trace, the cost model's prior."""
+    facts, hardware = trace_for(workload, CONFIGS), get_hardware("cpu")
+    return {config: predict(config, facts, hardware, 1).peak_bytes for config in CONFIGS}
+
+
+def refresh_autofit(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with the autofit column priced again by this checkout's cost model (probes and peers kept)."""
+    by_model: dict[str, dict[Config, int]] = {}
+    for workload in (load_workload(entry) for entry in MODELS.values()):
+        if any(row["model"] == workload.name for row in rows):
+            by_model[workload.name] = autofit_estimates(workload)
+    for row in rows:
+        value = by_model[row["model"]][Config.from_dict(row["config"])]
+        row["estimates_bytes"]["autofit"] = value
+        row["errors"]["autofit"] = cc.relative_error(value, row["measured_bytes"]) if row["measured_bytes"] else None
+    return rows
+
+
+def model_rows(name: str, entry: str, cache: cc.JsonCache, configs: list[Config] = CONFIGS) -> list[dict[str, Any]]:
     """Every tool's estimate and the probe's peak, one row per config."""
     workload = load_workload(entry)
     t0 = time.monotonic()
-    predicted = {c.config: c.prediction.peak_bytes for c in price(CONFIGS, facts_for(workload, CONFIGS), get_hardware("cpu"), 1)}
+    predicted = autofit_estimates(workload)
     autofit_s = time.monotonic() - t0
     rows = []
-    for config in CONFIGS:
+    for config in configs:
         measured = measure(name, entry, config, cache)
         built = workload.build_model(attention=config.attention)
         ds, ds_error = _guarded(deepspeed_estimate, built, config)
@@ -261,13 +281,19 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=cc.RESULTS / "compare_memory_probes.json")
     parser.add_argument("--out-dir", type=Path, default=cc.RESULTS)
     parser.add_argument("--render-only", action="store_true", help="re-draw the table and chart from --out-dir's JSON")
+    parser.add_argument("--grid", default=None, help="comma-separated indexes into GRID (default: all)")
+    parser.add_argument("--rows", type=Path, nargs="*", help="with --render-only: the JSON rows to draw (default: --out-dir's)")
+    parser.add_argument("--refresh-autofit", action="store_true",
+                        help="price the autofit column again with this checkout's cost model (no probe, no peer)")
     args = parser.parse_args()
     os.chdir(cc.ROOT)  # the entries are relative to the repository, as in the other benchmarks
-    if args.render_only:
-        rows = json.loads((args.out_dir / "compare_memory.json").read_text())
+    if args.render_only or args.refresh_autofit:
+        rows = [row for path in args.rows or [args.out_dir / "compare_memory.json"] for row in json.loads(path.read_text())]
+        rows = refresh_autofit(rows) if args.refresh_autofit else rows
     else:
         cache = cc.JsonCache(args.cache)
-        rows = [row for name in args.models.split(",") for row in model_rows(name, MODELS[name], cache)]
+        configs = [CONFIGS[int(i)] for i in args.grid.split(",")] if args.grid else CONFIGS
+        rows = [row for name in args.models.split(",") for row in model_rows(name, MODELS[name], cache, configs)]
     cc.write_results("compare_memory", rows, markdown(rows), chart(rows), args.out_dir)
 
 

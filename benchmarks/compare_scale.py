@@ -3,18 +3,19 @@
     python benchmarks/compare_scale.py                   # both series (about 10 min on 2 cores)
     python benchmarks/compare_scale.py --series candidates --sizes 1b,7b
 
-Times the library functions ``autofit estimate`` runs (:func:`autofit.estimate.estimate`: enumerate the
-space's candidates, trace the model on fake tensors, price every candidate):
+Times the library functions ``autofit estimate`` runs (``autofit.plan.Plan.make``: enumerate the space's
+candidates and trace the model on fake tensors; ``autofit.estimate.estimate``: price and rank every candidate,
+each with its DeepSpeed JSON):
 
 - **candidates**: the example GPT (``examples/gpt.py``; pricing a candidate costs the same whatever the model,
   the trace is what grows with it) on ``h100-80gb`` x 8, the space grown one
   dimension at a time from micro-batch alone to ``search_spaces/default.yaml`` and past it (accumulation
   1-8, micro-batch up to 128, checkpoint ratios in fifths): ~100,000 candidates. The trace is done once
-  and timed apart; each step's "enumerate + price" is ``estimate(..., facts=traced)``, median of
+  and timed apart; each step's "enumerate + price" is ``estimate(Plan.make(..., facts=traced))``, median of
   :data:`REPEATS` (one run past 50,000 configs).
 - **model size**: LLaMA shapes from 1.1 B to 69 B parameters (random weights, never allocated), the whole
-  ``estimate`` (trace included) over ``search_spaces/single_gpu.yaml`` on ``h100-80gb`` x 8, global batch
-  256; each size in its own process, so its peak RSS is its own.
+  ``estimate`` (trace included) over ``search_spaces/single_gpu.yaml`` with ``--set precision=bf16
+  attention=sdpa`` on ``h100-80gb`` x 8, global batch 256; each size in its own process, so its peak RSS is its own.
 
 Writes ``compare_scale.{json,md,png}``.
 """
@@ -33,8 +34,9 @@ from typing import Any
 
 import compare_common as cc
 
-from autofit.estimate import estimate, facts_for
+from autofit.estimate import estimate
 from autofit.hardware import get_hardware
+from autofit.plan import Plan, trace_for
 from autofit.space import enumerate_candidates, load_space, space_from_dict
 from autofit.workload import Workload, load_workload
 
@@ -63,6 +65,9 @@ SIZES = {
     "70b": (8192, 80, 28672, 64, 8),
 }
 VOCAB_SIZE, SEQ_LEN = 32000, 2048
+#: ``--set`` for the size series: one precision and kernel, so one trace per checkpoint ratio (the other
+#: dimensions of the space stay open)
+SIZE_FIXED = {"precision": "bf16", "attention": "sdpa"}
 
 
 def ladder_spaces() -> list[tuple[str, Any]]:
@@ -83,14 +88,14 @@ def candidate_series(entry: str = "examples/gpt.py:workload") -> list[dict[str, 
     every = enumerate_candidates(largest, hardware=hardware, world_size=WORLD_SIZE, global_batch=None, fixed={},
                                  searches_attention=workload.searches_attention).candidates
     t0 = time.monotonic()
-    facts = facts_for(workload, every)
+    facts = trace_for(workload, every)
     trace_s = time.monotonic() - t0
     rows = []
     for name, space in spaces:
         times, n = [], 0
         for _ in range(REPEATS if space.size() < 50_000 else 1):
             t1 = time.monotonic()
-            result = estimate(workload, hardware, space, world_size=WORLD_SIZE, facts=facts)
+            result = estimate(Plan.make(entry, workload, hardware, space, world_size=WORLD_SIZE, facts=facts))
             times.append(time.monotonic() - t1)
             n = len(result.candidates)
         rows.append({"step": name, "space_size": space.size(), "candidates": n, "dimensions": sum(len(v) > 1 for v in
@@ -125,7 +130,8 @@ def one_size(size: str) -> dict[str, Any]:
     """The whole ``autofit estimate`` for one LLaMA size, in this process (see :func:`size_series`)."""
     hardware = get_hardware(HARDWARE)
     t0 = time.monotonic()
-    result = estimate(llama_workload(size), hardware, load_space("single_gpu"), world_size=WORLD_SIZE, global_batch=256)
+    result = estimate(Plan.make(f"llama-{size}", llama_workload(size), hardware, load_space("single_gpu"),
+                                world_size=WORLD_SIZE, global_batch=256, fixed=SIZE_FIXED))
     wall_s = time.monotonic() - t0
     assert result.facts is not None
     return {"size": size, "params": result.facts.n_params, "candidates": len(result.candidates),
@@ -133,15 +139,13 @@ def one_size(size: str) -> dict[str, Any]:
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def size_series(sizes: list[str]) -> list[dict[str, Any]]:
-    """Each size in a child process of this script (``--one-size``), so peak RSS is per size."""
-    rows = []
-    for size in sizes:
-        out = subprocess.run([sys.executable, __file__, "--one-size", size], check=True, capture_output=True,
-                             text=True, env=os.environ | {"PYTHONPATH": str(cc.ROOT)}, cwd=cc.ROOT)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"  {size}: {rows[-1]}", file=sys.stderr, flush=True)
-    return rows
+def one_size_in_child(size: str) -> dict[str, Any]:
+    """:func:`one_size` in a child process of this script (``--one-size``), so peak RSS is that size's own."""
+    out = subprocess.run([sys.executable, __file__, "--one-size", size], check=True, capture_output=True,
+                         text=True, env=os.environ | {"PYTHONPATH": str(cc.ROOT)}, cwd=cc.ROOT)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"  {size}: {row}", file=sys.stderr, flush=True)
+    return row
 
 
 def markdown(data: dict[str, list[dict[str, Any]]]) -> str:
@@ -154,7 +158,8 @@ def markdown(data: dict[str, list[dict[str, Any]]]) -> str:
                                     [[r["step"], r["dimensions"], f"{r['space_size']:,}", f"{r['candidates']:,}",
                                       f"{r['price_s']:.2f}", f"{r['us_per_candidate']:.0f}"] for r in rows]), ""]
     if data.get("sizes"):
-        title = f"Model size (whole `estimate`, trace included; `single_gpu.yaml`, {HARDWARE} x {WORLD_SIZE}, global batch 256):"
+        title = (f"Model size (whole `estimate`, trace included; `single_gpu.yaml` with bf16 and sdpa fixed, {HARDWARE} x "
+                 f"{WORLD_SIZE}, global batch 256):")
         parts += [title, "",
                   cc.markdown_table(["model", "parameters", "candidates", "fit 80 GB", "estimate s", "peak RSS MiB"],
                                     [[r["size"], f"{r['params'] / 1e9:.2f} B", f"{r['candidates']:,}", f"{r['fitting']:,}",
@@ -196,10 +201,14 @@ def main() -> None:
     series = args.series.split(",")
     if args.render_only:
         data = json.loads((args.out_dir / "compare_scale.json").read_text())
-    else:
-        data = {"candidates": candidate_series() if "candidates" in series else [],
-                "sizes": size_series(args.sizes.split(",")) if "sizes" in series else []}
+        cc.write_results("compare_scale", data, markdown(data), chart(data), args.out_dir)
+        return
+    # written after every step: a long run that is stopped keeps what it measured
+    data: dict[str, list[dict[str, Any]]] = {"candidates": candidate_series() if "candidates" in series else [], "sizes": []}
     cc.write_results("compare_scale", data, markdown(data), chart(data), args.out_dir)
+    for size in args.sizes.split(",") if "sizes" in series else []:
+        data["sizes"].append(one_size_in_child(size))
+        cc.write_results("compare_scale", data, markdown(data), chart(data), args.out_dir)
 
 
 if __name__ == "__main__":
