@@ -270,7 +270,8 @@ def chart(rows: list[dict[str, Any]]) -> Any:
     stats = summary(rows)
     bars.bar(list(TOOLS), [100 * (stats[t]["median_abs"] or 0) for t in TOOLS], color="tab:blue", label="median")
     bars.scatter(list(TOOLS), [100 * (stats[t]["worst_abs"] or 0) for t in TOOLS], color="tab:red", label="worst", zorder=3)
-    bars.set(ylabel="|estimate - measured| / measured (%)", title=f"{len(measured)} configs, 5 architectures")
+    n_models = len({r["model"] for r in measured})
+    bars.set(ylabel="|estimate - measured| / measured (%)", title=f"{len(measured)} configs, {n_models} architectures")
     bars.legend(fontsize=8)
     return fig
 
