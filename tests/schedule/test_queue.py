@@ -125,3 +125,14 @@ def test_nothing_fits_is_a_state_and_is_cached_too(sqlite_url: str) -> None:
     assert summary["state"] == "nothing-fits" and "nothing fits" in summary["message"]
     again = queue_tiny(sqlite_url, memory_mib=2)
     assert (again.id, again.state, again.cached) == (first.id, "nothing-fits", True)
+
+
+def test_a_worker_that_finds_another_model_than_queued_fails_the_search(sqlite_url: str, tmp_path: Path) -> None:
+    model = tmp_path / "model.py"
+    model.write_text(TINY.read_text())
+    queue_tiny(sqlite_url, entry=f"{model}:tiny_workload")
+    model.write_text(TINY.read_text().replace("n_layers: int = 4", "n_layers: int = 2"))
+    model_worker(sqlite_url, "w").serve()
+    summary = search_summaries(sqlite_url)[0]
+    assert summary["state"] == "failed" and "not the workload that was queued" in summary["message"]
+    assert summary["probes"] == 0
