@@ -106,7 +106,9 @@ def test_a_worker_killed_mid_probe_is_taken_over_and_its_finished_probes_are_kep
     searched = _searched(after)
     assert len(searched) == len(set(searched))  # no config probed twice by the search, over both workers
     assert sum(1 for t in after if t.state.name == "FAIL" and "measured" not in t.user_attrs) == 1  # the killed probe
-    result = queue.stored_result(pg_url, search_id)
-    within = [t for t in after if t.user_attrs.get("within_margin") and t.user_attrs["phase"] == "search"]
-    fastest = max(within, key=lambda t: t.user_attrs["measured"]["samples_per_s"])
-    assert result["best"]["config"] == fastest.user_attrs["config"]  # one winner: the best measured over both workers
+    # one winner, verified: a config the search measured within the margin (over both workers) and probed again
+    # (which of two close configs wins is the verification's mean, too noisy on a shared CPU to name here)
+    winner = queue.stored_result(pg_url, search_id)["best"]["config"]
+    within = [t for t in after if t.user_attrs.get("within_margin")]
+    assert winner in [t.user_attrs["config"] for t in within if t.user_attrs["phase"] == "search"]
+    assert winner in [t.user_attrs["config"] for t in within if t.user_attrs["phase"] == "verify"]
