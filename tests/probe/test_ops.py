@@ -18,8 +18,8 @@ NO_NVCC = Software(cuda_toolkit=False)
 
 def test_ops_the_candidates_need():
     assert ops_needed([("adamw", "none", "none"), ("lion", "none", "none"), ("sgd", "none", "none")], "cpu", Software()) == (
-        "fused_adam",
-    )  # the CPU runs Lion as a client optimizer
+        "deepspeed_shm_comm", "fused_adam",
+    )  # the CPU runs Lion as a client optimizer; DeepSpeed's CPU comm builds its shared-memory op
     assert ops_needed([("lion", "none", "none"), ("adamw", "cpu", "none")], "cuda", Software()) == ("cpu_adam", "fused_lion")
     assert ops_needed([("adamw", "none", "none")], "cuda", NO_NVCC) == ()  # torch_adam: nothing to build
     assert ops_needed([("sgd", "none", "nvme")], "cuda", Software()) == ("async_io",)
@@ -68,5 +68,5 @@ def test_prepare_ops_loads_fused_adam_on_the_cpu():
     from autofit.hardware import get_hardware
 
     report = prepare_ops([Config(optimizer="adamw"), Config(optimizer="sgd")], get_hardware("cpu"))
-    assert report.ops == ("fused_adam",)
-    assert report.loaded == {"fused_adam": "ok"}, report.loaded
+    assert report.ops == ("deepspeed_shm_comm", "fused_adam")
+    assert report.loaded == {"deepspeed_shm_comm": "ok", "fused_adam": "ok"}, report.loaded
