@@ -23,8 +23,9 @@ TRAINABLE = {
     "benchmarks/models/gqa_llama.py": (4, True),
     "benchmarks/models/moe.py": (4, True),
     "benchmarks/models/cnn.py": (8, False),
+    "benchmarks/models/qwen2_lm.py": (8, True),
 }
-NEEDS_TRANSFORMERS = {"hf_bert", "t5_encdec", "vit", "gqa_llama", "moe", "llama_7b", "llama2"}
+NEEDS_TRANSFORMERS = {"hf_bert", "t5_encdec", "vit", "gqa_llama", "moe", "llama_7b", "llama2", "qwen2_lm"}
 #: planning-only examples (built on meta tensors, never trained here)
 PLANNING_ONLY = {"examples/llama_7b.py", "examples/llama2.py"}
 
