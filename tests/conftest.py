@@ -1,0 +1,15 @@
+"""Session-wide set-up shared by every test folder."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_stale_extension_locks() -> None:
+    """A DeepSpeed op build killed mid-way leaves torch's lock file behind, and every later
+    ``deepspeed.initialize`` that loads the op waits on it forever: the probes clear such locks
+    (:func:`autofit.probe.ops.prepare_ops`), but tests that start DeepSpeed directly do not."""
+    from autofit.probe.ops import clear_stale_locks
+
+    clear_stale_locks()
