@@ -155,8 +155,9 @@ def test_zero3_builds_under_zero_init_with_half_the_parameters_per_rank() -> Non
     assert sum(split.per_rank_param_elements) == pytest.approx(n_params, rel=0.01)
     for held, built in zip(split.per_rank_param_elements, split.per_rank_build_bytes, strict=True):
         assert held == pytest.approx(n_params / 2, rel=0.02)
-        # the partition in fp32 plus one module made whole for a moment, against the whole fp32 copy
-        assert built < 0.7 * min(whole.per_rank_build_bytes)
+        # the fp32 partition (half the copy) plus at most one of the four blocks made whole for a moment
+        # (zero.Init partitions each module as its __init__ returns), against the whole fp32 copy
+        assert built < (0.5 + 1 / 4) * min(whole.per_rank_build_bytes)
     assert min(whole.per_rank_build_bytes) > 0.9 * 4 * n_params
 
 
