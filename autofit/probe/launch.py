@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,7 @@ def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: floa
                     cwd=os.getcwd(),
                 )
             )
-        timed_out = _wait(procs, workdir, time.monotonic() + timeout_s)
+        timed_out = wait_for_ranks(procs, time.monotonic() + timeout_s, lambda rank, code: _finished_badly(workdir, rank, code))
     finally:
         exited = [proc.poll() is not None for proc in procs]
         for proc in procs:
@@ -145,8 +146,10 @@ def _mark_oom_kills(outcomes: list[RankOutcome], oom_kills_before: int | None) -
     return outcomes
 
 
-def _wait(procs: list[subprocess.Popen[bytes]], workdir: Path, deadline: float) -> bool:
-    """Wait until all ranks exit; stop early when one failed. True when the deadline passed."""
+def wait_for_ranks(procs: list[subprocess.Popen[bytes]], deadline: float,
+                   failed: Callable[[int, int | None], bool]) -> bool:
+    """Wait until every rank exits; once ``failed(rank, returncode)`` says one has, its peers get
+    :data:`FAILURE_GRACE_S` (they would wait forever in a collective). True when the deadline passed."""
     failed_at: float | None = None
     while True:
         codes = [proc.poll() for proc in procs]
@@ -155,10 +158,10 @@ def _wait(procs: list[subprocess.Popen[bytes]], workdir: Path, deadline: float) 
         now = time.monotonic()
         if now > deadline:
             return True
-        if failed_at is None and any(_finished_badly(workdir, rank, code) for rank, code in enumerate(codes)):
+        if failed_at is None and any(failed(rank, code) for rank, code in enumerate(codes)):
             failed_at = now
         if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
-            return False  # the peers of a failed rank would wait forever in a collective
+            return False
         time.sleep(0.02)
 
 

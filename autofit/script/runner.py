@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import AutofitError
-from autofit.probe.launch import FAILURE_GRACE_S, free_port, kill_group, rank_env
+from autofit.probe.launch import free_port, kill_group, rank_env, wait_for_ranks
 from autofit.script.command import ScriptCommand
 from autofit.script.tree import TreeMeter, import_baseline_bytes
 
@@ -58,7 +58,7 @@ def run_script(command: ScriptCommand, config_path: Path, workdir: Path, world_s
             procs.append(_start(command.argv(config_path), rank_env(dict(os.environ), rank, world_size, port, kind), log))
         meter = TreeMeter([p.pid for p in procs], kind, budget_bytes, lambda used: _kill_all(procs), baseline)
         with meter:
-            timed_out = _wait(procs, time.monotonic() + timeout_s)
+            timed_out = wait_for_ranks(procs, time.monotonic() + timeout_s, lambda rank, code: code not in (None, 0))
     finally:
         for proc in procs:
             kill_group(proc)
@@ -88,23 +88,6 @@ def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def _wait(procs: list[subprocess.Popen[bytes]], deadline: float) -> bool:
-    """Wait for every rank; once one has failed, its peers get a grace period. True when the deadline passed."""
-    failed_at: float | None = None
-    while True:
-        codes = [proc.poll() for proc in procs]
-        if all(code is not None for code in codes):
-            return False
-        now = time.monotonic()
-        if now > deadline:
-            return True
-        if failed_at is None and any(code not in (None, 0) for code in codes):
-            failed_at = now
-        if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
-            return False
-        time.sleep(0.05)
 
 
 def _tail(path: Path) -> str:
