@@ -193,6 +193,71 @@ def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, 
 
 
 @main.command()
+@common_options
+@click.option("--measure", is_flag=True, help="Probe every rung predicted to fit and add the measured columns.")
+@click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Measured steps per probe.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float, help="Seconds for each probe.")
+@user_errors
+def ladder(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
+           space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, measure: bool, steps: int,
+           timeout_s: float) -> None:
+    """Seed 004's build-along table: from fp32 + AdamW + ZeRO-0, one memory technique added per rung, each priced
+    (peak, fits, samples/s) and, with --measure, probed."""
+    from autofit.ladder import check_fixed, ladder_plan, price_ladder
+
+    if space is not None:
+        raise AutofitError("autofit ladder takes no --space: its rungs are fixed (autofit/ladder.py)")
+    if global_batch is None:
+        raise AutofitError("autofit ladder needs --global-batch N (samples per optimizer step; seed 004 uses 16)")
+    setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
+    check_fixed(setup.fixed)
+    if measure and setup.hardware.kind == "cuda" and not _cuda_devices_here():
+        raise AutofitError(f"--measure on {setup.hardware.name} needs a CUDA device and none is visible here; "
+                           "without --measure the ladder is predicted only")
+    click.echo(f"autofit: tracing {setup.workload.name or entry}", err=True)
+    plan = ladder_plan(setup.entry, setup.workload, setup.hardware, world_size=setup.world_size,
+                       global_batch=global_batch, fixed=setup.fixed)
+    result = price_ladder(plan)
+    if measure:
+        result = _measure_ladder(result, setup, steps, timeout_s)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=1))
+        return
+    from autofit.tables import print_ladder
+
+    print_ladder(result)
+
+
+def _measure_ladder(ladder: Any, setup: Setup, steps: int, timeout_s: float) -> Any:
+    """Probe each rung predicted to fit (its own subprocess probe, as ``autofit probe``); the ladder with the results."""
+    from autofit.probe import run_probe
+
+    fitting = [row for row in ladder.rows if row.fits]
+    if not fitting:
+        click.echo("autofit: no rung is predicted to fit: nothing to probe", err=True)
+        return ladder
+    _prepare_ops([row.config for row in fitting], setup.hardware)
+    measured = {}
+    for row in fitting:
+        click.echo(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}", err=True)
+        probed = run_probe(setup.entry, row.config, setup.hardware, setup.world_size, steps=steps, timeout_s=timeout_s)
+        measured[row.index] = probed.to_dict()
+    return ladder.with_measured(measured)
+
+
+def _cuda_devices_here() -> int:
+    """CUDA devices this process may use: NVML's count (or ``CUDA_VISIBLE_DEVICES``), else torch's."""
+    from autofit.probe import visible_cuda_devices
+
+    visible = visible_cuda_devices()
+    if visible is not None:
+        return visible
+    import torch
+
+    return torch.cuda.device_count()
+
+
+@main.command()
 @functools.partial(common_options, entry_required=False)
 @click.option("--script", default=None, metavar="CMD",
               help='Script mode instead of ENTRY: an unmodified DeepSpeed script, "python train.py --deepspeed_config {config}".')
@@ -231,11 +296,22 @@ def run(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, gl
     if report_dir is not None:
         from autofit.report import write_report
 
-        write_report(result, report_dir)
+        write_report(result, report_dir, ladder=_report_ladder(setup, result) if script is None else None)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
         click.echo(f"wrote {out_path}", err=True)
+
+
+def _report_ladder(setup: Setup, result: Any) -> Any:
+    """The ladder that ends the report, or None (said on stderr) where it cannot be made: the winner is written."""
+    from autofit.ladder import search_ladder
+
+    try:
+        return search_ladder(setup.entry, setup.workload, result, setup.fixed)
+    except AutofitError as exc:
+        click.echo(f"autofit: the report has no ladder: {exc}", err=True)
+        return None
 
 
 @contextmanager

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit.config import Config
+from autofit.plots import pyplot as _pyplot
 from autofit.units import format_bytes
 
 if TYPE_CHECKING:
+    from autofit.ladder import Ladder
     from autofit.search.records import SearchResult, TrialRecord
 
 PARTS = ("params", "grads", "optimizer", "activations", "other")
@@ -30,8 +32,9 @@ STATUS_COLORS = {"ok": "#2a9d8f", "oom": "#e63946", "timeout": "#f4a261", "error
 TOP_N = 8
 
 
-def write_report(result: SearchResult, report_dir: str | os.PathLike[str]) -> Path:
-    """Write the report into ``report_dir`` (created); returns the path of ``index.html``."""
+def write_report(result: SearchResult, report_dir: str | os.PathLike[str], ladder: Ladder | None = None) -> Path:
+    """Write the report into ``report_dir`` (created); returns the path of ``index.html``. ``ladder``
+    (:func:`autofit.ladder.search_ladder`): the section that ends it, with ``ladder.png``."""
     folder = Path(report_dir)
     folder.mkdir(parents=True, exist_ok=True)
     pictures = {
@@ -43,10 +46,25 @@ def write_report(result: SearchResult, report_dir: str | os.PathLike[str]) -> Pa
     _scatter(result, folder / "memory_vs_throughput.png")
     _timeline(result, folder / "timeline.png")
     sections = report_sections(result)
-    (folder / "report.md").write_text(_markdown(sections))
+    last = _ladder_part(result, ladder, folder)
+    (folder / "report.md").write_text(_markdown(sections) + (_markdown([last], LADDER_PICTURE) if last else ""))
     index = folder / "index.html"
-    index.write_text(_html(sections, pictures))
+    index.write_text(_html(sections, pictures, last))
     return index
+
+
+LADDER_PICTURE = {"ladder.png": "The ladder: predicted peak and samples/s per rung, and the winner (measured: black)"}
+
+
+def _ladder_part(result: SearchResult, ladder: Ladder | None, folder: Path) -> tuple[str, str, list[str], list[list[str]]] | None:
+    """The ladder's section, its chart drawn into ``folder``; None without a ladder."""
+    if ladder is None:
+        return None
+    from autofit.ladder_report import ladder_chart, ladder_section, search_ladder
+
+    ladder_chart(search_ladder(ladder, result), folder / "ladder.png",
+                 winner=(result.config.label(), result.predicted, result.measured))
+    return ladder_section(ladder, result)
 
 
 PVM_HEADER = ["trial", "phase", "config", "status", "pred. peak", "meas. peak", "peak ratio", "pred. samples/s",
@@ -138,8 +156,9 @@ def _num(value: Any) -> str:
     return f"{float(value):.3g}"
 
 
-def _markdown(sections: list[tuple[str, str, list[str], list[list[str]]]]) -> str:
-    lines = ["# autofit report", ""]
+def _markdown(sections: list[tuple[str, str, list[str], list[list[str]]]], pictures: dict[str, str] | None = None) -> str:
+    """The report's markdown; with ``pictures``, one more part (no page title) ending with those pictures."""
+    lines = [] if pictures else ["# autofit report", ""]
     for title, text, header, rows in sections:
         lines += [f"## {title}", "", text, ""]
         if rows:
@@ -147,6 +166,8 @@ def _markdown(sections: list[tuple[str, str, list[str], list[list[str]]]]) -> st
             lines.append("|" + "---|" * len(header))
             lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
             lines.append("")
+    if pictures:
+        return "\n".join(lines + [f"![{cap}]({name})\n" for name, cap in pictures.items()])
     lines += [
         "## Pictures",
         "",
@@ -160,7 +181,8 @@ def _markdown(sections: list[tuple[str, str, list[str], list[list[str]]]]) -> st
     return "\n".join(lines)
 
 
-def _html(sections: list[tuple[str, str, list[str], list[list[str]]]], pictures: dict[str, str]) -> str:
+def _html(sections: list[tuple[str, str, list[str], list[list[str]]]], pictures: dict[str, str],
+          last: tuple[str, str, list[str], list[list[str]]] | None = None) -> str:
     e = html.escape
     body = ["<h1>autofit report</h1>"]
     for title, text, header, rows in sections[:4]:
@@ -174,6 +196,11 @@ def _html(sections: list[tuple[str, str, list[str], list[list[str]]]], pictures:
     title, text, header, rows = sections[4]
     body.append(f"<h2>{e(title)} ({len(rows)})</h2><p>{e(text)}</p>")
     body.append(_table(header, rows))
+    if last is not None:
+        title, text, header, rows = last
+        body += [f"<h2>{e(title)}</h2><p>{e(text)}</p>", _table(header, rows)]
+        body += [f'<figure><img src="{e(n)}" alt="{e(c)}"><figcaption>{e(c)}</figcaption></figure>'
+                 for n, c in LADDER_PICTURE.items()]
     style = (
         "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
         "table{border-collapse:collapse;font-size:13px;margin-bottom:1em}"
@@ -193,15 +220,6 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _memory_breakdown(result: SearchResult, path: Path) -> None:

@@ -56,3 +56,17 @@ def print_probe(document: dict[str, Any]) -> None:
     console.print(table)
     if document.get("message"):
         console.print(document["message"])
+
+
+def print_ladder(ladder: Any) -> None:
+    """The ladder (:class:`autofit.ladder.Ladder`): one row a rung, measured columns where it was probed."""
+    from autofit.ladder_report import ladder_rows, ladder_title
+
+    console = Console(width=None if Console().is_terminal else 200)
+    header, rows = ladder_rows(ladder)
+    table = Table(title=ladder_title(ladder))
+    for column in header:
+        table.add_column(column, justify="left" if column in ("rung", "changed", "config", "fits") else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

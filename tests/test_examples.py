@@ -27,7 +27,7 @@ TRAINABLE = {
 }
 NEEDS_TRANSFORMERS = {"hf_bert", "t5_encdec", "vit", "gqa_llama", "moe", "llama_7b", "llama2", "qwen2_lm"}
 #: planning-only examples (built on meta tensors, never trained here)
-PLANNING_ONLY = {"examples/llama_7b.py", "examples/llama2.py"}
+PLANNING_ONLY = {"examples/llama_7b.py", "examples/llama2.py", "examples/seed_build_along.py"}
 
 
 def _load(path: str, function: str = "workload") -> Workload:
@@ -153,3 +153,30 @@ def test_llama2_builds_on_meta_with_its_published_size(function: str, n_params: 
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(n_params, rel=0.01)
     assert len(workload.repeated_layers(model)) == n_layers
     assert workload.tokens_per_sample == 4096
+
+
+def test_seed_build_along_is_the_seeds_shape_with_4x_the_parameters_it_claims() -> None:
+    workload = _load("examples/seed_build_along.py")
+    assert not workload.searches_attention
+    with torch.device("meta"):
+        model = workload.build_model()
+    assert model.embedding.weight.shape == (50257, 2048) and model.head.weight.shape == (50257, 2048)
+    layers = workload.repeated_layers(model)
+    assert len(layers) == 24 and layers[0].ff[0].weight.shape == (8192, 2048)
+    n_params = sum(p.numel() for p in model.parameters())
+    # the seed says "~350M params"; the docstring and the README give the count: 1,416,552,448
+    assert n_params == pytest.approx(1.4166e9, rel=1e-4) and n_params > 4 * 350e6
+    assert workload.batch(1)["input_ids"].shape == (1, 1024) and workload.tokens_per_sample == 1024
+
+
+def test_seed_build_along_tiny_trains_one_step_with_the_seeds_loss() -> None:
+    workload = _load("examples/seed_build_along.py", "workload_tiny")
+    torch.manual_seed(0)
+    model = workload.build_model().train()
+    batch = workload.batch(2)
+    loss = workload.compute_loss(model, batch)
+    assert loss.dim() == 0 and math.isfinite(loss.item())
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    layers = workload.repeated_layers(model)
+    assert len(layers) == 4 and all(id(layer) in {id(m) for m in model.modules()} for layer in layers)

@@ -83,3 +83,37 @@ def test_sections_hold_every_probe_and_every_pruned_candidate(tmp_path: Path) ->
     assert len(sections["Pruned"]) == len(result.pruned)
     assert [r[1] for r in sections["Runner-ups"]] == [result.trials[2].config.label()]
     assert any("resumed" in row[1] for row in sections["Predicted vs measured"])
+
+
+def test_the_report_ends_with_the_ladder_and_the_winners_place_in_it(tmp_path: Path) -> None:
+    from autofit.ladder import search_ladder
+    from autofit.workload import Workload
+
+    result = _result(tmp_path)
+    # the toy facts cover fp32 and bf16, checkpointed and not: the ladder reuses them (no trace)
+    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {})
+    assert ladder.rows[0].config.micro_batch_size == result.config.micro_batch_size
+    index = write_report(result, tmp_path / "report", ladder=ladder)
+    assert (tmp_path / "report" / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = index.read_text()
+    assert 'src="ladder.png"' in html and html.index("<h2>Ladder</h2>") > html.index("<h2>Pruned")
+    md = (tmp_path / "report" / "report.md").read_text()
+    ladder_md = md[md.index("## Ladder"):]
+    assert md.index("## Ladder") > md.index("## Pruned")
+    for row in ladder.rows:
+        assert f"| {row.index} | {row.rung.name} |" in ladder_md
+    assert f"| * | winner | the search's verified pick | {result.config.label()} |" in ladder_md
+    assert "The winner" in ladder_md and "![" in ladder_md
+
+
+def test_the_winners_place_names_its_rung_or_how_it_differs(tmp_path: Path) -> None:
+    from autofit.ladder import search_ladder
+    from autofit.ladder_report import winner_place
+    from autofit.workload import Workload
+
+    result = _result(tmp_path)
+    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {})
+    rung = ladder.rows[2]
+    assert winner_place(ladder, rung.config, 1.0) == f"The winner is rung 2 ({rung.rung.name}) of the ladder."
+    other = rung.config.with_(optimizer="sgd")
+    assert "optimizer=sgd (rung: adamw)" in winner_place(ladder, other, 1.0)

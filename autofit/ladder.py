@@ -1,0 +1,232 @@
+"""The ladder: seed 004's build-along table for any model, one memory technique added per rung.
+
+Seed 004 ("8.1 Memory Optimization", section 5) starts from a configuration that runs out of memory
+and adds one technique at a time, recording what each buys. :func:`rungs` are those steps (plus the
+8-bit optimizer, which seed 001 teaches), each cumulative on the one before:
+
+0. baseline: fp32, no checkpointing, AdamW, ZeRO-0;
+1. + activation checkpointing of every repeated layer;
+2. + mixed precision (bf16 where the device has it, fp16 otherwise);
+3. + 8-bit optimizer (bitsandbytes' AdamW8bit);
+4. + ZeRO-2 at the job's world size;
+5. + ZeRO-3 with optimizer and parameters offloaded to the CPU. DeepSpeed offloads only its own CPU
+   optimizers (``autofit.rules.OFFLOADABLE_OPTIMIZERS``), so this rung goes back to AdamW, run by
+   DeepSpeed's CPU Adam on the host.
+
+The rungs are priced through :class:`autofit.plan.Plan` (the same ``Plan.predict`` as ``autofit
+estimate`` and the search), against the device's whole memory; a rung a rule of the device refuses
+(offload when the device is the CPU) carries that rule's reason and is never probed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from autofit.config import Config
+from autofit.cost_model import ModelFacts, Prediction
+from autofit.cost_model.calibrate import Calibration
+from autofit.errors import AutofitError
+from autofit.hardware import Hardware
+from autofit.plan import Plan
+from autofit.space import DEFAULT_ATTENTION, SPACE_KEYS, SearchSpace
+from autofit.workload import Workload
+
+if TYPE_CHECKING:
+    from autofit.search.records import SearchResult
+
+#: the baseline's value of every key the ladder steps through
+BASELINE: dict[str, Any] = {
+    "checkpoint_ratio": 0.0,
+    "precision": "fp32",
+    "optimizer": "adamw",
+    "zero_stage": 0,
+    "offload_optimizer": "none",
+    "offload_params": "none",
+}
+LADDER_KEYS = tuple(BASELINE)
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step of the ladder: what it adds to the rung before it."""
+
+    name: str
+    """Short name, as seed 004's table words it (``+ activation checkpointing``)."""
+    changed: str
+    """What changed from the rung before, in words."""
+    changes: dict[str, Any]
+    """The config keys this rung sets (on top of the rung before)."""
+
+
+def mixed_precision(hardware: Hardware) -> str:
+    """bf16 where the device has it (seed 004: "BF16 is almost always preferable"), fp16 otherwise."""
+    return "bf16" if hardware.supports_precision("bf16") else "fp16"
+
+
+def rungs(mixed: str, world_size: int) -> tuple[Rung, ...]:
+    """The six rungs in order, with ``mixed`` as the mixed precision and ZeRO over ``world_size`` ranks."""
+    zero2 = (f"optimizer states and gradients partitioned over {world_size} ranks" if world_size > 1 else
+             "ZeRO-2 on one rank: nothing to partition (with --gpus N it splits optimizer states and gradients N ways)")
+    return (
+        Rung("baseline", "fp32, no checkpointing, AdamW, ZeRO-0", dict(BASELINE)),
+        Rung("+ activation checkpointing", "every repeated layer recomputed in backward", {"checkpoint_ratio": 1.0}),
+        Rung("+ mixed precision", f"{mixed} weights, gradients and activations; fp32 master weights",
+             {"precision": mixed}),
+        Rung("+ 8-bit optimizer", "bitsandbytes AdamW8bit: 8-bit optimizer states", {"optimizer": "adamw8bit"}),
+        Rung("+ ZeRO-2", zero2, {"zero_stage": 2}),
+        Rung("+ ZeRO-3 + CPU offload",
+             "parameters partitioned too; optimizer states and parameters offloaded to the CPU "
+             "(AdamW again: DeepSpeed's CPU Adam, bitsandbytes' states cannot be offloaded)",
+             {"zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu", "optimizer": "adamw"}),
+    )
+
+
+def rung_configs(base: Config, ladder: tuple[Rung, ...]) -> list[Config]:
+    """Each rung's config: ``base`` with every rung's changes up to and including its own."""
+    configs, config = [], base
+    for rung in ladder:
+        config = config.with_(**rung.changes)
+        configs.append(config)
+    return configs
+
+
+def ladder_space(ladder: tuple[Rung, ...], micro_batch_size: int) -> SearchSpace:
+    """A space holding every rung (the product of the values the rungs use), for :meth:`Plan.make`."""
+    values: dict[str, list[Any]] = {key: [] for key in SPACE_KEYS}
+    values["micro_batch_size"] = [micro_batch_size]
+    values["attention"] = [DEFAULT_ATTENTION]
+    for config in rung_configs(Config(), ladder):
+        for key in LADDER_KEYS:
+            if getattr(config, key) not in values[key]:
+                values[key].append(getattr(config, key))
+    return SearchSpace(name="ladder", description="the rungs of autofit ladder", values=values)
+
+
+def check_fixed(fixed: dict[str, Any]) -> None:
+    """``--set`` may fix the micro-batch, the accumulation or the attention, not what the ladder steps through."""
+    stepped = sorted(set(fixed) & set(LADDER_KEYS))
+    if stepped:
+        raise AutofitError(f"--set {stepped[0]} cannot be fixed in autofit ladder: the ladder steps through "
+                           f"{', '.join(LADDER_KEYS)}")
+
+
+def ladder_plan(entry: str, workload: Workload, hardware: Hardware, *, world_size: int, global_batch: int,
+                fixed: dict[str, Any] | None = None, facts: ModelFacts | None = None) -> Plan:
+    """The plan of the ladder's space: enumerated under the rules, traced once (``facts``: a trace made earlier,
+    used where it covers every rung)."""
+    fixed = dict(fixed or {})
+    check_fixed(fixed)
+    ladder = rungs(mixed_precision(hardware), world_size)
+    space = ladder_space(ladder, max(1, global_batch // world_size))
+    plan = Plan.make(entry, workload, hardware, space, world_size=world_size, global_batch=global_batch,
+                     fixed=fixed, facts=facts if facts is not None and covers(facts, space) else None)
+    return plan
+
+
+def covers(facts: ModelFacts, space: SearchSpace) -> bool:
+    """Whether ``facts`` holds a trace for every precision class and attention of ``space``, checkpointed and not."""
+    try:
+        for precision in space.values["precision"]:
+            for attention in space.values["attention"]:
+                for checkpointed in (False, True):
+                    facts.profile(Config(precision=precision).trace_dtype, attention, checkpointed)
+    except KeyError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class LadderRow:
+    """One rung priced (and, with ``--measure``, probed)."""
+
+    index: int
+    rung: Rung
+    config: Config
+    prediction: Prediction
+    rule: str | None
+    """Why a rule of the device refuses this rung (None: it can run here)."""
+    measured: dict[str, Any] | None = None
+    """The probe's JSON (``autofit probe``), where the rung was probed."""
+
+    @property
+    def fits(self) -> bool:
+        """Runnable here and predicted within the device memory."""
+        return self.rule is None and self.prediction.fits
+
+    @property
+    def why_not(self) -> str | None:
+        """Why it does not fit: the rule, else the cost model's reason."""
+        return None if self.fits else (f"cannot run here: {self.rule}" if self.rule else self.prediction.reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rung": self.index,
+            "name": self.rung.name,
+            "changed": self.rung.changed,
+            "config": self.config.to_dict(),
+            "predicted": self.prediction.to_dict(),
+            "fits": self.fits,
+            "reason": self.why_not,
+            "measured": self.measured,
+        }
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The ladder of one model on ``world_size`` ranks of one device."""
+
+    name: str
+    n_params: int
+    hardware: Hardware
+    world_size: int
+    global_batch: int
+    rows: tuple[LadderRow, ...]
+
+    def with_measured(self, measured: dict[int, dict[str, Any]]) -> Ladder:
+        """The same ladder with the probes' JSON (by rung index) added."""
+        rows = tuple(replace(row, measured=measured.get(row.index, row.measured)) for row in self.rows)
+        return replace(self, rows=rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": {"name": self.name, "n_params": self.n_params},
+            "hardware": self.hardware.to_dict() | {"world_size": self.world_size},
+            "global_batch": self.global_batch,
+            "rungs": [row.to_dict() for row in self.rows],
+        }
+
+
+def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
+    """Every rung of ``plan`` (from :func:`ladder_plan`) priced with ``calibration`` (the prior when None)."""
+    ladder = rungs(mixed_precision(plan.hardware), plan.world_size)
+    first = plan.candidates[0]  # every candidate shares the micro-batch, accumulation and attention
+    base = first.with_(**BASELINE)
+    rows = tuple(
+        LadderRow(index=i, rung=rung, config=config, prediction=plan.predict(config, calibration),
+                  rule=rule_reason(config, plan.rejected))
+        for i, (rung, config) in enumerate(zip(ladder, rung_configs(base, ladder), strict=True))
+    )
+    return Ladder(name=plan.name, n_params=plan.facts.n_params, hardware=plan.hardware, world_size=plan.world_size,
+                  global_batch=first.samples_per_step(plan.world_size), rows=rows)
+
+
+def rule_reason(config: Config, rejected: tuple[tuple[dict[str, Any], str], ...]) -> str | None:
+    """The reason of the first rule rejection whose partial config ``config`` matches, else None."""
+    values = config.to_dict()
+    for partial, reason in rejected:
+        if all(values.get(key) == value for key, value in partial.items()):
+            return reason
+    return None
+
+
+def search_ladder(entry: str, workload: Workload, result: SearchResult, fixed: dict[str, Any]) -> Ladder:
+    """The ladder that ends ``autofit run``'s report: the search's device, world size, global batch and the
+    winner's micro-batch and accumulation (so the rungs differ from the winner only in the techniques), priced
+    with the search's calibration; the search's trace is reused where it covers the rungs."""
+    winner = result.config
+    kept = {key: value for key, value in fixed.items() if key not in LADDER_KEYS}
+    kept |= {"micro_batch_size": winner.micro_batch_size, "grad_accum_steps": winner.grad_accum_steps}
+    plan = ladder_plan(entry, workload, result.hardware, world_size=result.world_size,
+                       global_batch=winner.samples_per_step(result.world_size), fixed=kept, facts=result.facts)
+    return price_ladder(plan, result.calibration)

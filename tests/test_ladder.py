@@ -1,0 +1,110 @@
+"""``autofit ladder``: seed 004's build-along table, priced through the plan and probed with --measure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from autofit.cli import main
+from autofit.config import Config
+from autofit.hardware import get_hardware
+from autofit.ladder import BASELINE, ladder_plan, price_ladder, rung_configs, rungs
+from autofit.plan import Plan
+from autofit.probe import STATUSES
+from autofit.workload import load_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = f"{ROOT}/examples/seed_build_along.py:workload_tiny"
+
+
+def ladder_json(*args: str) -> dict[str, Any]:
+    result = CliRunner().invoke(main, ["ladder", TINY, "--hardware", "cpu", "--global-batch", "16", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_each_rung_adds_its_technique_to_the_one_before() -> None:
+    ladder = rungs("bf16", world_size=2)
+    configs = rung_configs(Config(micro_batch_size=8), ladder)
+    assert {key: getattr(configs[0], key) for key in BASELINE} == BASELINE
+    for before, after, rung in zip(configs, configs[1:], ladder[1:], strict=False):
+        changed = {key for key, value in after.to_dict().items() if before.to_dict()[key] != value}
+        assert changed == {key for key, value in rung.changes.items() if before.to_dict()[key] != value}
+    last = configs[-1]
+    assert (last.zero_stage, last.offload_optimizer, last.offload_params, last.precision, last.checkpoint_ratio) == (
+        3, "cpu", "cpu", "bf16", 1.0)
+
+
+def test_ladder_json_gives_predicted_peaks_that_do_not_rise_down_the_ladder() -> None:
+    document = ladder_json("--gpus", "2")
+    rows = document["rungs"]
+    assert [row["name"] for row in rows] == [rung.name for rung in rungs("bf16", 2)]
+    assert document["hardware"]["world_size"] == 2 and document["global_batch"] == 16
+    assert all(row["config"]["micro_batch_size"] == 8 and row["config"]["grad_accum_steps"] == 1 for row in rows)
+    # ZeRO-3 + CPU offload cannot run when the device is the CPU: refused with the rule's reason, never "fits"
+    assert rows[-1]["fits"] is False and "the device is the CPU" in rows[-1]["reason"]
+    runnable = [row["predicted"]["peak_bytes"] for row in rows[:-1]]
+    assert runnable == sorted(runnable, reverse=True), runnable
+    assert runnable[0] > runnable[-1]
+    assert all(row["fits"] and row["measured"] is None for row in rows[:-1])
+
+
+@pytest.fixture(scope="module")
+def plan() -> Plan:
+    return ladder_plan(TINY, load_workload(TINY), get_hardware("cpu"), world_size=2, global_batch=16)
+
+
+def test_rungs_are_priced_by_the_plan(plan: Plan) -> None:
+    ladder = price_ladder(plan)
+    assert ladder.n_params == plan.facts.n_params and ladder.world_size == 2
+    for row in ladder.rows:
+        assert row.prediction == plan.predict(row.config)
+
+
+def test_a_budget_below_a_rung_says_it_does_not_fit(plan: Plan) -> None:
+    full = price_ladder(plan).rows
+    budget = (full[0].prediction.peak_bytes + full[2].prediction.peak_bytes) // 2
+    rows = price_ladder(plan.with_memory(budget)).rows
+    assert not rows[0].fits and rows[0].why_not is not None and rows[0].why_not.startswith("needs")
+    assert rows[2].fits and rows[2].why_not is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hardware", "cpu"], "needs --global-batch"),
+        (["--hardware", "cpu", "--global-batch", "16", "--set", "precision=bf16"], "--set precision cannot be fixed"),
+        (["--hardware", "cpu", "--global-batch", "16", "--space", "cpu"], "takes no --space"),
+        (["--hardware", "cpu", "--global-batch", "3", "--gpus", "2"], "does not divide the global batch 3"),
+        (["--hardware", "rtx4090", "--global-batch", "16", "--measure"], "needs a CUDA device"),
+        (["--hardware", "tpu", "--global-batch", "16"], "tpu"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["ladder", TINY, *args])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("autofit: error:") and message in lines[-1], result.stderr
+    assert not result.stdout
+
+
+@pytest.mark.slow
+def test_measure_probes_exactly_the_rungs_that_fit() -> None:
+    full = ladder_json()["rungs"]
+    # a budget between rung 1 and rung 2: the fp32 rungs do not fit, the 16-bit ones do
+    budget = (full[1]["predicted"]["peak_bytes"] + full[2]["predicted"]["peak_bytes"]) // 2
+    rows = ladder_json("--memory", str(budget), "--measure", "--steps", "1")["rungs"]
+    assert [row["fits"] for row in rows] == [False, False, True, True, True, False]
+    for row in rows:
+        measured = row["measured"]
+        if not row["fits"]:
+            assert measured is None
+            continue
+        assert measured["status"] in STATUSES and measured["config"] == row["config"]
+        assert measured["peak_bytes"] > 0
+        if measured["status"] == "ok":
+            assert measured["samples_per_s"] > 0
