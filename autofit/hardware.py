@@ -181,11 +181,12 @@ def detect_cpu() -> Hardware:
     total = _meminfo_bytes("MemTotal") or 8 * GB
     n_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     nominal = n_cores * 2.5e9 * 32
+    peak_flops = {"fp32": nominal, "bf16": nominal} | ({"fp16": nominal} if cpu_runs_fp16() else {})
     return Hardware(
         name="cpu",
         kind="cpu",
         memory_bytes=total,
-        peak_flops={"fp32": nominal, "bf16": nominal, "fp16": nominal},
+        peak_flops=peak_flops,
         memory_bandwidth_bytes_per_s=20 * GB,
         intra_node_bytes_per_s=5 * GB,  # gloo over loopback shared memory
         inter_node_bytes_per_s=1.25 * GB,
@@ -195,6 +196,18 @@ def detect_cpu() -> Hardware:
         supports_flash=False,
         host_memory_bytes=total,
     )
+
+
+def cpu_runs_fp16() -> bool:
+    """Whether DeepSpeed trains fp16 on this CPU: its CPU accelerator lists fp16 only where oneDNN has fp16
+    kernels (deepspeed/accelerator/cpu_accelerator.py ``is_fp16_supported``), and ``deepspeed.initialize``
+    refuses fp16 elsewhere ("Type fp16 is not supported on your device", runtime/engine.py)."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 @dataclass(frozen=True)

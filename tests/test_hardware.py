@@ -57,6 +57,16 @@ def test_cpu_is_the_process():
     assert cpu.context_bytes == 0
 
 
+def test_cpu_offers_exactly_the_precisions_deepspeeds_cpu_accelerator_trains():
+    """fp16 only where DeepSpeed's CPU accelerator has it (``deepspeed.initialize`` refuses it elsewhere)."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    accelerator = CPU_Accelerator()
+    offered = set(detect_cpu().peak_flops)
+    assert ("fp16" in offered) == bool(accelerator.is_fp16_supported())
+    assert ("bf16" in offered) == bool(accelerator.is_bf16_supported())
+
+
 def test_names_are_case_insensitive():
     assert get_hardware("H100-80GB") == PRESETS["h100-80gb"]
 

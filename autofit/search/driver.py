@@ -31,7 +31,7 @@ from autofit.cost_model.calibrate import Calibration, calibrate
 from autofit.errors import AutofitError
 from autofit.plan import Plan
 from autofit.search.advice import nothing_fits
-from autofit.search.policy import common_error, is_outlier, next_probe, observe, should_stop
+from autofit.search.policy import common_error, is_outlier, next_probe, observe, probe_budget, should_stop
 from autofit.search.records import (
     Phase,
     SearchResult,
@@ -104,11 +104,10 @@ class _Search:
         self.on_event(SearchEvent(self.n_done, self.settings.trials, text, best_measured(self.records)))
 
     def probe(self, config: Config, phase: Phase, steps: int) -> TrialRecord:
-        remaining = self.deadline - time.monotonic()
-        limit = self.settings.probe_timeout_s
-        if not math.isinf(remaining):
-            limit = max(self.settings.min_probe_timeout_s, min(limit, remaining))
         predicted = self.usable.predict(config, self.calibration)
+        n_timeouts = sum(1 for r in self.records if r.status == "timeout")
+        steps, limit = probe_budget(self.settings, steps, predicted.step_time_s, n_timeouts,
+                                    self.deadline - time.monotonic())
         record = record_probe(
             self.study, self.params, config, phase, predicted, lambda: self.prober(config, steps, limit),
             self.usable.hardware.memory_bytes,

@@ -142,6 +142,26 @@ def unexplored(
 MAX_BAND = SearchSettings.memory_band_cap
 
 
+def probe_budget(settings: SearchSettings, steps: int, predicted_step_s: float, n_timeouts: int,
+                 remaining_s: float) -> tuple[int, float]:
+    """Timed steps and the timeout of one probe of a config predicted at ``predicted_step_s`` a step.
+
+    A slow config is timed over fewer steps (about :attr:`SearchSettings.probe_seconds` of them, never fewer
+    than ``min_timed_steps``); the probe may take ``probe_timeout_s`` plus ``timeout_slack`` times its predicted
+    duration (a warm-up and the timed steps), doubled for each probe that timed out before (a timeout teaches
+    the calibration nothing, so the limit itself learns), and no more than is left of the search's deadline
+    (but never less than ``min_probe_timeout_s``).
+    """
+    allowance = 0.0
+    if predicted_step_s > 0 and math.isfinite(predicted_step_s):
+        steps = max(min(steps, settings.min_timed_steps), min(steps, math.ceil(settings.probe_seconds / predicted_step_s)))
+        allowance = settings.timeout_slack * (steps + 1) * predicted_step_s
+    limit = (settings.probe_timeout_s + allowance) * 2**n_timeouts
+    if math.isfinite(remaining_s):
+        limit = max(settings.min_probe_timeout_s, min(limit, remaining_s))
+    return steps, limit
+
+
 def failed_families(records: list[TrialRecord]) -> set[tuple[object, ...]]:
     """Families a probe ended in ``error`` for: a DeepSpeed op that does not build, a kernel a device lacks.
     Their other candidates are not probed (the error says nothing of the others)."""

@@ -30,7 +30,16 @@ class SearchSettings:
     verify_steps: int = 5
     """Timed steps of a verification probe."""
     probe_timeout_s: float = 300.0
-    """Seconds one probe may take when the search has no overall timeout (start-up included)."""
+    """Seconds one probe may take for start-up and its steps, before the allowance for slow steps below."""
+    probe_seconds: float = 60.0
+    """Seconds of timed steps one probe aims for: a config predicted slower than ``probe_seconds / probe_steps``
+    a step gets fewer timed steps (a 57 M-parameter model at 8 micro-batches a step was predicted 19 s a step
+    on this project's CPU: five of them and a warm-up overran the 300 s timeout under load) ..."""
+    min_timed_steps: int = 2
+    """... but never fewer than this."""
+    timeout_slack: float = 3.0
+    """A probe may take ``probe_timeout_s`` plus this times its predicted duration (a warm-up and the timed
+    steps at the calibrated step time); each probe that timed out before doubles the whole limit."""
     min_probe_timeout_s: float = 30.0
     """A probe is never given less than this, even near the overall deadline."""
     memory_band_floor: float = 0.02
@@ -55,7 +64,8 @@ class SearchSettings:
     samples/s within one search), so one probe cannot separate them."""
 
     def __post_init__(self) -> None:
-        for name in ("trials", "min_probes", "probe_steps", "verify_steps", "max_verifications", "contenders"):
+        for name in ("trials", "min_probes", "probe_steps", "verify_steps", "min_timed_steps", "max_verifications",
+                     "contenders"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise AutofitError(f"{name} must be an integer >= 1, but got {value!r}")
@@ -63,7 +73,7 @@ class SearchSettings:
             raise AutofitError(f"margin must be within [0, 1), but got {self.margin!r}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise AutofitError(f"timeout must be positive, but got {self.timeout_s!r}")
-        for name in ("probe_timeout_s", "min_probe_timeout_s"):
+        for name in ("probe_timeout_s", "min_probe_timeout_s", "probe_seconds", "timeout_slack"):
             if not getattr(self, name) > 0:
                 raise AutofitError(f"{name} must be positive, but got {getattr(self, name)!r}")
         if not 0.0 <= self.stop_tolerance <= self.max_stop_tolerance:

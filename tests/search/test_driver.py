@@ -263,3 +263,36 @@ def test_ooms_in_one_family_leave_the_others_to_be_measured(tmp_path: Path, stor
     ooms = [t for t in result.trials if t.status == "oom"]
     assert ooms and {t.config.optimizer for t in ooms} == {bad[0]}
     assert result.config.optimizer != bad[0] and result.measured["peak_bytes"] <= 0.9 * plan.hardware.memory_bytes
+
+
+def test_a_device_far_slower_than_the_prior_costs_at_most_one_timed_out_probe(tmp_path: Path, storage: str) -> None:
+    """The prior thinks the device 8x faster than it is, and the first probe's timeout is too short for it:
+    the limit doubles after a timeout, and once a probe has run the calibrated step time sets the next
+    probes' timed steps (fewer for slow configs) and timeouts, so nothing else times out."""
+    space = space_from_dict(
+        {"global_batch_size": 16, "micro_batch_size": [1, 2, 4, 8, 16], "checkpoint_ratio": [0.0, 1.0],
+         "precision": ["fp32"], "optimizer": ["sgd", "adamw"], "zero_stage": [0], "attention": ["sdpa"]},
+        name="slow",
+    )
+    plan = Plan.make(ENTRY, tiny_workload(), get_hardware("cpu", 2**40), space)
+    prior = plan.coefficients
+    truth = Calibration(coefficients=prior.with_(
+        compute_efficiency={k: v / 8 for k, v in prior.compute_efficiency.items()},
+        micro_batch_overhead_s=8 * prior.micro_batch_overhead_s,
+    ))
+    settings = SearchSettings(trials=6, probe_timeout_s=0.5, probe_seconds=0.5)
+    given: list[tuple[int, float, float]] = []
+
+    def prober(config: Config, steps: int, timeout_s: float) -> ProbeResult:
+        p = truth.predict(config, plan.facts, plan.hardware, 1)
+        given.append((steps, timeout_s, p.step_time_s))
+        if (steps + 1) * p.step_time_s > timeout_s:  # a warm-up and the timed steps did not finish in time
+            return ProbeResult(config, "timeout", None, 0.0, 0.0, None, "did not finish", timeout_s)
+        return ProbeResult(config, "ok", p.peak_bytes, p.step_time_s, p.samples_per_s, None, None, 1.0)
+
+    result = run_search(plan, settings, storage=storage, out_path=tmp_path / "ds.json", prober=prober)
+    statuses = [t.status for t in result.trials]
+    assert statuses.count("timeout") == 1 and statuses[0] == "timeout" and result.config is not None
+    assert given[0][0] == settings.probe_steps  # the prior expects a fast step: every timed step
+    slow = [steps for steps, _, step_s in given[2:] if step_s * settings.probe_steps > 2 * settings.probe_seconds]
+    assert slow and max(slow) < settings.probe_steps  # the calibrated model knows better: fewer timed steps
