@@ -148,15 +148,15 @@ def probe_budget(settings: SearchSettings, steps: int, predicted_step_s: float, 
 
     A slow config is timed over fewer steps (about :attr:`SearchSettings.probe_seconds` of them, never fewer
     than ``min_timed_steps``); the probe may take ``probe_timeout_s`` plus ``timeout_slack`` times its predicted
-    duration (a warm-up and the timed steps), doubled for each probe that timed out before (a timeout teaches
-    the calibration nothing, so the limit itself learns), and no more than is left of the search's deadline
+    duration (a warm-up and the timed steps), doubled for each probe that timed out before, up to ``max_timeout_doublings`` times
+    (a timeout teaches the calibration nothing, so the limit itself learns), and no more than is left of the search's deadline
     (but never less than ``min_probe_timeout_s``).
     """
     allowance = 0.0
     if predicted_step_s > 0 and math.isfinite(predicted_step_s):
         steps = max(min(steps, settings.min_timed_steps), min(steps, math.ceil(settings.probe_seconds / predicted_step_s)))
         allowance = settings.timeout_slack * (steps + 1) * predicted_step_s
-    limit = (settings.probe_timeout_s + allowance) * 2**n_timeouts
+    limit = (settings.probe_timeout_s + allowance) * 2 ** min(n_timeouts, settings.max_timeout_doublings)
     if math.isfinite(remaining_s):
         limit = max(settings.min_probe_timeout_s, min(limit, remaining_s))
     return steps, limit

@@ -39,7 +39,9 @@ class SearchSettings:
     """... but never fewer than this."""
     timeout_slack: float = 3.0
     """A probe may take ``probe_timeout_s`` plus this times its predicted duration (a warm-up and the timed
-    steps at the calibrated step time); each probe that timed out before doubles the whole limit."""
+    steps at the calibrated step time); each probe that timed out before doubles the whole limit ..."""
+    max_timeout_doublings: int = 3
+    """... at most this many times (a resumed study's old timeouts must not make a probe wait for hours)."""
     min_probe_timeout_s: float = 30.0
     """A probe is never given less than this, even near the overall deadline."""
     memory_band_floor: float = 0.02
@@ -65,6 +67,7 @@ class SearchSettings:
 
     def __post_init__(self) -> None:
         for name in ("trials", "min_probes", "probe_steps", "verify_steps", "min_timed_steps", "max_verifications",
+                     "max_timeout_doublings",
                      "contenders"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
