@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autofit.config import Config
+from autofit.cost_model import Prediction
 from autofit.cost_model.calibrate import Calibration
 from autofit.cost_model.memory_correction import family
 from autofit.hardware import Hardware
@@ -25,16 +26,25 @@ def nothing_fits(
         f"nothing fits {device.name} ({format_bytes(device.memory_bytes)}, "
         f"{format_bytes(usable.hardware.memory_bytes)} usable with the {margin:.0%} safety margin): "
         + _measured(records)
-        + f"the smallest candidate ({smallest_config.label()}) needs {format_bytes(smallest.peak_bytes)}."
+        + _smallest_need(smallest_config, smallest)
     )
     on_gpus = device.kind == "cuda" or usable.world_size > 1
     ideas = (_gpu_ideas if on_gpus else _cpu_ideas)(smallest_config, usable, calibration, records, margin)
     ideas += _lean_idea(smallest_config, usable, calibration)
     if ideas:
         return text + " It would fit with " + "; or ".join(ideas) + "."
+    if smallest.peak_bytes <= usable.hardware.memory_bytes:  # the device holds it, the node's host RAM does not
+        return text + " Nodes with more host RAM, or fewer ranks per node, are needed."
     if on_gpus:
         return text + " Even sharded over 1024 GPUs it would not fit: a larger device or a smaller model is needed."
     return text + " A larger --memory budget or a smaller model is needed."
+
+
+def _smallest_need(config: Config, prediction: Prediction) -> str:
+    """The smallest candidate's own reason (device or host memory, :attr:`Prediction.reason`)."""
+    if prediction.reason:
+        return f"the smallest candidate ({config.label()}): {prediction.reason}."
+    return f"the smallest candidate ({config.label()}) needs {format_bytes(prediction.peak_bytes)}."
 
 
 def _measured(records: list[TrialRecord]) -> str:

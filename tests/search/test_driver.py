@@ -71,6 +71,24 @@ def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path, stora
     assert not out.exists()
 
 
+def test_nothing_fits_in_host_memory_says_host_memory(tmp_path: Path, storage: str) -> None:
+    """Every candidate fits the device but not the node's host RAM: the advice names host memory."""
+    space = space_from_dict(
+        {"global_batch_size": 16, "micro_batch_size": [1], "precision": ["bf16"], "optimizer": ["adamw"],
+         "zero_stage": [0], "attention": ["sdpa"]},
+        name="gpu",
+    )
+    hardware = replace(get_hardware("h100-80gb"), host_memory_bytes=64 * MIB)
+    plan = Plan.make(BIG_ENTRY, big_workload(), hardware, space)
+    (_, prediction), = plan.price()
+    assert prediction.peak_bytes < hardware.memory_bytes and not prediction.fits
+    with pytest.raises(AutofitError) as info:
+        run_search(plan, SearchSettings(trials=3), storage=storage, out_path=tmp_path / "ds.json")
+    message = str(info.value)
+    assert "host memory" in message and prediction.reason in message, message
+    assert "more host RAM" in message and "1024 GPUs" not in message
+
+
 @pytest.mark.slow
 def test_search_emits_a_verified_winner_whose_json_trains(tmp_path: Path, storage: str, tiny_plan) -> None:  # noqa: ANN001
     out = tmp_path / "ds_config.json"
