@@ -1,4 +1,4 @@
-"""Apply what DeepSpeed's JSON cannot say: the checkpoint ratio, fp8 (torchao) and a client optimizer.
+"""Apply what DeepSpeed's JSON cannot say: checkpointing (ratio, granularity), fp8 (torchao), a client optimizer.
 
 ``emit.deepspeed_config`` writes these into the JSON's ``"autofit"`` section; a
 training script (and the probe) calls :func:`apply_to_model` before
@@ -8,7 +8,7 @@ training script (and the probe) calls :func:`apply_to_model` before
     with build_context(ds):   # deepspeed.zero.Init(config_dict_or_path=ds) under ZeRO-3
         model = workload.build_model(attention=ds["autofit"]["attention"])
     apply_to_model(model, ds, workload.repeated_layers(model))
-    optimizer = client_optimizer(model.parameters(), ds)   # None when DeepSpeed builds it
+    optimizer = client_optimizer(model, ds)   # None when DeepSpeed builds it
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                       optimizer=optimizer, config=ds)
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from autofit.errors import AutofitError
@@ -40,26 +40,47 @@ def n_checkpointed(n_layers: int, ratio: float) -> int:
     return int(round(float(ratio) * n_layers))
 
 
-def apply_checkpointing(model: Any, layers: Sequence[Any], ratio: float) -> int:
-    """Run the forward of the first ``round(ratio x len(layers))`` layers under
-    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
+def apply_checkpointing(model: Any, layers: Sequence[Any], ratio: float, granularity: str = "block",
+                        attention_of: Callable[[Any], list[Any]] | None = None) -> int:
+    """Run the first ``round(ratio x len(layers))`` layers under
+    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: each whole layer (``granularity="block"``),
+    or only its attention sub-modules (``"attention"``, selective checkpointing: the rest of the layer keeps
+    its activations and is not recomputed). ``attention_of(layer)`` names them (default:
+    :func:`autofit.workload.find_attention_modules`).
 
-    The layers are patched in place (their ``forward`` is wrapped; parameters,
+    The modules are patched in place (their ``forward`` is wrapped; parameters,
     state-dict keys and outputs are unchanged), so DeepSpeed and optimizers see
-    the same module tree. Wrapping an already wrapped layer is a no-op.
+    the same module tree. Wrapping an already wrapped module is a no-op.
     A Hugging Face model's KV cache is turned off (``config.use_cache = False``, as
     ``gradient_checkpointing_enable`` does): a cache filled in forward changes what
-    the recompute saves. Returns how many layers are wrapped. A ratio above 0 with
-    no layers is an error: the config would claim a saving it cannot make.
+    the recompute saves. Returns how many layers are checkpointed. A ratio above 0 with
+    no layers, or attention granularity on a layer without attention, is an error: the config
+    would claim a saving it cannot make.
     """
+    if granularity not in ("block", "attention"):
+        raise AutofitError(f"checkpoint_granularity must be block or attention, but got {granularity!r}")
     n_wrap = n_checkpointed(len(layers), ratio)
     if n_wrap:
         _disable_kv_cache(model)
     if ratio > 0 and not layers:
         raise AutofitError("checkpoint_ratio > 0 but the workload has no repeated layers to checkpoint")
-    for layer in list(layers)[:n_wrap]:
-        _wrap_forward(layer)
+    for index, layer in enumerate(list(layers)[:n_wrap]):
+        if granularity == "block":
+            _wrap_forward(layer)
+            continue
+        modules = (attention_of or _find_attention)(layer)
+        if not modules:
+            raise AutofitError(f"checkpoint_granularity=attention, but repeated layer {index} ({type(layer).__name__}) "
+                               "has no attention sub-module; name it with Workload(attention_modules=...)")
+        for module in modules:
+            _wrap_forward(module)
     return n_wrap
+
+
+def _find_attention(layer: Any) -> list[Any]:
+    from autofit.workload import find_attention_modules
+
+    return find_attention_modules(layer)
 
 
 def _disable_kv_cache(model: Any) -> None:
@@ -101,11 +122,13 @@ def build_context(ds: dict[str, Any]) -> Any:
     return deepspeed.zero.Init(config_dict_or_path=ds)
 
 
-def client_optimizer(parameters: Iterable[Any], ds: dict[str, Any]) -> Any | None:
+def client_optimizer(source: Any, ds: dict[str, Any]) -> Any | None:
     """The optimizer the training script must build itself, or None when DeepSpeed's JSON names one.
 
     Reads ``ds["autofit"]["client_optimizer"] = {"class": "pkg.mod.Class", "params": {...}}``
-    (for ``adamw8bit``: ``bitsandbytes.optim.AdamW8bit``).
+    (for ``adamw8bit``: ``bitsandbytes.optim.AdamW8bit``). ``source`` is the model (its trainable
+    parameters are passed), or the parameters themselves for an optimizer that needs no names; one whose
+    spec says ``"takes": "model"`` (``adam_mini``, which partitions by parameter name) gets the model.
     """
     spec = ds.get("autofit", {}).get("client_optimizer")
     if spec is None or "optimizer" in ds:
@@ -115,7 +138,14 @@ def client_optimizer(parameters: Iterable[Any], ds: dict[str, Any]) -> Any | Non
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise AutofitError(f"client optimizer {spec['class']!r} cannot be imported: {exc}") from exc
-    return cls(list(parameters), **spec.get("params", {}))
+    is_model = hasattr(source, "named_parameters")
+    if spec.get("takes") == "model":
+        if not is_model:
+            raise AutofitError(f"client optimizer {spec['class']!r} partitions by parameter name: pass the model, "
+                               "client_optimizer(model, ds)")
+        return cls(source, **spec.get("params", {}))
+    parameters = [p for p in source.parameters() if p.requires_grad] if is_model else list(source)
+    return cls(parameters, **spec.get("params", {}))
 
 
 def apply_fp8(model: Any, recipe: str) -> int:
@@ -138,15 +168,18 @@ def apply_fp8(model: Any, recipe: str) -> int:
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
 
 
-def apply_to_model(model: Any, ds: dict[str, Any], layers: Sequence[Any]) -> int:
+def apply_to_model(model: Any, ds: dict[str, Any], layers: Sequence[Any],
+                   attention_of: Callable[[Any], list[Any]] | None = None) -> int:
     """Apply the ``"autofit"`` section of a DeepSpeed JSON to a freshly built model.
 
-    The checkpoint ratio, and for fp8 torchao's float8 conversion of the Linear layers (DeepSpeed's
-    ``bf16`` section runs the rest); the attention kernel is chosen when the model is built, the client
-    optimizer by :func:`client_optimizer`. Returns the number of checkpointed layers.
+    The checkpoint ratio and granularity (``attention_of``: the workload's hook naming each layer's attention,
+    :meth:`autofit.workload.Workload.attention_of`), and for fp8 torchao's float8 conversion of the Linear
+    layers (DeepSpeed's ``bf16`` section runs the rest); the attention kernel is chosen when the model is
+    built, the client optimizer by :func:`client_optimizer`. Returns the number of checkpointed layers.
     """
     section = ds.get("autofit", {})
-    n_ckpt = apply_checkpointing(model, layers, float(section.get("checkpoint_ratio", 0.0)))
+    n_ckpt = apply_checkpointing(model, layers, float(section.get("checkpoint_ratio", 0.0)),
+                                 str(section.get("checkpoint_granularity", "block")), attention_of)
     fp8 = section.get("fp8")
     if isinstance(fp8, dict):
         apply_fp8(model, str(fp8.get("recipe", "tensorwise")))

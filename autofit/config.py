@@ -13,16 +13,18 @@ from typing import Any, Literal, get_args
 from autofit.errors import AutofitError
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
-Optimizer = Literal["adamw", "adamw8bit", "lion", "adafactor", "sgd"]
+Optimizer = Literal["adamw", "adamw8bit", "lion", "adafactor", "sgd", "adam_mini"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Attention = Literal["eager", "sdpa", "flash"]
 TraceDtype = Literal["fp32", "bf16"]
+Granularity = Literal["block", "attention"]
 
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_DEVICES: tuple[OffloadDevice, ...] = get_args(OffloadDevice)
 ATTENTIONS: tuple[Attention, ...] = get_args(Attention)
+GRANULARITIES: tuple[Granularity, ...] = get_args(Granularity)
 
 #: bytes of one element of the 16-bit (or 8-bit) working copy for each precision
 WORKING_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -41,7 +43,7 @@ class Config:
     precision: Precision = "fp32"
     """fp32, or bf16/fp16/fp8 as DeepSpeed means them (16-bit weights and grads, fp32 master)."""
     optimizer: Optimizer = "adamw"
-    """adamw, adamw8bit (bitsandbytes), lion, adafactor or sgd."""
+    """adamw, adamw8bit (bitsandbytes), lion, adafactor, sgd or adam_mini (the adam-mini package)."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage 0-3."""
     offload_optimizer: OffloadDevice = "none"
@@ -50,6 +52,9 @@ class Config:
     """Where ZeRO-3 keeps parameters: none, cpu or nvme."""
     attention: Attention = "sdpa"
     """Attention kernel: eager, sdpa or flash (only where the workload lets it be chosen)."""
+    checkpoint_granularity: Granularity = "block"
+    """What each checkpointed layer recomputes: the whole ``block``, or only its ``attention`` sub-module
+    (selective checkpointing; :meth:`autofit.workload.Workload.attention_of` finds it)."""
 
     def __post_init__(self) -> None:
         _check_int("micro_batch_size", self.micro_batch_size)
@@ -63,6 +68,7 @@ class Config:
         _check_choice("offload_optimizer", self.offload_optimizer, OFFLOAD_DEVICES)
         _check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
         _check_choice("attention", self.attention, ATTENTIONS)
+        _check_choice("checkpoint_granularity", self.checkpoint_granularity, GRANULARITIES)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,7 +107,7 @@ class Config:
             self.precision,
             self.optimizer,
             f"z{self.zero_stage}",
-            f"ckpt{self.checkpoint_ratio:g}",
+            f"ckpt{self.checkpoint_ratio:g}{'attn' if self.checkpoint_granularity == 'attention' else ''}",
             self.attention,
         ]
         if self.offload_optimizer != "none":

@@ -1,6 +1,6 @@
 """The DeepSpeed JSON of a candidate: every DeepSpeed key is written here, once.
 
-DeepSpeed's JSON cannot say everything a config means: the checkpoint ratio, the
+DeepSpeed's JSON cannot say everything a config means: the checkpoint ratio and granularity, the
 attention kernel and a bitsandbytes optimizer go in an ``"autofit"`` section that
 DeepSpeed ignores and :func:`autofit.apply.apply_to_model` (or the user, see the
 README) applies. ``train_batch_size``, the micro-batch and the accumulation are
@@ -35,9 +35,15 @@ WEIGHT_DECAY = 0.01
 #: for names outside its own list (deepspeed/runtime/engine.py, _configure_basic_optimizer)
 DEEPSPEED_OPTIMIZER_TYPE = {"adamw": "AdamW", "lion": "Lion", "adafactor": "Adafactor", "sgd": "SGD"}
 #: optimizers DeepSpeed's JSON cannot name: the training script passes them as a client optimizer
-CLIENT_OPTIMIZERS = ("adamw8bit",)
-#: client optimizer classes, by import path: what ``autofit.apply.build_client_optimizer`` builds
-CLIENT_OPTIMIZER_CLASS = {"adamw8bit": "bitsandbytes.optim.AdamW8bit", "lion": "autofit.optim.make_lion"}
+CLIENT_OPTIMIZERS = ("adamw8bit", "adam_mini")
+#: client optimizer classes, by import path: what ``autofit.apply.client_optimizer`` builds
+CLIENT_OPTIMIZER_CLASS = {
+    "adamw8bit": "bitsandbytes.optim.AdamW8bit",
+    "lion": "autofit.optim.make_lion",
+    "adam_mini": "autofit.optim.make_adam_mini",
+}
+#: client optimizers built from the model rather than its parameters (Adam-mini partitions by parameter name)
+MODEL_CLIENT_OPTIMIZERS = ("adam_mini",)
 
 
 def deepspeed_config(
@@ -99,6 +105,7 @@ def autofit_section(config: Config, client: bool) -> dict[str, Any]:
     section: dict[str, Any] = {
         "config": config.to_dict(),
         "checkpoint_ratio": config.checkpoint_ratio,
+        "checkpoint_granularity": config.checkpoint_granularity,
         "attention": config.attention,
     }
     if client:
@@ -106,6 +113,8 @@ def autofit_section(config: Config, client: bool) -> dict[str, Any]:
             "class": CLIENT_OPTIMIZER_CLASS[config.optimizer],
             "params": optimizer_params(config),
         }
+        if config.optimizer in MODEL_CLIENT_OPTIMIZERS:
+            section["client_optimizer"]["takes"] = "model"
     if config.precision == "fp8":
         # torchao.float8.convert_to_float8_training swaps nn.Linear for Float8Linear; DeepSpeed runs bf16 around it
         section["fp8"] = {"library": "torchao", "recipe": FP8_RECIPE}

@@ -75,6 +75,7 @@ class Plan:
             global_batch=global_batch,
             fixed=fixed,
             searches_attention=workload.searches_attention,
+            checkpoints_attention=_checkpoints_attention(workload, space, fixed),
         )
         configs = tuple(enumeration.candidates)
         return cls(
@@ -110,6 +111,13 @@ class Plan:
         return priced
 
 
+def _checkpoints_attention(workload: Workload, space: SearchSpace, fixed: dict[str, Any]) -> bool:
+    """Whether attention-only checkpointing can run: asked of the model only where the space or ``--set`` wants it."""
+    wanted = fixed["checkpoint_granularity"] == "attention" if "checkpoint_granularity" in fixed \
+        else "attention" in space.values["checkpoint_granularity"]
+    return not wanted or workload.checkpoints_attention()
+
+
 def traces_needed(configs: tuple[Config, ...] | list[Config]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The precisions and attention kernels the candidates use (each traced once)."""
     precisions = tuple(sorted({c.precision for c in configs}))
@@ -118,9 +126,13 @@ def traces_needed(configs: tuple[Config, ...] | list[Config]) -> tuple[tuple[str
 
 
 def trace_for(workload: Workload, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
-    """Trace ``workload`` at every precision class, attention kernel and checkpoint ratio the configs use."""
+    """Trace ``workload`` at every precision class, attention kernel, checkpoint ratio and granularity the
+    configs use (and count the states of the optimizers that need the model itself: Adam-mini)."""
     from autofit.trace import trace_workload
 
     precisions, attentions = traces_needed(configs)
     ratios = tuple(sorted({c.checkpoint_ratio for c in configs}))
-    return trace_workload(workload, precisions=precisions, attentions=attentions, checkpoint_ratios=ratios)
+    optimizers = tuple(sorted({c.optimizer for c in configs}))
+    granularities = tuple(sorted({c.checkpoint_granularity for c in configs if c.checkpoint_ratio > 0})) or ("block",)
+    return trace_workload(workload, precisions=precisions, attentions=attentions, checkpoint_ratios=ratios,
+                          optimizers=optimizers, checkpoint_granularities=granularities)

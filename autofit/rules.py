@@ -154,6 +154,28 @@ def _nvme_needs_cuda(ctx: Context, device: str) -> str | None:
     return f"NVMe offload needs a CUDA device, not {ctx.hardware.name}"
 
 
+def granularity_needs_checkpointing(ctx: Context, checkpoint_granularity: str, checkpoint_ratio: float) -> str | None:
+    if checkpoint_granularity == "block" or checkpoint_ratio > 0:
+        return None
+    return "checkpoint_granularity=attention with checkpoint_ratio 0 checkpoints nothing (the same config as block)"
+
+
+def adam_mini_installed(ctx: Context, optimizer: str) -> str | None:
+    if optimizer != "adam_mini" or ctx.software.adam_mini:
+        return None
+    return "adam_mini needs the adam-mini package, which is not installed (pip install -e '.[train]')"
+
+
+def adam_mini_needs_zero0(ctx: Context, optimizer: str, zero_stage: int) -> str | None:
+    # ZeRO 1-3 hand a client optimizer one flat 1-D partition per parameter group (stage_1_and_2.py
+    # single_partition_of_fp32_groups, stage3.py fp32_partitioned_groups_flat); adam-mini 1.1.1 indexes the
+    # state of an embedding, value, projection or MLP weight as a matrix (m[0:n, 0:1]) and raises there
+    # (IndexError: too many indices for tensor of dimension 1, measured on DeepSpeed 0.19, stages 1, 2 and 3)
+    if optimizer != "adam_mini" or zero_stage == 0:
+        return None
+    return f"adam-mini cannot step on ZeRO stage {zero_stage}'s flat 1-D partitions (it needs each weight's matrix shape)"
+
+
 def micro_batch_divides(ctx: Context, micro_batch_size: int) -> str | None:
     if ctx.global_batch is None:
         return None
@@ -183,4 +205,7 @@ RULES: tuple[Rule, ...] = (
     Rule("nvme_needs_cuda_params", ("offload_params",), nvme_needs_cuda_params),
     Rule("deepspeed_op_loadable", ("optimizer", "offload_optimizer"), deepspeed_op_loadable),
     Rule("nvme_offload_ready", ("offload_optimizer", "offload_params"), nvme_offload_ready),
+    Rule("granularity_needs_checkpointing", ("checkpoint_granularity", "checkpoint_ratio"), granularity_needs_checkpointing),
+    Rule("adam_mini_installed", ("optimizer",), adam_mini_installed),
+    Rule("adam_mini_needs_zero0", ("optimizer", "zero_stage"), adam_mini_needs_zero0),
 )

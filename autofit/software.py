@@ -29,6 +29,8 @@ class Software:
     """``torchao`` is importable: fp8 training through ``torchao.float8`` (``pip install -e '.[fp8]'``)."""
     flash_attn: bool = True
     """``flash_attn`` is importable: the ``flash`` attention kernel."""
+    adam_mini: bool = True
+    """``adam_mini`` is importable: the ``adam_mini`` optimizer (the ``adam-mini`` package, ``.[train]``)."""
     cuda_toolkit: bool = True
     """``nvcc`` is found (as ``torch.utils.cpp_extension`` finds it): DeepSpeed's CUDA ops can be JIT-built."""
     prebuilt_ops: frozenset[str] = field(default_factory=frozenset)
@@ -51,6 +53,7 @@ def detect_software() -> Software:
     return Software(
         torchao=_has_module("torchao"),
         flash_attn=_has_module("flash_attn"),
+        adam_mini=_has_module("adam_mini"),
         cuda_toolkit=find_nvcc() is not None,
         prebuilt_ops=frozenset(op for op, built in deepspeed_installed_ops().items() if built),
         nvme_path=os.environ.get(NVME_PATH_ENV) or None,

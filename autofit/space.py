@@ -217,6 +217,7 @@ def enumerate_candidates(
     fixed: dict[str, Any],
     searches_attention: bool,
     software: Software | None = None,
+    checkpoints_attention: bool = True,
 ) -> Enumeration:
     """The candidates of ``space`` that can run on ``world_size`` ranks of ``hardware``.
 
@@ -224,6 +225,8 @@ def enumerate_candidates(
     ``global_batch`` (``--global-batch``; else the space's ``global_batch_size``, unless
     ``grad_accum_steps`` is fixed) sets ``grad_accum_steps = global / (micro x world)``.
     ``software`` is what the machine runs (default: detected here, :func:`autofit.software.detect_software`).
+    ``checkpoints_attention``: the workload's layers have attention sub-modules
+    (:meth:`autofit.workload.Workload.checkpoints_attention`); without, ``checkpoint_granularity`` is ``block``.
     A fixed value that cannot run raises :class:`AutofitError`, as does a space whose
     every config is pruned.
     """
@@ -242,7 +245,7 @@ def enumerate_candidates(
     ctx = Context(hardware=hardware, world_size=world_size, global_batch=global_batch,
                   software=software if software is not None else detect_software())
 
-    dims = dimensions(space, fixed, ctx, searches_attention=searches_attention)
+    dims = dimensions(space, fixed, ctx, searches_attention=searches_attention, checkpoints_attention=checkpoints_attention)
     check_fixed(fixed, dims, ctx)
     bad, rejected = pruned_assignments(dims, ctx)
 
@@ -260,10 +263,15 @@ def enumerate_candidates(
 
 
 def dimensions(
-    space: SearchSpace, fixed: dict[str, Any], ctx: Context, *, searches_attention: bool
+    space: SearchSpace, fixed: dict[str, Any], ctx: Context, *, searches_attention: bool, checkpoints_attention: bool = True
 ) -> dict[str, tuple[Any, ...]]:
-    """Each key's values after ``--set``, the attention collapse and a fixed accumulation."""
+    """Each key's values after ``--set``, the attention and granularity collapses and a fixed accumulation."""
     dims = {key: (fixed[key],) if key in fixed else space.values[key] for key in SPACE_KEYS}
+    if not checkpoints_attention:
+        if fixed.get("checkpoint_granularity") == "attention":
+            raise AutofitError("--set checkpoint_granularity=attention cannot run: the workload's repeated layers have "
+                               "no attention sub-module (name it with Workload(attention_modules=...))")
+        dims["checkpoint_granularity"] = ("block",)
     if not searches_attention:
         if "attention" in fixed and fixed["attention"] != DEFAULT_ATTENTION:
             raise AutofitError(

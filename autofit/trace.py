@@ -34,9 +34,9 @@ from typing import Any
 
 from autofit.config import Config, trace_dtype_of
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
-from autofit.ds_constants import STAGE3_PERSISTENCE_THRESHOLD
 from autofit.errors import AutofitError
 from autofit.trace_attention import SDPA_FLASH, flash_attn_installed, flash_trace_plan, kernel_context
+from autofit.trace_structure import fp8_linear_flops, model_structure
 from autofit.workload import Workload
 
 TRACE_MICRO_BATCHES = (1, 4)
@@ -50,8 +50,14 @@ def trace_workload(
     precisions: tuple[str, ...] = ("fp32",),
     attentions: tuple[str, ...] = ("sdpa",),
     checkpoint_ratios: tuple[float, ...] = (),
+    optimizers: tuple[str, ...] = (),
+    checkpoint_granularities: tuple[str, ...] = ("block",),
 ) -> ModelFacts:
     """Trace ``workload`` for each precision class and attention kernel, with and without checkpointing.
+
+    ``optimizers``: those the candidates use; for ``adam_mini`` its state size is counted by its own step
+    on fake tensors (:func:`autofit.optim.adam_mini_state_numel`). ``checkpoint_granularities``: each is
+    traced checkpointed (``block``: whole layers; ``attention``: only their attention sub-modules).
 
     Of ``checkpoint_ratios`` (the space's), the one nearest 0.5 that checkpoints some but not all
     layers is traced too: how much checkpointing part of the stack saves depends on which layers
@@ -60,26 +66,46 @@ def trace_workload(
     started = time.perf_counter()
     dtype_names = sorted({trace_dtype_of(p) for p in precisions})
     attention_names = attentions if workload.searches_attention else ("sdpa",)
-    structure = _model_structure(workload)
+    structure = _structure(workload, optimizers)
     tracer = _Tracer(workload, structure)
+    n_layers = structure["n_layers"]
+    n_middle = middle_checkpointed_layers(checkpoint_ratios, n_layers)
     profiles: dict[str, ActivationProfile] = {}
     for dtype_name in dtype_names:
         for attention in attention_names:
-            for checkpointed in (False, True) if structure["n_layers"] else (False,):
-                points = tracer.points(dtype_name, attention, 1.0 if checkpointed else 0.0,
-                                       TRACE_MICRO_BATCHES)
-                profiles[ActivationProfile.key(dtype_name, attention, checkpointed)] = ActivationProfile(
-                    dtype=dtype_name, attention=attention, checkpointed=checkpointed, points=points
-                )
-            n_middle = middle_checkpointed_layers(checkpoint_ratios, structure["n_layers"])
-            if n_middle:
-                points = tracer.points(dtype_name, attention, n_middle / structure["n_layers"],
-                                       TRACE_MICRO_BATCHES)
-                profiles[ActivationProfile.partial_key(dtype_name, attention, n_middle)] = ActivationProfile(
-                    dtype=dtype_name, attention=attention, checkpointed=True, points=points
-                )
-    facts = _facts(workload, structure, profiles, structure["n_layers"], tracer.mode, time.perf_counter() - started)
+            profiles[ActivationProfile.key(dtype_name, attention, False)] = ActivationProfile(
+                dtype=dtype_name, attention=attention, checkpointed=False,
+                points=tracer.points(dtype_name, attention, 0.0, TRACE_MICRO_BATCHES))
+            for granularity in checkpoint_granularities if n_layers else ():
+                profiles |= _checkpointed_profiles(tracer, dtype_name, attention, granularity, n_layers, n_middle)
+    facts = _facts(workload, structure, profiles, n_layers, tracer.mode, time.perf_counter() - started)
     return replace(facts, attention_traces=dict(tracer.attention_traces))
+
+
+def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, granularity: str, n_layers: int,
+                           n_middle: int) -> dict[str, ActivationProfile]:
+    """The traces with every layer, and for ``block`` with the middle ratio's first ``n_middle``, checkpointed at
+    ``granularity``. Attention-only checkpointing is not traced at the middle ratio: what it saves is each
+    layer's attention, alike across a transformer's layers (a straight line between none and all), and the
+    layers whose activations differ most (a CNN's stages) have no attention to checkpoint."""
+    out = {}
+    for n in (n_layers, n_middle) if n_middle and granularity == "block" else (n_layers,):
+        key = (ActivationProfile.key(dtype_name, attention, True, granularity) if n == n_layers
+               else ActivationProfile.partial_key(dtype_name, attention, n, granularity))
+        points = tracer.points(dtype_name, attention, n / n_layers, TRACE_MICRO_BATCHES, granularity)
+        out[key] = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=True, points=points,
+                                     granularity=granularity)
+    return out
+
+
+def _structure(workload: Workload, optimizers: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`model_structure`, with Adam-mini's state elements where ``optimizers`` has it."""
+    structure = model_structure(workload)
+    if "adam_mini" in optimizers:
+        from autofit.optim import adam_mini_state_numel
+
+        structure["adam_mini_state_numel"] = adam_mini_state_numel(workload.build_model)
+    return structure
 
 
 def parameter_facts(workload: Workload) -> ModelFacts:
@@ -87,7 +113,7 @@ def parameter_facts(workload: Workload) -> ModelFacts:
     on the meta device: enough for model states (:func:`autofit.cost_model.memory.model_states`),
     without the activation traces that pricing a whole config needs."""
     started = time.perf_counter()
-    structure = _model_structure(workload)
+    structure = model_structure(workload)
     return _facts(workload, structure, {}, structure["n_layers"], "fake", time.perf_counter() - started)
 
 
@@ -102,11 +128,12 @@ def trace_config(workload: Workload, config: Config) -> ModelFacts:
     checkpoint ratio, so nothing is interpolated (``n_layers`` is 0: checkpointing is already in
     the trace). What ``autofit probe --mode fake`` prices."""
     started = time.perf_counter()
-    structure = _model_structure(workload)
+    structure = _structure(workload, (config.optimizer,))
     tracer = _Tracer(workload, structure)
     dtype_name = config.trace_dtype
     attention = config.attention if workload.searches_attention else "sdpa"
-    points = tracer.points(dtype_name, attention, config.checkpoint_ratio, (config.micro_batch_size,))
+    points = tracer.points(dtype_name, attention, config.checkpoint_ratio, (config.micro_batch_size,),
+                           config.checkpoint_granularity)
     profile = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=False, points=points)
     profiles = {ActivationProfile.key(dtype_name, attention, False): profile}
     facts = _facts(workload, structure, profiles, 0, tracer.mode, time.perf_counter() - started)
@@ -124,16 +151,18 @@ class _Tracer:
         self.attention_traces: dict[str, str] = {}
         """How each searched kernel was traced where it is not itself (``flash``: :mod:`autofit.trace_attention`)."""
 
-    def points(self, dtype_name: str, attention: str, ratio: float, micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
-        key = (dtype_name, attention, ratio, micro_batches)
+    def points(self, dtype_name: str, attention: str, ratio: float, micro_batches: tuple[int, ...],
+               granularity: str = "block") -> tuple[PeakPoint, ...]:
+        ckpt = (ratio, granularity if ratio else "block")
+        key = (dtype_name, attention, ckpt, micro_batches)
         if key not in self.done:
             if attention == "flash":
-                self.done[key] = self._flash_points(dtype_name, ratio, micro_batches)
+                self.done[key] = self._flash_points(dtype_name, ckpt, micro_batches)
             else:
-                self.done[key] = tuple(self._step(n, dtype_name, attention, ratio) for n in micro_batches)
+                self.done[key] = tuple(self._step(n, dtype_name, attention, ckpt) for n in micro_batches)
         return self.done[key]
 
-    def _flash_points(self, dtype_name: str, ratio: float, micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
+    def _flash_points(self, dtype_name: str, ckpt: tuple[float, str], micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
         """flash-attn's own functions where installed and they trace; SDPA's flash backend otherwise."""
         plan = flash_trace_plan(flash_attn_installed())
         if self.attention_traces.get("flash") == SDPA_FLASH:
@@ -141,7 +170,7 @@ class _Tracer:
         for kernel, label in plan[:-1]:
             try:
                 with kernel_context(label):
-                    points = tuple(_trace_step(self.workload, n, dtype_name, kernel, ratio, self.mode) for n in micro_batches)
+                    points = tuple(_trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode) for n in micro_batches)
                 self.attention_traces["flash"] = label
                 return points
             except Exception:  # flash-attn's functions do not run here: the SDPA flash backend stands in
@@ -149,11 +178,11 @@ class _Tracer:
         kernel, label = plan[-1]
         self.attention_traces["flash"] = label
         with kernel_context(label):
-            return tuple(self._step(n, dtype_name, kernel, ratio) for n in micro_batches)
+            return tuple(self._step(n, dtype_name, kernel, ckpt) for n in micro_batches)
 
-    def _step(self, n: int, dtype_name: str, kernel: str, ratio: float) -> PeakPoint:
+    def _step(self, n: int, dtype_name: str, kernel: str, ckpt: tuple[float, str]) -> PeakPoint:
         try:
-            return _trace_step(self.workload, n, dtype_name, kernel, ratio, self.mode)
+            return _trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode)
         except _NeedsRealTensors as exc:
             if self.structure["param_bytes_fp32"] > REAL_TRACE_LIMIT_BYTES:
                 raise AutofitError(
@@ -161,7 +190,7 @@ class _Tracer:
                     f"{self.structure['param_bytes_fp32'] / 2**30:.1f} GiB it is too large to trace on real ones"
                 ) from None
             self.mode = "real"
-            return _trace_step(self.workload, n, dtype_name, kernel, ratio, self.mode)
+            return _trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode)
 
 
 def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, ActivationProfile], n_layers: int,
@@ -176,6 +205,7 @@ def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, Ac
         largest_param_numel=structure["largest_param_numel"],
         n_small_params=structure["n_small_params"],
         factored_state_numel=structure["factored_state_numel"],
+        adam_mini_state_numel=structure.get("adam_mini_state_numel", 0),
         n_param_tensors=structure["n_param_tensors"],
         n_persistent_params=structure["n_persistent_params"],
         buffer_bytes=structure["buffer_bytes"],
@@ -209,66 +239,6 @@ def _fake_mode(mode: str) -> Iterator[Any]:
             yield fake
     finally:
         log.setLevel(level)
-
-
-def _model_structure(workload: Workload) -> dict[str, Any]:
-    """Parameter counts and shapes, from a model built on the meta device (no memory)."""
-    import torch
-
-    with torch.device("meta"):
-        model = workload.build_model()
-    params = [p for p in model.parameters()]
-    trainable = [p for p in params if p.requires_grad]
-    layers = workload.repeated_layers(model)
-    largest_module = 0
-    for module in model.modules():
-        own = sum(p.numel() for p in module.parameters(recurse=False))
-        largest_module = max(largest_module, own)
-    return {
-        "n_params": sum(p.numel() for p in params),
-        "n_trainable": sum(p.numel() for p in trainable),
-        "param_bytes_fp32": 4 * sum(p.numel() for p in params),
-        "n_layers": len(layers),
-        "layer_params": [sum(p.numel() for p in layer.parameters()) for layer in layers],
-        "largest_module_params": largest_module,
-        "largest_param_numel": max((p.numel() for p in trainable), default=0),
-        # bitsandbytes keeps 32-bit states for tensors under min_8bit_size=4096 elements
-        "n_small_params": sum(p.numel() for p in trainable if p.numel() < 4096),
-        # Adafactor (Shazeer & Stern 2018): a row and a column vector for matrices, a full state otherwise
-        "factored_state_numel": sum(
-            (p.shape[-2] * 1 + p.shape[-1]) * (p.numel() // (p.shape[-2] * p.shape[-1])) if p.dim() >= 2 else p.numel()
-            for p in trainable
-        ),
-        "n_param_tensors": len(trainable),
-        # ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank
-        "n_persistent_params": sum(p.numel() for p in params if p.numel() < STAGE3_PERSISTENCE_THRESHOLD),
-        "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
-        "fp8_largest_linear": max(
-            ((m.in_features, m.out_features) for _, m in _fp8_linears(model)), key=lambda d: d[0] * d[1], default=(0, 0)
-        ),
-    }
-
-
-def _fp8_linears(model: Any) -> list[tuple[str, Any]]:
-    """``(name, module)`` of the Linear layers fp8 training converts (:func:`autofit.fp8.convertible_linear`)."""
-    import torch
-
-    from autofit.fp8 import convertible_linear
-
-    return [
-        (name, m) for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and convertible_linear(m.in_features, m.out_features)
-    ]
-
-
-def fp8_linear_flops(model: Any, counts: dict[str, Any]) -> int:
-    """FLOPs of ``FlopCounterMode.get_flop_counts()`` spent inside the Linear layers fp8 converts.
-
-    The counter keys a module as ``<root class>.<name>``; a Linear's matmuls (forward, both backward
-    ones and a checkpointed recompute) are all counted under it.
-    """
-    root = type(model).__name__
-    return int(sum(sum(counts.get(f"{root}.{name}", {}).values()) for name, _ in _fp8_linears(model)))
 
 
 @dataclass
@@ -323,8 +293,9 @@ def _make_tracker(counter: _LiveBytes) -> Any:
     return LiveMemoryMode()
 
 
-def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ratio: float, mode: str) -> PeakPoint:
-    """Forward + backward of one micro-batch of ``n`` samples; live bytes exclude parameters."""
+def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt: tuple[float, str], mode: str) -> PeakPoint:
+    """Forward + backward of one micro-batch of ``n`` samples; live bytes exclude parameters.
+    ``ckpt``: ``(checkpoint ratio, granularity)``, applied as :func:`autofit.apply.apply_checkpointing` does."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -336,8 +307,8 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, rat
             model = _to_dtype(workload.build_model(attention=attention), dtype)
             model.train()
             layers = workload.repeated_layers(model)
-            if ratio:
-                apply_checkpointing(model, layers, ratio)
+            if ckpt[0]:
+                apply_checkpointing(model, layers, ckpt[0], ckpt[1], workload.attention_of)
             batch = _cast_batch(workload.batch(n), dtype)
             counter = _LiveBytes()
             _ignore_existing(counter, [*model.parameters(), *model.buffers(), *_tensors(batch)])

@@ -37,6 +37,9 @@ class Workload:
     """For tokens/s; None for workloads without tokens."""
     name: str | None = None
     """A display name; default: the entry's function name."""
+    attention_modules: Callable[[Any], Any] | None = None
+    """``(layer) -> the attention sub-module(s) of one repeated layer``, what ``checkpoint_granularity=attention``
+    recomputes; default: :func:`find_attention_modules`."""
 
     def __post_init__(self) -> None:
         if not callable(self.model):
@@ -47,6 +50,8 @@ class Workload:
             raise AutofitError(f"Workload.loss must be callable or None, but got {self.loss!r}")
         if self.layers is not None and not callable(self.layers):
             raise AutofitError(f"Workload.layers must be callable or None, but got {self.layers!r}")
+        if self.attention_modules is not None and not callable(self.attention_modules):
+            raise AutofitError(f"Workload.attention_modules must be callable or None, but got {self.attention_modules!r}")
         if self.tokens_per_sample is not None and (
             not isinstance(self.tokens_per_sample, int) or self.tokens_per_sample < 1
         ):
@@ -75,6 +80,22 @@ class Workload:
             return list(self.layers(model))
         return longest_module_list(model)
 
+    def attention_of(self, layer: Any) -> list[Any]:
+        """The attention sub-modules of one repeated layer (the hook's, else :func:`find_attention_modules`)."""
+        if self.attention_modules is None:
+            return find_attention_modules(layer)
+        found = self.attention_modules(layer)
+        return [found] if hasattr(found, "forward") else list(found)
+
+    def checkpoints_attention(self) -> bool:
+        """Whether every repeated layer has an attention sub-module to checkpoint alone (a build on the
+        meta device: no memory); False where there are no repeated layers."""
+        import torch
+
+        with torch.device("meta"):
+            layers = self.repeated_layers(self.build_model())
+        return bool(layers) and all(self.attention_of(layer) for layer in layers)
+
 
 def default_loss(model: Any, batch: Any) -> Any:
     """``model(**batch)`` for a dict, ``model(*batch)`` for a tuple, ``model(batch)`` otherwise;
@@ -100,6 +121,20 @@ def longest_module_list(model: Any) -> list[Any]:
         if isinstance(module, nn.ModuleList) and len(module) > len(best):
             best = list(module)
     return best
+
+
+def find_attention_modules(layer: Any) -> list[Any]:
+    """The outermost sub-modules of ``layer`` whose class is named like attention (``Attention``/``Attn`` in
+    any case: ``LlamaAttention``, ``BertAttention``, ``T5LayerSelfAttention``, ``nn.MultiheadAttention``), in
+    order; the layer itself is not one. A decoder block's self- and cross-attention are both found."""
+    found: list[tuple[str, Any]] = []
+    for name, module in layer.named_modules():
+        if not name or any(name.startswith(f"{outer}.") for outer, _ in found):
+            continue
+        kind = type(module).__name__.lower()
+        if "attention" in kind or "attn" in kind:
+            found.append((name, module))
+    return [module for _, module in found]
 
 
 def load_workload(entry: str) -> Workload:

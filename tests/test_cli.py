@@ -16,7 +16,7 @@ MLP = f"{ROOT}/examples/mlp.py:workload"
 ALL_FIXED = [
     "--set", "micro_batch_size=2", "--set", "checkpoint_ratio=0.5", "--set", "precision=fp32",
     "--set", "optimizer=adamw", "--set", "zero_stage=1", "--set", "offload_optimizer=none",
-    "--set", "offload_params=none", "--set", "attention=sdpa",
+    "--set", "offload_params=none", "--set", "attention=sdpa", "--set", "checkpoint_granularity=block",
 ]
 
 
@@ -34,7 +34,7 @@ def test_estimate_with_every_dimension_fixed_returns_exactly_that_candidate() ->
     assert candidate["config"] == {
         "micro_batch_size": 2, "grad_accum_steps": 4, "checkpoint_ratio": 0.5, "precision": "fp32",
         "optimizer": "adamw", "zero_stage": 1, "offload_optimizer": "none", "offload_params": "none",
-        "attention": "sdpa",
+        "attention": "sdpa", "checkpoint_granularity": "block",
     }
     predicted = candidate["predicted"]
     assert set(predicted["breakdown"]) == {"params", "grads", "optimizer", "activations", "other"}

@@ -7,6 +7,7 @@ import pytest
 from autofit.config import (
     ATTENTIONS,
     CONFIG_KEYS,
+    GRANULARITIES,
     OFFLOAD_DEVICES,
     OPTIMIZERS,
     PRECISIONS,
@@ -29,6 +30,7 @@ def test_config_keys_are_the_design_table():
         "offload_optimizer",
         "offload_params",
         "attention",
+        "checkpoint_granularity",
     )
 
 
@@ -37,6 +39,7 @@ def test_config_keys_are_the_design_table():
     [
         ("precision", PRECISIONS),
         ("optimizer", OPTIMIZERS),
+        ("checkpoint_granularity", GRANULARITIES),
         ("zero_stage", ZERO_STAGES),
         ("offload_optimizer", OFFLOAD_DEVICES),
         ("offload_params", OFFLOAD_DEVICES),

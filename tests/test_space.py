@@ -72,7 +72,8 @@ def test_every_shipped_space_loads_and_enumerates(name):
     assert space.size() == math.prod(len(v) for v in space.values.values()) * (
         1 if space.global_batch_size else len(space.grad_accum_steps)
     )
-    assert space.size() < 100_000
+    # the default (every value of every key): 181,440 before rules, enumerated in ~6 s on this project's machine
+    assert space.size() < 200_000
     for hardware, world_size in ((CPU, 1), (H100, 8)):
         result = enum(space, hardware=hardware, world_size=world_size, global_batch=64)
         assert result.candidates
@@ -90,7 +91,7 @@ def test_loading_by_path_equals_loading_by_name(name):
 def test_none_is_the_default_space_and_it_is_the_full_table():
     space = load_space(None)
     assert space.name == "default"
-    from autofit.config import ATTENTIONS, OFFLOAD_DEVICES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
+    from autofit.config import ATTENTIONS, GRANULARITIES, OFFLOAD_DEVICES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
 
     assert set(space.values["precision"]) == set(PRECISIONS)
     assert set(space.values["optimizer"]) == set(OPTIMIZERS)
@@ -98,6 +99,7 @@ def test_none_is_the_default_space_and_it_is_the_full_table():
     assert set(space.values["offload_optimizer"]) == set(OFFLOAD_DEVICES)
     assert set(space.values["offload_params"]) == set(OFFLOAD_DEVICES)
     assert set(space.values["attention"]) == set(ATTENTIONS)
+    assert set(space.values["checkpoint_granularity"]) == set(GRANULARITIES)
 
 
 def test_bare_names_are_looked_up_next_to_the_package():
@@ -361,6 +363,7 @@ def test_fixing_everything_gives_exactly_one(hardware, world_size, global_batch)
         "offload_optimizer": "none",
         "offload_params": "none",
         "attention": "sdpa",
+        "checkpoint_granularity": "block",
     }
     if global_batch is None:
         fixed["grad_accum_steps"] = 3

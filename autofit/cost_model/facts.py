@@ -29,6 +29,10 @@ class PeakPoint:
     """The part of ``flops`` inside the Linear layers fp8 training converts (:mod:`autofit.fp8`)."""
 
 
+#: the key part of a checkpointed trace, by checkpoint granularity
+_CKPT = {"block": "ckpt", "attention": "attnckpt"}
+
+
 @dataclass(frozen=True)
 class ActivationProfile:
     """Traced points of one (dtype, attention, checkpointed) at several micro-batch sizes."""
@@ -41,15 +45,18 @@ class ActivationProfile:
     """True when every repeated layer ran under checkpointing."""
     points: tuple[PeakPoint, ...]
     """At increasing micro-batch sizes."""
+    granularity: str = "block"
+    """What a checkpointed layer recomputed: the whole ``block`` or only its ``attention``."""
 
     @staticmethod
-    def key(dtype: str, attention: str, checkpointed: bool) -> str:
-        return f"{dtype}/{attention}/{'ckpt' if checkpointed else 'full'}"
+    def key(dtype: str, attention: str, checkpointed: bool, granularity: str = "block") -> str:
+        """``fp32/sdpa/full``, ``fp32/sdpa/ckpt`` (every block), ``fp32/sdpa/attnckpt`` (every layer's attention)."""
+        return f"{dtype}/{attention}/{_CKPT[granularity] if checkpointed else 'full'}"
 
     @staticmethod
-    def partial_key(dtype: str, attention: str, n_checkpointed: int) -> str:
+    def partial_key(dtype: str, attention: str, n_checkpointed: int, granularity: str = "block") -> str:
         """Key of a trace with only the first ``n_checkpointed`` layers checkpointed."""
-        return f"{dtype}/{attention}/ckpt{n_checkpointed}"
+        return f"{dtype}/{attention}/{_CKPT[granularity]}{n_checkpointed}"
 
     def at(self, micro_batch_size: int, attr: str) -> float:
         """``attr`` of the points at ``micro_batch_size``: piecewise-linear between traced sizes,
@@ -95,6 +102,9 @@ class ModelFacts:
     """Module buffers (running stats, rotary tables), in fp32."""
     tokens_per_sample: int | None
     """Tokens in one sample, or None."""
+    adam_mini_state_numel: int = 0
+    """Adam-mini's state elements (its own step counted on fake tensors: a full first moment, one second-moment
+    value per head, neuron or block); 0 where Adam-mini was not among the traced optimizers."""
     fp8_largest_linear: tuple[int, int] = (0, 0)
     """``(in_features, out_features)`` of the largest Linear fp8 training converts; (0, 0): none."""
     profiles: dict[str, ActivationProfile] = field(default_factory=dict)
@@ -106,17 +116,19 @@ class ModelFacts:
     trace_seconds: float = 0.0
     """How long tracing took."""
 
-    def profile(self, dtype: str, attention: str, checkpointed: bool) -> ActivationProfile:
-        key = ActivationProfile.key(dtype, attention, checkpointed)
+    def profile(self, dtype: str, attention: str, checkpointed: bool, granularity: str = "block") -> ActivationProfile:
+        key = ActivationProfile.key(dtype, attention, checkpointed, granularity)
         if key in self.profiles:
             return self.profiles[key]
-        fallback = ActivationProfile.key(dtype, "sdpa", checkpointed)  # workloads without an attention choice
+        fallback = ActivationProfile.key(dtype, "sdpa", checkpointed, granularity)  # workloads without an attention choice
         if fallback in self.profiles:
             return self.profiles[fallback]
         raise KeyError(f"no trace for {key}; traced: {sorted(self.profiles)}")
 
-    def at_checkpointed(self, dtype: str, attention: str, n_checkpointed: int, micro_batch_size: int, attr: str) -> float:
-        """``attr`` at ``micro_batch_size`` with the first ``n_checkpointed`` layers checkpointed.
+    def at_checkpointed(self, dtype: str, attention: str, n_checkpointed: int, micro_batch_size: int, attr: str,
+                        granularity: str = "block") -> float:
+        """``attr`` at ``micro_batch_size`` with the first ``n_checkpointed`` layers checkpointed (whole, or only
+        their attention for ``granularity="attention"``: its own traces, the unchecked one shared).
 
         Piecewise-linear in the number of checkpointed layers through every trace there is: none, all,
         and the partial ones. Layers are not alike in general (a CNN's early stages hold most of its
@@ -126,8 +138,8 @@ class ModelFacts:
         full = self.profile(dtype, attention, False)
         if n_checkpointed <= 0 or self.n_layers == 0:
             return full.at(micro_batch_size, attr)
-        known = {0: full, self.n_layers: self.profile(dtype, attention, True)}
-        prefix = ActivationProfile.partial_key(dtype, full.attention, 0)[:-1]
+        known = {0: full, self.n_layers: self.profile(dtype, attention, True, granularity)}
+        prefix = ActivationProfile.partial_key(dtype, full.attention, 0, granularity)[:-1]
         for key, profile in self.profiles.items():  # a handful of traces, not one lookup per layer
             if key.startswith(prefix) and key[len(prefix):].isdigit():
                 known[int(key[len(prefix):])] = profile
@@ -149,6 +161,7 @@ class ModelFacts:
                 attention=p["attention"],
                 checkpointed=p["checkpointed"],
                 points=tuple(PeakPoint(**point) for point in p["points"]),
+                granularity=p.get("granularity", "block"),
             )
             for key, p in data.get("profiles", {}).items()
         }

@@ -82,6 +82,10 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, 
     * Adafactor (Shazeer & Stern 2018): factored second moment, row + column vectors per matrix,
       no first moment (beta1=None, torch's default).
     * SGD with momentum: one buffer, 4 B/param.
+    * Adam-mini (Zhang et al. 2024; the ``adam-mini`` 1.1.1 package): a full fp32 first moment and one
+      fp32 second-moment value per block -- per head for queries and keys, per output neuron (row) for
+      embeddings, values, projections and MLPs, one per remaining tensor, a full one for biases -- so
+      ~4 B/param; the element count is its own step's, on fake tensors (``facts.adam_mini_state_numel``).
 
     ``flat``: under ZeRO 1-3 the optimizer steps on one flat 1-D partition, so Adafactor cannot
     factor (4 B/param) and bitsandbytes sees no small tensors.
@@ -97,6 +101,10 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, 
         return 4.0 * n_elements
     if optimizer == "adafactor":
         return FP32 * (n_elements if flat else facts.factored_state_numel * share)
+    if optimizer == "adam_mini":
+        if not facts.adam_mini_state_numel and n_elements:
+            raise ValueError("the facts have no Adam-mini state count: trace with optimizers=('adam_mini',)")
+        return FP32 * facts.adam_mini_state_numel * share
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 
@@ -105,8 +113,8 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, 
 #: bitsandbytes' CPU path dequantizes both states to fp32 and builds the update in fp32.
 #: CUDA: fused kernels (FusedAdam, FusedLion, bitsandbytes' CUDA kernels) update in place.
 TRANSIENT_BYTES_PER_ELEMENT = {
-    "cpu": {"adamw": 0.0, "adamw8bit": 16.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0},
-    "cuda": {"adamw": 0.0, "adamw8bit": 0.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0},
+    "cpu": {"adamw": 0.0, "adamw8bit": 16.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0, "adam_mini": 4.0},
+    "cuda": {"adamw": 0.0, "adamw8bit": 0.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0, "adam_mini": 4.0},
 }
 
 
@@ -301,15 +309,15 @@ def activation_peak_bytes(config: Config, facts: ModelFacts, keep_grads: bool) -
     """Peak live bytes of forward+backward from the trace, at this micro-batch and checkpoint ratio.
 
     Checkpointing the first k of L layers is interpolated between the traces with
-    none, some (the space's middle ratio) and all layers checkpointed
-    (:meth:`ModelFacts.at_checkpointed`).
+    none, some (the space's middle ratio) and all layers checkpointed, at the config's granularity
+    (the whole block, or only its attention: that granularity's own traces; :meth:`ModelFacts.at_checkpointed`).
     ``keep_grads``: gradients stay where autograd puts them (plain PyTorch, ZeRO 0/1)
     rather than being moved out as they are produced (ZeRO-2/3).
     """
     dtype = config.trace_dtype
     attr = "peak_with_grads_bytes" if keep_grads else "peak_without_grads_bytes"
     n_ckpt = config.checkpointed_layers(facts.n_layers)
-    return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, attr)
+    return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, attr, config.checkpoint_granularity)
 
 
 def predict_memory(

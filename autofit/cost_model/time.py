@@ -3,7 +3,8 @@
 Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
 
 * compute = a x FLOPs(micro-batch) / (peak FLOP/s[dtype] x efficiency[dtype]); FLOPs are counted
-  on the traced model (``torch.utils.flop_counter``), so the recompute that checkpointing adds is in them.
+  on the traced model (``torch.utils.flop_counter``), so the recompute that checkpointing adds is in them:
+  a whole block's forward again, or only its attention's at ``checkpoint_granularity=attention``.
   fp8 speeds up only the Linear layers torchao converts (:mod:`autofit.cost_model.fp8`).
 * communication (ZeRO paper sec. 7): data parallelism all-reduces gradients, 2 Psi elements per
   step (reduce-scatter + all-gather); ZeRO-2 reduce-scatters every micro-batch and all-gathers
@@ -33,10 +34,12 @@ HOST_OPTIMIZER_BYTES_PER_S = 10e9
 
 
 def micro_batch_flops(config: Config, facts: ModelFacts) -> float:
-    """FLOPs of forward + backward (+ recompute) of one micro-batch, interpolated in the checkpoint ratio."""
+    """FLOPs of forward + backward (+ recompute) of one micro-batch, interpolated in the checkpoint ratio
+    within the traces of the config's checkpoint granularity."""
     dtype = config.trace_dtype
     n_ckpt = config.checkpointed_layers(facts.n_layers)
-    return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, "flops")
+    return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, "flops",
+                                 config.checkpoint_granularity)
 
 
 def micro_batch_compute_s(config: Config, facts: ModelFacts, hardware: Hardware, coefficients: Coefficients) -> float:

@@ -83,6 +83,9 @@ class ProbeResult:
     (one elastic agent per node, the ranks' c10d rendezvous)."""
     per_rank_param_elements: list[int] = field(default_factory=list)
     """Parameter elements each rank held once the model was built: its partition under ZeRO-3 (zero.Init)."""
+    optimizer_state_bytes: int = 0
+    """Rank 0's optimizer state tensors after the measured steps (each storage once; real mode): what the
+    cost model's ``optimizer_state_bytes`` prices for that rank's shard."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -218,6 +221,7 @@ def _combine(
         per_rank_peak_bytes=per_rank,
         per_rank_build_bytes=[int(r.get("build_peak_bytes", 0)) if r else 0 for r in results],
         per_rank_param_elements=[int(r.get("param_elements", 0)) if r else 0 for r in results],
+        optimizer_state_bytes=int(results[0].get("optimizer_state_bytes", 0)) if results[0] else 0,
         launcher="torch.distributed.run" if results and all(r and r.get("elastic_run_id") for r in results) else "direct",
         phases_s=phases,
         breakdown=dict(results[0].get("breakdown", {})) if results[0] else {},

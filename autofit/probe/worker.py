@@ -127,6 +127,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
         **times.summary(),
         "device_memory": meter.report(),
         "n_checkpointed": n_ckpt,
+        "optimizer_state_bytes": optimizer_state_bytes(engine.optimizer),
         "tokens_per_sample": workload.tokens_per_sample,
         "elastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),  # set when torch.distributed.run started it
         **built,
@@ -160,7 +161,7 @@ def _build_model(workload: Any, config: Any, ds: dict[str, Any]) -> tuple[Any, i
 
     with build_context(ds):
         model = workload.build_model(attention=config.attention)
-    return model, apply_to_model(model, ds, workload.repeated_layers(model))
+    return model, apply_to_model(model, ds, workload.repeated_layers(model), workload.attention_of)
 
 
 def held_param_elements(model: Any) -> int:
@@ -173,9 +174,29 @@ def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> Any:
     from autofit.apply import client_optimizer
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = client_optimizer(params, ds)
+    optimizer = client_optimizer(model, ds)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds)
     return engine
+
+
+def optimizer_state_bytes(optimizer: Any) -> int:
+    """Bytes of the optimizer's own state tensors on this rank, each storage once: the torch optimizer under
+    DeepSpeed's wrappers (``FP16_UnfusedOptimizer``, the ZeRO optimizers: each keeps it as ``.optimizer``)."""
+    import torch
+
+    seen: set[tuple[int, str]] = set()
+    while getattr(optimizer, "optimizer", None) is not None and optimizer.optimizer is not optimizer:
+        optimizer = optimizer.optimizer
+    total = 0
+    for state in getattr(optimizer, "state", {}).values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                storage = value.untyped_storage()
+                key = (storage.data_ptr(), str(value.device))
+                if key not in seen:
+                    seen.add(key)
+                    total += storage.nbytes()
+    return total
 
 
 def to_device(batch: Any, device: Any, float_dtype: Any | None) -> Any:

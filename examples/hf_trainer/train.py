@@ -53,7 +53,9 @@ def trainer_arguments(ds: dict[str, Any], output_dir: str, max_steps: int) -> di
         "max_grad_norm": ds.get("gradient_clipping", 1.0),
         "bf16": bool(ds.get("bf16", {}).get("enabled", False)),
         "fp16": bool(ds.get("fp16", {}).get("enabled", False)),
-        "gradient_checkpointing": float(section.get("checkpoint_ratio", 0.0)) == 1.0,
+        # the Trainer's own checkpointing wraps whole layers: attention-only goes through autofit.apply instead
+        "gradient_checkpointing": float(section.get("checkpoint_ratio", 0.0)) == 1.0
+        and section.get("checkpoint_granularity", "block") == "block",
         "gradient_checkpointing_kwargs": {"use_reentrant": False},
         "logging_steps": 1,
         "save_strategy": "no",
@@ -79,14 +81,15 @@ def prepare_model(ds: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
     section = ds.get("autofit", {})
     model = build_model(section.get("attention", "sdpa"))
     ratio = float(section.get("checkpoint_ratio", 0.0))
-    if 0.0 < ratio < 1.0:
-        apply_checkpointing(model, model.model.layers, ratio)
+    granularity = section.get("checkpoint_granularity", "block")
+    if 0.0 < ratio < 1.0 or (ratio and granularity == "attention"):
+        apply_checkpointing(model, model.model.layers, ratio, granularity)
     if isinstance(section.get("fp8"), dict):
         apply_fp8(model, str(section["fp8"].get("recipe", "tensorwise")))
     client = section.get("client_optimizer")
     optimizer = None
     if "optimizer" not in ds and client and client["class"] not in TRAINER_OPTIM:
-        optimizer = client_optimizer(model.parameters(), ds)
+        optimizer = client_optimizer(model, ds)
     return model, optimizer
 
 

@@ -1,0 +1,72 @@
+"""The model's parameters as built on the meta device: counts, shapes, and what optimizers keep per tensor.
+
+What :mod:`autofit.trace` records beside the traced activations (:class:`autofit.cost_model.facts.ModelFacts`):
+no forward runs here, so nothing costs memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofit.ds_constants import STAGE3_PERSISTENCE_THRESHOLD
+from autofit.workload import Workload
+
+
+def model_structure(workload: Workload) -> dict[str, Any]:
+    """Parameter counts and shapes, from a model built on the meta device (no memory)."""
+    import torch
+
+    with torch.device("meta"):
+        model = workload.build_model()
+    params = [p for p in model.parameters()]
+    trainable = [p for p in params if p.requires_grad]
+    layers = workload.repeated_layers(model)
+    largest_module = 0
+    for module in model.modules():
+        own = sum(p.numel() for p in module.parameters(recurse=False))
+        largest_module = max(largest_module, own)
+    return {
+        "n_params": sum(p.numel() for p in params),
+        "n_trainable": sum(p.numel() for p in trainable),
+        "param_bytes_fp32": 4 * sum(p.numel() for p in params),
+        "n_layers": len(layers),
+        "layer_params": [sum(p.numel() for p in layer.parameters()) for layer in layers],
+        "largest_module_params": largest_module,
+        "largest_param_numel": max((p.numel() for p in trainable), default=0),
+        # bitsandbytes keeps 32-bit states for tensors under min_8bit_size=4096 elements
+        "n_small_params": sum(p.numel() for p in trainable if p.numel() < 4096),
+        # Adafactor (Shazeer & Stern 2018): a row and a column vector for matrices, a full state otherwise
+        "factored_state_numel": sum(
+            (p.shape[-2] * 1 + p.shape[-1]) * (p.numel() // (p.shape[-2] * p.shape[-1])) if p.dim() >= 2 else p.numel()
+            for p in trainable
+        ),
+        "n_param_tensors": len(trainable),
+        # ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank
+        "n_persistent_params": sum(p.numel() for p in params if p.numel() < STAGE3_PERSISTENCE_THRESHOLD),
+        "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+        "fp8_largest_linear": max(
+            ((m.in_features, m.out_features) for _, m in fp8_linears(model)), key=lambda d: d[0] * d[1], default=(0, 0)
+        ),
+    }
+
+
+def fp8_linears(model: Any) -> list[tuple[str, Any]]:
+    """``(name, module)`` of the Linear layers fp8 training converts (:func:`autofit.fp8.convertible_linear`)."""
+    import torch
+
+    from autofit.fp8 import convertible_linear
+
+    return [
+        (name, m) for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and convertible_linear(m.in_features, m.out_features)
+    ]
+
+
+def fp8_linear_flops(model: Any, counts: dict[str, Any]) -> int:
+    """FLOPs of ``FlopCounterMode.get_flop_counts()`` spent inside the Linear layers fp8 converts.
+
+    The counter keys a module as ``<root class>.<name>``; a Linear's matmuls (forward, both backward
+    ones and a checkpointed recompute) are all counted under it.
+    """
+    root = type(model).__name__
+    return int(sum(sum(counts.get(f"{root}.{name}", {}).values()) for name, _ in fp8_linears(model)))

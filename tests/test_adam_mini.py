@@ -1,0 +1,105 @@
+"""Adam-mini (the ``adam-mini`` package) as a client optimizer: trained for real, priced from its own partition."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autofit.config import Config
+from autofit.cost_model.memory import model_states
+from autofit.emit import deepspeed_config
+from autofit.errors import AutofitError
+from autofit.hardware import get_hardware
+from autofit.optim import adam_mini_dims, make_adam_mini
+from autofit.rules import Context, adam_mini_installed, adam_mini_needs_zero0
+from autofit.software import Software
+from autofit.space import enumerate_candidates, space_from_dict
+from autofit.trace import trace_workload
+
+pytest.importorskip("adam_mini")
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_adam_mini_trains_three_steps_and_its_states_are_priced(tmp_path: Path) -> None:
+    """Three steps through ``deepspeed.initialize`` (a subprocess, one gloo rank): the loss falls, and the
+    bytes of its state tensors are what the cost model predicts from the fake-tensor count."""
+    import tiny_attention
+
+    out = tmp_path / "result.json"
+    env = os.environ | {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                        "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(TESTS / "tiny_attention.py"), str(out)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["optimizer"] == "Adam_mini"
+    assert len(result["losses"]) == 3 and result["losses"][-1] < result["losses"][0]
+
+    facts = trace_workload(tiny_attention.workload(), optimizers=("adam_mini",))
+    config = Config(micro_batch_size=2, optimizer="adam_mini")
+    predicted = model_states(config, facts, 1, "cpu").optimizer
+    assert predicted == result["state_bytes"]
+    # one second moment per head / neuron / block: about half of AdamW's two full moments
+    adamw = model_states(config.with_(optimizer="adamw"), facts, 1, "cpu").optimizer
+    assert 0.5 * adamw < predicted < 0.6 * adamw
+
+
+def test_head_layout_is_read_from_the_model() -> None:
+    import tiny_attention
+
+    assert adam_mini_dims(tiny_attention.TinyLM()) == {"dim": 32, "n_heads": 4, "n_kv_heads": 2}
+
+    class Config:  # a Hugging Face config's names
+        hidden_size, num_attention_heads, num_key_value_heads = 64, 8, 2
+
+    hf = torch.nn.Linear(2, 2)
+    hf.config = Config()
+    assert adam_mini_dims(hf) == {"dim": 64, "n_heads": 8, "n_kv_heads": 2}
+
+
+def test_queries_without_a_head_layout_are_refused() -> None:
+    class Bare(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_proj = torch.nn.Linear(8, 8)
+
+    with pytest.raises(AutofitError, match="per attention head"):
+        make_adam_mini(Bare())
+
+
+def test_emitted_as_a_client_optimizer_built_from_the_model() -> None:
+    ds = deepspeed_config(Config(optimizer="adam_mini"), 1, "cpu")
+    assert "optimizer" not in ds
+    assert ds["autofit"]["client_optimizer"]["class"] == "autofit.optim.make_adam_mini"
+    assert ds["autofit"]["client_optimizer"]["takes"] == "model"
+
+
+def test_rules_prune_zero_stages_and_a_missing_package() -> None:
+    ctx = Context(hardware=get_hardware("cpu"), world_size=1, global_batch=None)
+    assert adam_mini_needs_zero0(ctx, "adam_mini", 0) is None
+    for stage in (1, 2, 3):
+        assert "flat 1-D partitions" in adam_mini_needs_zero0(ctx, "adam_mini", stage)
+    assert adam_mini_needs_zero0(ctx, "adamw", 3) is None
+    missing = Context(hardware=get_hardware("cpu"), world_size=1, global_batch=None, software=Software(adam_mini=False))
+    assert "adam-mini package" in adam_mini_installed(missing, "adam_mini")
+
+    space = space_from_dict({"optimizer": ["adamw", "adam_mini"], "zero_stage": [0, 1, 2, 3]}, name="t")
+    found = enumerate_candidates(space, hardware=get_hardware("cpu"), world_size=1, global_batch=None, fixed={},
+                                 searches_attention=False, software=Software()).candidates
+    assert {(c.optimizer, c.zero_stage) for c in found if c.optimizer == "adam_mini"} == {("adam_mini", 0)}
