@@ -35,13 +35,20 @@ from typing import Any
 from autofit.config import Config, trace_dtype_of
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.errors import AutofitError
+from autofit.layer_scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, scaled_point
 from autofit.trace_attention import SDPA_FLASH, flash_attn_installed, flash_trace_plan, kernel_context
+from autofit.trace_layers import SegmentMarks, cut_workload
 from autofit.trace_structure import fp8_linear_flops, model_structure
+from autofit.trace_tensors import batch_tensors, cast_batch, cpu_sdpa_flop_formulas, first_line, to_dtype
 from autofit.workload import Workload
+
+__all__ = ["cpu_sdpa_flop_formulas", "middle_checkpointed_layers", "parameter_facts", "trace_config", "trace_workload"]
 
 TRACE_MICRO_BATCHES = (1, 4)
 #: largest model (fp32 parameter bytes) traced on real tensors when fake tensors cannot run it
 REAL_TRACE_LIMIT_BYTES = 2 * 2**30
+#: alike repeated layers from which a model is traced cut to a few of them (:mod:`autofit.layer_scaling`)
+SCALE_MIN_LAYERS = 12
 
 
 def trace_workload(
@@ -61,25 +68,65 @@ def trace_workload(
 
     Of ``checkpoint_ratios`` (the space's), the one nearest 0.5 that checkpoints some but not all
     layers is traced too: how much checkpointing part of the stack saves depends on which layers
-    hold the activations, which a straight line between none and all cannot know.
+    hold the activations, which a straight line between none and all cannot know. A model of at
+    least :data:`SCALE_MIN_LAYERS` alike repeated layers is traced cut to a few of them and extrapolated
+    (:mod:`autofit.layer_scaling`; the partial ratio composed); if that cannot fit, it is traced whole.
     """
     started = time.perf_counter()
-    dtype_names = sorted({trace_dtype_of(p) for p in precisions})
+    dtype_names = tuple(sorted({trace_dtype_of(p) for p in precisions}))
     attention_names = attentions if workload.searches_attention else ("sdpa",)
     structure = _structure(workload, optimizers)
-    tracer = _Tracer(workload, structure)
     n_layers = structure["n_layers"]
     n_middle = middle_checkpointed_layers(checkpoint_ratios, n_layers)
+    granularities = tuple(checkpoint_granularities) if n_layers else ()
+    scaled = None
+    if structure["layers_alike"] and n_layers >= SCALE_MIN_LAYERS:
+        with contextlib.suppress(CannotScale, _NeedsRealTensors):
+            scaled = _scaled_profiles(workload, structure, (dtype_names, attention_names), granularities, n_middle)
+    if scaled is None:
+        tracer = _Tracer(workload, structure)
+        profiles: dict[str, ActivationProfile] = {}
+        for dtype_name in dtype_names:
+            for attention in attention_names:
+                profiles[ActivationProfile.key(dtype_name, attention, False)] = ActivationProfile(
+                    dtype=dtype_name, attention=attention, checkpointed=False,
+                    points=tracer.points(dtype_name, attention, 0.0, TRACE_MICRO_BATCHES))
+                for granularity in granularities:
+                    profiles |= _checkpointed_profiles(tracer, dtype_name, attention, granularity, n_layers, n_middle)
+        mode, traces = tracer.mode, tracer.attention_traces
+    else:
+        (profiles, traces), mode = scaled, "fake-scaled"
+    facts = _facts(workload, structure, profiles, n_layers, mode, time.perf_counter() - started)
+    return replace(facts, attention_traces=dict(traces))
+
+
+def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple[tuple[str, ...], tuple[str, ...]],
+                     granularities: tuple[str, ...], n_middle: int) -> tuple[dict[str, ActivationProfile], dict[str, str]]:
+    """Profiles of all the layers from the model cut to :data:`CUT_LAYERS` of them, on fake tensors;
+    ``kinds``: the dtypes and attention kernels to trace."""
+    n_layers = structure["n_layers"]
+    tracers = {k: _Tracer(cut_workload(workload, k), structure, cut_layers=k) for k in {*CUT_LAYERS[False], *CUT_LAYERS[True]}}
     profiles: dict[str, ActivationProfile] = {}
-    for dtype_name in dtype_names:
-        for attention in attention_names:
+    for dtype_name in kinds[0]:
+        for attention in kinds[1]:
+            def fitted(ratio: float, granularity: str) -> list[Any]:
+                return [fit_kind(*(tracers[k].cut_trace(dtype_name, attention, ratio, n, granularity)  # noqa: B023
+                                   for k in CUT_LAYERS[ratio > 0])) for n in TRACE_MICRO_BATCHES]
+
+            full = fitted(0.0, "block")
             profiles[ActivationProfile.key(dtype_name, attention, False)] = ActivationProfile(
                 dtype=dtype_name, attention=attention, checkpointed=False,
-                points=tracer.points(dtype_name, attention, 0.0, TRACE_MICRO_BATCHES))
-            for granularity in checkpoint_granularities if n_layers else ():
-                profiles |= _checkpointed_profiles(tracer, dtype_name, attention, granularity, n_layers, n_middle)
-    facts = _facts(workload, structure, profiles, n_layers, tracer.mode, time.perf_counter() - started)
-    return replace(facts, attention_traces=dict(tracer.attention_traces))
+                points=tuple(scaled_point(f, None, 0, n_layers) for f in full))
+            for granularity in granularities:
+                ckpt = fitted(1.0, granularity)
+                layouts = {ActivationProfile.key(dtype_name, attention, True, granularity): n_layers}
+                if n_middle and granularity == "block":
+                    layouts[ActivationProfile.partial_key(dtype_name, attention, n_middle, granularity)] = n_middle
+                for key, n_ckpt in layouts.items():
+                    points = tuple(scaled_point(f, c, n_ckpt, n_layers) for f, c in zip(full, ckpt, strict=True))
+                    profiles[key] = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=True,
+                                                      points=points, granularity=granularity)
+    return profiles, dict(tracers[CUT_LAYERS[False][0]].attention_traces)
 
 
 def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, granularity: str, n_layers: int,
@@ -141,13 +188,20 @@ def trace_config(workload: Workload, config: Config) -> ModelFacts:
 
 
 class _Tracer:
-    """Runs trace steps on fake tensors, or on real CPU tensors once fake ones have failed; each run once."""
+    """Runs trace steps on fake tensors, or on real CPU tensors once fake ones have failed; each run once.
 
-    def __init__(self, workload: Workload, structure: dict[str, Any]) -> None:
+    ``cut_layers`` > 0: the workload is cut to that many layers, and each step's live bytes are kept per
+    segment (:mod:`autofit.layer_scaling`); such a tracer never falls back to real tensors.
+    """
+
+    def __init__(self, workload: Workload, structure: dict[str, Any], cut_layers: int = 0) -> None:
         self.workload = workload
         self.structure = structure
+        self.cut_layers = cut_layers
         self.mode = "fake"
         self.done: dict[tuple[Any, ...], tuple[PeakPoint, ...]] = {}
+        self.segments: dict[tuple[Any, ...], tuple[dict[tuple[str, int], tuple[int, int]], ...]] = {}
+        self._recorded: list[dict[tuple[str, int], tuple[int, int]]] = []
         self.attention_traces: dict[str, str] = {}
         """How each searched kernel was traced where it is not itself (``flash``: :mod:`autofit.trace_attention`)."""
 
@@ -156,11 +210,21 @@ class _Tracer:
         ckpt = (ratio, granularity if ratio else "block")
         key = (dtype_name, attention, ckpt, micro_batches)
         if key not in self.done:
+            self._recorded = []
             if attention == "flash":
                 self.done[key] = self._flash_points(dtype_name, ckpt, micro_batches)
             else:
                 self.done[key] = tuple(self._step(n, dtype_name, attention, ckpt) for n in micro_batches)
+            self.segments[key] = tuple(self._recorded[len(self._recorded) - len(micro_batches):])
         return self.done[key]
+
+    def cut_trace(self, dtype_name: str, attention: str, ratio: float, micro_batch_size: int,
+                  granularity: str = "block") -> CutTrace:
+        """The step at ``micro_batch_size`` (traced with the others of :data:`TRACE_MICRO_BATCHES`), per segment."""
+        i = TRACE_MICRO_BATCHES.index(micro_batch_size)
+        point = self.points(dtype_name, attention, ratio, TRACE_MICRO_BATCHES, granularity)[i]
+        key = (dtype_name, attention, (ratio, granularity if ratio else "block"), TRACE_MICRO_BATCHES)
+        return CutTrace(n_layers=self.cut_layers, point=point, segments=self.segments[key][i])
 
     def _flash_points(self, dtype_name: str, ckpt: tuple[float, str], micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
         """flash-attn's own functions where installed and they trace; SDPA's flash backend otherwise."""
@@ -170,7 +234,7 @@ class _Tracer:
         for kernel, label in plan[:-1]:
             try:
                 with kernel_context(label):
-                    points = tuple(_trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode) for n in micro_batches)
+                    points = tuple(self._run(n, dtype_name, kernel, ckpt) for n in micro_batches)
                 self.attention_traces["flash"] = label
                 return points
             except Exception:  # flash-attn's functions do not run here: the SDPA flash backend stands in
@@ -180,17 +244,26 @@ class _Tracer:
         with kernel_context(label):
             return tuple(self._step(n, dtype_name, kernel, ckpt) for n in micro_batches)
 
+    def _run(self, n: int, dtype_name: str, kernel: str, ckpt: tuple[float, str]) -> PeakPoint:
+        segments: dict[tuple[str, int], tuple[int, int]] | None = {} if self.cut_layers else None
+        point = _trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode, segments)
+        if segments is not None:
+            self._recorded.append(segments)
+        return point
+
     def _step(self, n: int, dtype_name: str, kernel: str, ckpt: tuple[float, str]) -> PeakPoint:
         try:
-            return _trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode)
+            return self._run(n, dtype_name, kernel, ckpt)
         except _NeedsRealTensors as exc:
+            if self.cut_layers:
+                raise
             if self.structure["param_bytes_fp32"] > REAL_TRACE_LIMIT_BYTES:
                 raise AutofitError(
                     f"cannot trace {self.workload.name} on fake tensors ({exc}) and at "
                     f"{self.structure['param_bytes_fp32'] / 2**30:.1f} GiB it is too large to trace on real ones"
                 ) from None
             self.mode = "real"
-            return _trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode)
+            return self._run(n, dtype_name, kernel, ckpt)
 
 
 def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, ActivationProfile], n_layers: int,
@@ -250,6 +323,9 @@ class _LiveBytes:
     peak_with_grads: int = 0
     peak_without_grads: int = 0
     tracked: set[int] = field(default_factory=set)
+    marks: SegmentMarks | None = None
+    """Where the step is (cut traces only): peaks are kept per segment too."""
+    segment_peaks: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
     def add(self, key: int, n_bytes: int) -> None:
         self.live += n_bytes
@@ -262,6 +338,10 @@ class _LiveBytes:
     def note(self) -> None:
         self.peak_with_grads = max(self.peak_with_grads, self.live)
         self.peak_without_grads = max(self.peak_without_grads, self.live - self.grads)
+        if self.marks is not None:
+            key = self.marks.segment()
+            with_grads, without_grads = self.segment_peaks.get(key, (0, 0))
+            self.segment_peaks[key] = (max(with_grads, self.live), max(without_grads, self.live - self.grads))
 
 
 def _make_tracker(counter: _LiveBytes) -> Any:
@@ -293,9 +373,11 @@ def _make_tracker(counter: _LiveBytes) -> Any:
     return LiveMemoryMode()
 
 
-def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt: tuple[float, str], mode: str) -> PeakPoint:
+def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt: tuple[float, str], mode: str,
+                segments: dict[tuple[str, int], tuple[int, int]] | None = None) -> PeakPoint:
     """Forward + backward of one micro-batch of ``n`` samples; live bytes exclude parameters.
-    ``ckpt``: ``(checkpoint ratio, granularity)``, applied as :func:`autofit.apply.apply_checkpointing` does."""
+    ``ckpt``: ``(checkpoint ratio, granularity)``, applied as :func:`autofit.apply.apply_checkpointing` does;
+    ``segments``: filled with the peaks of each segment of the step (:class:`SegmentMarks`)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -304,30 +386,35 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckp
     dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
     try:
         with _fake_mode(mode):
-            model = _to_dtype(workload.build_model(attention=attention), dtype)
+            model = to_dtype(workload.build_model(attention=attention), dtype)
             model.train()
             layers = workload.repeated_layers(model)
             if ckpt[0]:
                 apply_checkpointing(model, layers, ckpt[0], ckpt[1], workload.attention_of)
-            batch = _cast_batch(workload.batch(n), dtype)
-            counter = _LiveBytes()
-            _ignore_existing(counter, [*model.parameters(), *model.buffers(), *_tensors(batch)])
+            batch = cast_batch(workload.batch(n), dtype)
+            counter = _LiveBytes(marks=None if segments is None else SegmentMarks(layers, lambda: counter.note()))
+            _ignore_existing(counter, [*model.parameters(), *model.buffers(), *batch_tensors(batch)])
             params = [p for p in model.parameters() if p.requires_grad]
             hooks = [p.register_post_accumulate_grad_hook(_grad_hook(counter)) for p in params]
             activation_bytes_at_loss = 0
             flops = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flop_formulas())
-            with flops, _make_tracker(counter):
+            marking = counter.marks.tracking() if counter.marks else contextlib.nullcontext()
+            with flops, _make_tracker(counter), marking:
                 loss = workload.compute_loss(model, batch)
                 activation_bytes_at_loss = counter.live
+                if counter.marks:
+                    counter.marks.start_backward()
                 loss.backward()
             for hook in hooks:
                 hook.remove()
             grad_bytes = counter.grads
             fp8_flops = fp8_linear_flops(model, flops.get_flop_counts())
             del loss, model, batch, params
+            if segments is not None:
+                segments.update(counter.segment_peaks)
     except Exception as exc:
         if mode == "fake":  # data-dependent shapes, or kernels whose fake (meta) versions are stricter
-            raise _NeedsRealTensors(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+            raise _NeedsRealTensors(f"{type(exc).__name__}: {first_line(exc)}") from exc
         raise AutofitError(f"tracing {workload.name} ({dtype_name}, {attention}) failed: {type(exc).__name__}: {exc}") from exc
     return PeakPoint(
         micro_batch_size=n,
@@ -340,54 +427,10 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckp
     )
 
 
-def cpu_sdpa_flop_formulas() -> dict[Any, Any]:
-    """FLOP formulas for the CPU's SDPA kernels, which ``torch.utils.flop_counter`` leaves uncounted.
-
-    A trace runs on the CPU, where SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``;
-    without these its attention matmuls count 0 and an sdpa or flash candidate's compute is priced
-    without them. The formulas are torch's own for its CUDA flash kernel (same arguments first).
-    """
-    import torch
-    from torch.utils.flop_counter import flop_registry
-
-    aten = torch.ops.aten
-    pairs = (
-        ("_scaled_dot_product_flash_attention_for_cpu", aten._scaled_dot_product_flash_attention),
-        ("_scaled_dot_product_flash_attention_for_cpu_backward", aten._scaled_dot_product_flash_attention_backward),
-    )
-    return {
-        getattr(aten, cpu_name): flop_registry[cuda_op].__wrapped__  # FlopCounterMode wraps it again
-        for cpu_name, cuda_op in pairs
-        if hasattr(aten, cpu_name) and cuda_op in flop_registry
-    }
-
-
-def _to_dtype(model: Any, dtype: Any) -> Any:
-    """``model.to(dtype)`` for floating parameters and buffers, done by assignment
-    (``Module.to`` swaps tensors in place, which fake tensors do not allow)."""
-    import torch
-
-    for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is not None and param.is_floating_point() and param.dtype != dtype:
-                module._parameters[name] = torch.nn.Parameter(param.detach().to(dtype), param.requires_grad)
-        for name, buffer in list(module._buffers.items()):
-            if buffer is not None and buffer.is_floating_point() and buffer.dtype != dtype:
-                module._buffers[name] = buffer.to(dtype)
-    return model
-
-
 def _ignore_existing(counter: _LiveBytes, tensors: list[Any]) -> None:
     """Storages that exist before the step (parameters, buffers, the batch) and their views are not counted."""
     for tensor in tensors:
         counter.tracked.add(tensor.untyped_storage()._cdata)
-
-
-def _tensors(batch: Any) -> list[Any]:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    return [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
 
 
 def _grad_hook(counter: _LiveBytes) -> Any:
@@ -398,21 +441,3 @@ def _grad_hook(counter: _LiveBytes) -> Any:
             counter.note()
 
     return hook
-
-
-def _cast_batch(batch: Any, dtype: Any) -> Any:
-    """Floating-point inputs follow the model's precision, as DeepSpeed's bf16/fp16 training expects."""
-    import torch
-    from torch.utils._pytree import tree_map
-
-    def cast(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.to(dtype)
-        return value
-
-    return tree_map(cast, batch)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.ds_constants import STAGE3_PERSISTENCE_THRESHOLD
+from autofit.trace_layers import layers_alike
 from autofit.workload import Workload
 
 
@@ -30,6 +31,7 @@ def model_structure(workload: Workload) -> dict[str, Any]:
         "n_trainable": sum(p.numel() for p in trainable),
         "param_bytes_fp32": 4 * sum(p.numel() for p in params),
         "n_layers": len(layers),
+        "layers_alike": layers_alike(layers),
         "layer_params": [sum(p.numel() for p in layer.parameters()) for layer in layers],
         "largest_module_params": largest_module,
         "largest_param_numel": max((p.numel() for p in trainable), default=0),

@@ -112,7 +112,9 @@ class ModelFacts:
     attention_traces: dict[str, str] = field(default_factory=dict)
     """How a searched kernel was traced where not as itself: ``{"flash": "flash-attn" | "sdpa flash backend"}``."""
     trace_mode: str = "fake"
-    """``fake`` (shapes only) or ``real`` (data-dependent models, traced on CPU tensors)."""
+    """``fake`` (shapes only), ``fake-scaled`` (shapes only, the model cut to 2 and 3 of its alike
+    layers and extrapolated: :mod:`autofit.layer_scaling`) or ``real`` (data-dependent models, traced
+    on CPU tensors)."""
     trace_seconds: float = 0.0
     """How long tracing took."""
 

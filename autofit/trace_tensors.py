@@ -1,0 +1,68 @@
+"""Tensor helpers of a trace step: the FLOP formulas of the CPU's SDPA kernels (``torch.utils.flop_counter``
+leaves them uncounted), and the casts of a fake model and its batch to the traced precision."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def cpu_sdpa_flop_formulas() -> dict[Any, Any]:
+    """FLOP formulas for the CPU's SDPA kernels, which ``torch.utils.flop_counter`` leaves uncounted.
+
+    A trace runs on the CPU, where SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``;
+    without these its attention matmuls count 0 and an sdpa or flash candidate's compute is priced
+    without them. The formulas are torch's own for its CUDA flash kernel (same arguments first).
+    """
+    import torch
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    pairs = (
+        ("_scaled_dot_product_flash_attention_for_cpu", aten._scaled_dot_product_flash_attention),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", aten._scaled_dot_product_flash_attention_backward),
+    )
+    return {
+        getattr(aten, cpu_name): flop_registry[cuda_op].__wrapped__  # FlopCounterMode wraps it again
+        for cpu_name, cuda_op in pairs
+        if hasattr(aten, cpu_name) and cuda_op in flop_registry
+    }
+
+
+def to_dtype(model: Any, dtype: Any) -> Any:
+    """``model.to(dtype)`` for floating parameters and buffers, done by assignment
+    (``Module.to`` swaps tensors in place, which fake tensors do not allow)."""
+    import torch
+
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and param.is_floating_point() and param.dtype != dtype:
+                module._parameters[name] = torch.nn.Parameter(param.detach().to(dtype), param.requires_grad)
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and buffer.is_floating_point() and buffer.dtype != dtype:
+                module._buffers[name] = buffer.to(dtype)
+    return model
+
+
+def batch_tensors(batch: Any) -> list[Any]:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
+
+
+def cast_batch(batch: Any, dtype: Any) -> Any:
+    """Floating-point inputs follow the model's precision, as DeepSpeed's bf16/fp16 training expects."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(dtype)
+        return value
+
+    return tree_map(cast, batch)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else ""

@@ -1,0 +1,124 @@
+"""A many-layer model traced cut to 2 and 3 of its layers gives the facts of the whole model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from autofit.layer_scaling import CannotScale, CutTrace, fit_kind
+from autofit.trace import SCALE_MIN_LAYERS, TRACE_MICRO_BATCHES, _Tracer, middle_checkpointed_layers, trace_workload
+from autofit.trace_layers import cut_workload, layers_alike
+from autofit.trace_structure import model_structure
+from autofit.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import gpt  # noqa: E402
+
+N_LAYERS = 12
+RATIOS = (0.0, 0.5, 1.0)
+FIELDS = ("peak_with_grads_bytes", "peak_without_grads_bytes", "activation_bytes", "grad_bytes", "flops", "fp8_flops")
+
+
+def deep_gpt(n_layers: int = N_LAYERS) -> Workload:
+    """examples/gpt.py's GPT, narrow and short, with many layers."""
+
+    def build(attention: str = "sdpa") -> nn.Module:
+        return gpt.GPT(vocab_size=512, seq_len=32, d_model=64, n_layers=n_layers, n_heads=2, attention=attention)
+
+    def batch(n: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 512, (n, 32))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    return Workload(model=build, batch=batch, layers=lambda m: m.blocks, name="deep-gpt")
+
+
+@pytest.fixture(scope="module")
+def scaled() -> tuple[Workload, object]:
+    workload = deep_gpt()
+    return workload, trace_workload(workload, precisions=("fp32",), attentions=("sdpa",), checkpoint_ratios=RATIOS)
+
+
+def test_a_deep_model_of_alike_layers_is_traced_cut(scaled) -> None:  # noqa: ANN001
+    workload, facts = scaled
+    assert N_LAYERS >= SCALE_MIN_LAYERS
+    assert facts.trace_mode == "fake-scaled" and facts.n_layers == N_LAYERS
+    assert len(facts.layer_params) == N_LAYERS
+    assert sorted(facts.profiles) == ["fp32/sdpa/ckpt", "fp32/sdpa/ckpt6", "fp32/sdpa/full"]
+
+
+def test_without_checkpointing_the_extrapolation_is_the_whole_trace_exactly(scaled) -> None:  # noqa: ANN001
+    """The ordinary whole-model trace, byte for byte and FLOP for FLOP, at both traced micro-batches."""
+    workload, facts = scaled
+    whole = _Tracer(workload, model_structure(workload)).points("fp32", "sdpa", 0.0, TRACE_MICRO_BATCHES)
+    assert facts.profiles["fp32/sdpa/full"].points == whole
+
+
+def test_checkpointed_peaks_are_within_two_percent_of_the_whole_trace(scaled) -> None:  # noqa: ANN001
+    """Against the whole model traced with the same discipline (reference cycles of the recompute freed as
+    each layer ends); FLOPs and bytes at the loss exactly."""
+    workload, facts = scaled
+    structure = model_structure(workload)
+    whole = _Tracer(cut_workload(workload, N_LAYERS), structure, cut_layers=N_LAYERS)
+    n_middle = middle_checkpointed_layers(RATIOS, N_LAYERS)
+    for key, ratio in (("fp32/sdpa/ckpt", 1.0), (f"fp32/sdpa/ckpt{n_middle}", n_middle / N_LAYERS)):
+        for got, want in zip(facts.profiles[key].points, whole.points("fp32", "sdpa", ratio, TRACE_MICRO_BATCHES),
+                             strict=True):
+            for field in ("activation_bytes", "grad_bytes", "flops"):
+                assert getattr(got, field) == getattr(want, field), (key, field)
+            for field in ("peak_with_grads_bytes", "peak_without_grads_bytes"):
+                assert getattr(got, field) == pytest.approx(getattr(want, field), rel=0.02), (key, field)
+
+
+def test_layers_that_differ_are_traced_whole() -> None:
+    """Layers of different widths (a CNN's stages) are not alike: the model is traced whole."""
+
+    class Widening(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stages = nn.ModuleList(nn.Linear(8 + i, 9 + i) for i in range(SCALE_MIN_LAYERS))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for stage in self.stages:
+                x = stage(x)
+            return x.sum()
+
+    model = Widening()
+    assert not layers_alike(list(model.stages))
+    facts = trace_workload(Workload(model=Widening, batch=lambda n: torch.randn(n, 8), name="widening"))
+    assert facts.trace_mode == "fake" and facts.n_layers == SCALE_MIN_LAYERS
+
+
+def test_layer_settings_tell_layers_apart_but_their_index_does_not() -> None:
+    def layers(windows: list[int | None]) -> list[nn.Module]:
+        made = []
+        for i, window in enumerate(windows):
+            layer = nn.Linear(4, 4)
+            layer.layer_idx, layer.sliding_window = i, window
+            made.append(layer)
+        return made
+
+    assert layers_alike(layers([None] * 4))
+    assert not layers_alike(layers([None, 128, None, 128]))
+
+
+def test_the_cut_workload_keeps_the_attention_choice_and_cuts_the_layers() -> None:
+    workload = deep_gpt()
+    cut = cut_workload(workload, 3)
+    assert cut.searches_attention
+    model = cut.build_model(attention="eager")
+    assert len(model.blocks) == 3 and model.blocks[0].attn.attention == "eager"
+
+
+def test_cut_traces_with_different_segments_cannot_be_fitted() -> None:
+    workload = deep_gpt()
+    structure = model_structure(workload)
+    two, three = (_Tracer(cut_workload(workload, k), structure, cut_layers=k).cut_trace("fp32", "sdpa", 0.0, 1)
+                  for k in (2, 3))
+    fit_kind(two, three)
+    broken = CutTrace(n_layers=3, point=three.point, segments={k: v for k, v in three.segments.items() if k != ("f", 1)})
+    with pytest.raises(CannotScale):
+        fit_kind(two, broken)
