@@ -122,3 +122,25 @@ def test_cut_traces_with_different_segments_cannot_be_fitted() -> None:
     broken = CutTrace(n_layers=3, point=three.point, segments={k: v for k, v in three.segments.items() if k != ("f", 1)})
     with pytest.raises(CannotScale):
         fit_kind(two, broken)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_llama_extrapolates_exactly_without_checkpointing() -> None:
+    """A 12-layer LlamaForCausalLM (grouped-query attention, rotary tables, built on meta and emptied)."""
+    transformers = pytest.importorskip("transformers")
+
+    def build(attention: str = "sdpa") -> nn.Module:
+        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=12,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                          max_position_embeddings=32, attn_implementation=attention)
+        return transformers.LlamaForCausalLM(config)
+
+    def batch(n: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 256, (n, 32))
+        return {"input_ids": ids, "labels": ids}
+
+    workload = Workload(model=build, batch=batch, name="llama-12")
+    facts = trace_workload(workload, precisions=("bf16",), attentions=("sdpa",), checkpoint_ratios=(0.0, 1.0))
+    assert facts.trace_mode == "fake-scaled"
+    whole = _Tracer(workload, model_structure(workload)).points("bf16", "sdpa", 0.0, TRACE_MICRO_BATCHES)
+    assert facts.profiles["bf16/sdpa/full"].points == whole
