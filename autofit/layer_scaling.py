@@ -113,8 +113,11 @@ class KindFit:
     """Everything fitted for layers of one kind (checkpointed or not) at one micro-batch."""
 
     micro_batch_size: int
+    """Samples in the traced micro-batch."""
     with_grads: SegmentFit
+    """Live bytes with every gradient kept (plain PyTorch)."""
     without_grads: SegmentFit
+    """Live bytes with the gradients moved out as produced (ZeRO-2/3)."""
     base: Mapping[str, int]
     """Additive quantities without any layer."""
     per_layer: Mapping[str, int]
