@@ -100,17 +100,18 @@ def make_adam_mini(model: Any, lr: float = 1e-4, weight_decay: float = 0.0, beta
 
 
 def adam_mini_state_numel(build_model: Callable[[], Any]) -> int:
-    """Elements of Adam-mini's states for the model ``build_model()`` makes: its own step run once on fake
-    tensors (``FakeTensorMode``: shapes only, no memory), so the count is the package's partition itself --
+    """Elements of Adam-mini's states for the model ``build_model()`` makes (on the meta device): its own step
+    run once under ``FakeTensorMode`` (shapes only, no memory), so the count is the package's partition itself --
     a full first moment and one second-moment value per head, neuron, or block (``adam_mini.py``)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with torch.device("meta"):  # a build on fake tensors can refuse data-dependent init (a ViT's trunc_normal_)
         model = build_model()
-        for param in model.parameters():
-            if param.requires_grad:
-                param.grad = torch.zeros_like(param)
+    for param in model.parameters():
+        if param.requires_grad:
+            param.grad = torch.zeros_like(param)
+    with FakeTensorMode(allow_non_fake_inputs=True):
         optimizer = make_adam_mini(model)
         optimizer.step()
         return int(sum(t.numel() for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)))

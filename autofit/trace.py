@@ -151,7 +151,10 @@ def _structure(workload: Workload, optimizers: tuple[str, ...]) -> dict[str, Any
     if "adam_mini" in optimizers:
         from autofit.optim import adam_mini_state_numel
 
-        structure["adam_mini_state_numel"] = adam_mini_state_numel(workload.build_model)
+        try:
+            structure["adam_mini_state_numel"] = adam_mini_state_numel(workload.build_model)
+        except Exception as exc:  # the package's own step refuses the model: priced as not fitting, with why
+            structure["adam_mini_error"] = f"{type(exc).__name__}: {first_line(exc)}"
     return structure
 
 
@@ -279,6 +282,7 @@ def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, Ac
         n_small_params=structure["n_small_params"],
         factored_state_numel=structure["factored_state_numel"],
         adam_mini_state_numel=structure.get("adam_mini_state_numel", 0),
+        adam_mini_error=structure.get("adam_mini_error", ""),
         n_param_tensors=structure["n_param_tensors"],
         n_persistent_params=structure["n_persistent_params"],
         buffer_bytes=structure["buffer_bytes"],

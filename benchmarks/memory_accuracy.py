@@ -3,12 +3,16 @@
     python benchmarks/memory_accuracy.py --json benchmarks/results/memory_accuracy.json   # every row
     python benchmarks/memory_accuracy.py --quick                                           # 6 rows a model
     python benchmarks/memory_accuracy.py --models benchmarks/models/vit.py:workload
+    python benchmarks/memory_accuracy.py --techniques --json benchmarks/results/memory_accuracy_techniques.json
 
 Each row is one config with every key fixed (no key left to a default, checked against the config
 keys), through ``deepspeed.initialize`` with its own JSON, CPU, world size 1, one warm-up and one
 measured step; error = (predicted - measured) / measured. The full grid covers every ZeRO stage,
 fp32/bf16, every optimizer, checkpoint ratios 0/0.5/1 and micro-batches 1 to 32 on every model.
 Offload is pruned on a CPU device (the cpu device *is* the host), so no row has it here.
+Both grids end with :data:`TECHNIQUE_GRID` (attention-only checkpointing, Adam-mini at ZeRO 0, its one
+stage), which ``--techniques`` runs alone; attention-only rows are left out for a model without attention
+sub-modules (the ResNet). Each row also has the optimizer's state bytes, predicted and as the probe counted them.
 
 Prints a markdown table of rows, then the summary by family (median and worst |error|), over every
 model and over the held-out ones (those in :data:`HELD_OUT_DIR`: never used to set a constant).
@@ -30,6 +34,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from autofit.config import CONFIG_KEYS, Config  # noqa: E402
 from autofit.cost_model import predict  # noqa: E402
+from autofit.cost_model.memory import model_states  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
 from autofit.plan import trace_for  # noqa: E402
 from autofit.probe import run_probe  # noqa: E402
@@ -62,6 +67,14 @@ FULL_GRID = [
     (3, "fp32", "adamw", 0.5, 32),
     (2, "fp32", "adamw8bit", 0.0, 16),
 ]
+#: (zero_stage, precision, optimizer, checkpoint_ratio, micro_batch_size, checkpoint_granularity): selective
+#: checkpointing of every layer's or half the layers' attention, and Adam-mini with and without it
+TECHNIQUE_GRID = [
+    (0, "fp32", "adamw", 1.0, 4, "attention"),
+    (2, "bf16", "adamw", 0.5, 2, "attention"),
+    (0, "fp32", "adam_mini", 0.0, 4, "block"),
+    (0, "bf16", "adam_mini", 1.0, 2, "attention"),
+]
 QUICK_GRID = [
     (0, "fp32", "adamw", 0.0, 4),
     (1, "fp32", "adamw", 1.0, 2),
@@ -72,12 +85,14 @@ QUICK_GRID = [
 ]
 
 
-def fully_fixed(zero_stage: int, precision: str, optimizer: str, ratio: float, micro_batch: int) -> Config:
+def fully_fixed(zero_stage: int, precision: str, optimizer: str, ratio: float, micro_batch: int,
+                granularity: str = "block") -> Config:
     """A config with every key written out; fails when a config key is added and not named here."""
     values: dict[str, Any] = {
         "micro_batch_size": micro_batch, "grad_accum_steps": 1, "checkpoint_ratio": ratio,
         "precision": precision, "optimizer": optimizer, "zero_stage": zero_stage,
         "offload_optimizer": "none", "offload_params": "none", "attention": "sdpa",
+        "checkpoint_granularity": granularity,
     }
     missing = set(CONFIG_KEYS) - set(values)
     if missing:
@@ -85,8 +100,16 @@ def fully_fixed(zero_stage: int, precision: str, optimizer: str, ratio: float, m
     return Config.from_dict(values)
 
 
-def configs_for(quick: bool) -> list[Config]:
-    return [fully_fixed(*row) for row in (QUICK_GRID if quick else FULL_GRID)]
+def configs_for(quick: bool, techniques_only: bool = False) -> list[Config]:
+    grid = [] if techniques_only else QUICK_GRID if quick else FULL_GRID
+    return [fully_fixed(*row) for row in [*grid, *TECHNIQUE_GRID]]
+
+
+def runnable(configs: list[Config], workload: Any) -> list[Config]:
+    """The configs a model can run: attention-only checkpointing only where every repeated layer has attention."""
+    if any(c.checkpoint_granularity == "attention" for c in configs) and not workload.checkpoints_attention():
+        return [c for c in configs if c.checkpoint_granularity != "attention"]
+    return configs
 
 
 def families(row: dict[str, Any]) -> list[str]:
@@ -95,7 +118,9 @@ def families(row: dict[str, Any]) -> list[str]:
     mb = config["micro_batch_size"]
     return [
         f"precision={config['precision']}", f"optimizer={config['optimizer']}", f"zero_stage={config['zero_stage']}",
-        f"checkpoint_ratio={config['checkpoint_ratio']:g}", f"micro_batch={'1-4' if mb <= 4 else '8' if mb == 8 else '16-32'}",
+        f"checkpoint_ratio={config['checkpoint_ratio']:g}",
+        f"checkpoint_granularity={config.get('checkpoint_granularity', 'block')}",
+        f"micro_batch={'1-4' if mb <= 4 else '8' if mb == 8 else '16-32'}",
         f"model={row['model']}",
     ]
 
@@ -118,6 +143,7 @@ def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[st
     """Probe every config of one model; print and return its rows (errored probes print and are left out)."""
     hardware = get_hardware("cpu")
     workload = load_workload(entry)
+    configs = runnable(configs, workload)
     facts = trace_for(workload, configs)
     rows = []
     for config in configs:
@@ -128,11 +154,14 @@ def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[st
             continue
         predicted = predict(config, facts, hardware, 1).peak_bytes
         error = (predicted - measured.peak_bytes) / measured.peak_bytes
+        states = {"optimizer_predicted": int(model_states(config, facts, 1, "cpu").optimizer),
+                  "optimizer_measured": measured.optimizer_state_bytes}
         rows.append({"model": workload.name, "held_out": entry.startswith(HELD_OUT_DIR), "config": config.to_dict(),
                      "predicted": predicted,
-                     "measured": measured.peak_bytes, "error": error, "probe_s": time.time() - started})
+                     "measured": measured.peak_bytes, "error": error, "probe_s": time.time() - started} | states)
         print(f"| {workload.name} | {config.label()} | {predicted / 2**20:.1f} | "
-              f"{measured.peak_bytes / 2**20:.1f} | {error:+.1%} |", flush=True)
+              f"{measured.peak_bytes / 2**20:.1f} | {error:+.1%} | {states['optimizer_predicted'] / 2**20:.2f} | "
+              f"{states['optimizer_measured'] / 2**20:.2f} |", flush=True)
     return rows
 
 
@@ -140,12 +169,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=MODELS)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--techniques", action="store_true", help="only the TECHNIQUE_GRID rows")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one probe may take")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
-    configs = configs_for(args.quick)
-    print("| model | config | predicted MiB | measured MiB | error |")
-    print("|---|---|---:|---:|---:|")
+    configs = configs_for(args.quick, args.techniques)
+    print("| model | config | predicted MiB | measured MiB | error | optimizer states predicted MiB | measured MiB |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     rows = [row for entry in args.models for row in measure(entry, configs, args.timeout)]
     summary = summarize(rows) if rows else []
     print("\n| group | configs | median \\|error\\| | worst \\|error\\| | worst under-prediction |")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from autofit.config import Config
+from autofit.cost_model import predict
 from autofit.cost_model.memory import model_states
 from autofit.emit import deepspeed_config
 from autofit.errors import AutofitError
@@ -103,3 +104,21 @@ def test_rules_prune_zero_stages_and_a_missing_package() -> None:
     found = enumerate_candidates(space, hardware=get_hardware("cpu"), world_size=1, global_batch=None, fixed={},
                                  searches_attention=False, software=Software()).candidates
     assert {(c.optimizer, c.zero_stage) for c in found if c.optimizer == "adam_mini"} == {("adam_mini", 0)}
+
+
+def test_a_model_adam_mini_cannot_step_on_is_priced_as_not_fitting_with_why() -> None:
+    """adam-mini 1.1.1 views a 1-D tensor named like an output layer (``final_layer...``) as a matrix and raises:
+    the trace records its own error and the candidate does not fit, the search goes on."""
+    import tiny_attention
+
+    class Refused(tiny_attention.TinyLM):
+        def __init__(self) -> None:
+            super().__init__()
+            self.final_layer_norm = torch.nn.LayerNorm(tiny_attention.D_MODEL)
+
+    workload = tiny_attention.workload()
+    refused = type(workload)(model=Refused, batch=workload.batch, name="refused")
+    facts = trace_workload(refused, optimizers=("adam_mini",))
+    assert "IndexError" in facts.adam_mini_error
+    prediction = predict(Config(optimizer="adam_mini"), facts, get_hardware("cpu"), 1)
+    assert not prediction.fits and "adam-mini cannot step on this model" in prediction.reason

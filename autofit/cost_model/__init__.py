@@ -86,6 +86,8 @@ def predict(
     reason = _not_fit_reason(peak, hardware, memory) if peak > hardware.memory_bytes else None
     if reason is None and hardware.host_memory_bytes and host_peak > hardware.host_memory_bytes:
         reason = _host_reason(host_peak, hardware, world_size)
+    if config.optimizer == "adam_mini" and facts.adam_mini_error:
+        reason = f"adam-mini cannot step on this model ({facts.adam_mini_error})"
     fits = reason is None
     return Prediction(
         peak_bytes=peak,

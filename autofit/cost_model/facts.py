@@ -105,6 +105,9 @@ class ModelFacts:
     adam_mini_state_numel: int = 0
     """Adam-mini's state elements (its own step counted on fake tensors: a full first moment, one second-moment
     value per head, neuron or block); 0 where Adam-mini was not among the traced optimizers."""
+    adam_mini_error: str = ""
+    """Why Adam-mini cannot step on this model (its own step raised on fake tensors: adam-mini 1.1.1 cannot
+    view a 4-D convolution or a ``(1, 1, d)`` token named like an embedding per row); empty where it can."""
     fp8_largest_linear: tuple[int, int] = (0, 0)
     """``(in_features, out_features)`` of the largest Linear fp8 training converts; (0, 0): none."""
     profiles: dict[str, ActivationProfile] = field(default_factory=dict)

@@ -102,6 +102,8 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, 
     if optimizer == "adafactor":
         return FP32 * (n_elements if flat else facts.factored_state_numel * share)
     if optimizer == "adam_mini":
+        if facts.adam_mini_error:  # it cannot step on this model (predict says why): AdamW's two moments
+            return 8.0 * n_elements
         if not facts.adam_mini_state_numel and n_elements:
             raise ValueError("the facts have no Adam-mini state count: trace with optimizers=('adam_mini',)")
         return FP32 * facts.adam_mini_state_numel * share
