@@ -18,7 +18,7 @@ what the layers after it leave (their gradients). So:
   ``A`` what layer i and the ones before it hold, ``B`` what the ones after it hold (``B(0) = 0``).
   The two cuts give 2k + 1 equations for A(0..k) and B(1..k); beyond, each goes on by its last step.
   ``B`` is not a straight line from the start: a checkpointed stack's first few backward layers leave
-  more behind than later ones (measured: 3-4 layers), so checkpointed layers are cut deeper
+  more behind than later ones (measured: 3-4 layers), so block-checkpointed layers are cut deeper
   (:data:`CUT_LAYERS`) for ``B``'s last step to be the steady one.
 
 The step's peak is the largest segment peak over every layer index (a few hundred evaluations).
@@ -34,10 +34,12 @@ from dataclasses import dataclass
 
 from autofit.cost_model.facts import PeakPoint
 
-#: layers of the two cut models traced, by whether the layers run checkpointed: a checkpointed stack's
-#: backward settles only after a few layers (what a layer's recompute leaves behind is freed late), so
-#: its cuts must be deep enough for the last step to be the steady one
-CUT_LAYERS = {False: (2, 3), True: (4, 5)}
+#: layers of the two cut models traced, by what the layers run: ``full`` (no checkpointing), ``block`` or
+#: ``attention`` checkpointing. A block-checkpointed stack's backward settles only after a few layers (what a
+#: layer's recompute leaves behind is freed late), so its cuts must be deep enough for the last step to be
+#: the steady one; attention-only checkpointing extrapolates exactly from 2 and 3 (a 12-layer GPT and a
+#: 14-layer LLaMA, sdpa and eager)
+CUT_LAYERS = {"full": (2, 3), "block": (4, 5), "attention": (2, 3)}
 #: segments indexed by a layer, in step order
 LAYER_PHASES = ("f", "fa", "b", "ba")
 #: segments before the first layer's forward and before the last layer's backward

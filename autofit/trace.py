@@ -105,13 +105,13 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     """Profiles of all the layers from the model cut to :data:`CUT_LAYERS` of them, on fake tensors;
     ``kinds``: the dtypes and attention kernels to trace."""
     n_layers = structure["n_layers"]
-    tracers = {k: _Tracer(cut_workload(workload, k), structure, cut_layers=k) for k in {*CUT_LAYERS[False], *CUT_LAYERS[True]}}
+    tracers = {k: _Tracer(cut_workload(workload, k), structure, cut_layers=k) for cut in CUT_LAYERS.values() for k in cut}
     profiles: dict[str, ActivationProfile] = {}
     for dtype_name in kinds[0]:
         for attention in kinds[1]:
             def fitted(ratio: float, granularity: str) -> list[Any]:
                 return [fit_kind(*(tracers[k].cut_trace(dtype_name, attention, ratio, n, granularity)  # noqa: B023
-                                   for k in CUT_LAYERS[ratio > 0])) for n in TRACE_MICRO_BATCHES]
+                                   for k in CUT_LAYERS[granularity if ratio else "full"])) for n in TRACE_MICRO_BATCHES]
 
             full = fitted(0.0, "block")
             profiles[ActivationProfile.key(dtype_name, attention, False)] = ActivationProfile(
@@ -126,7 +126,7 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
                     points = tuple(scaled_point(f, c, n_ckpt, n_layers) for f, c in zip(full, ckpt, strict=True))
                     profiles[key] = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=True,
                                                       points=points, granularity=granularity)
-    return profiles, dict(tracers[CUT_LAYERS[False][0]].attention_traces)
+    return profiles, dict(tracers[CUT_LAYERS["full"][0]].attention_traces)
 
 
 def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, granularity: str, n_layers: int,

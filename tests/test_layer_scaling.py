@@ -144,3 +144,12 @@ def test_a_hugging_face_llama_extrapolates_exactly_without_checkpointing() -> No
     assert facts.trace_mode == "fake-scaled"
     whole = _Tracer(workload, model_structure(workload)).points("bf16", "sdpa", 0.0, TRACE_MICRO_BATCHES)
     assert facts.profiles["bf16/sdpa/full"].points == whole
+
+
+def test_attention_only_checkpointing_extrapolates_from_two_and_three_layers() -> None:
+    workload = deep_gpt()
+    facts = trace_workload(workload, precisions=("fp32",), attentions=("sdpa",), checkpoint_ratios=(0.0, 1.0),
+                           checkpoint_granularities=("attention",))
+    whole = _Tracer(cut_workload(workload, N_LAYERS), model_structure(workload), cut_layers=N_LAYERS)
+    assert facts.profiles["fp32/sdpa/attnckpt"].points == whole.points("fp32", "sdpa", 1.0, TRACE_MICRO_BATCHES,
+                                                                        "attention")
