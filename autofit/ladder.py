@@ -101,7 +101,8 @@ def ladder_space(ladder: tuple[Rung, ...], micro_batch_size: int) -> SearchSpace
         for key in LADDER_KEYS:
             if getattr(config, key) not in values[key]:
                 values[key].append(getattr(config, key))
-    return SearchSpace(name="ladder", description="the rungs of autofit ladder", values=values)
+    return SearchSpace(name="ladder", description="the rungs of autofit ladder",
+                       values={key: tuple(v) for key, v in values.items()})
 
 
 def check_fixed(fixed: dict[str, Any]) -> None:
