@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
@@ -165,10 +166,12 @@ def estimate(entry: str, hardware: str, memory: str | None, gpus: int, nodes: in
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Measured steps.")
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Warm-up steps.")
 @click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float, help="Seconds for the probe.")
+@click.option("--memory-snapshot", "snapshot_path", default=None, metavar="PATH",
+              help="CUDA: record the allocator's history into this pickle (open it at https://pytorch.org/memory_viz).")
 @user_errors
 def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
           space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, mode: str, steps: int,
-          warmup: int, timeout_s: float) -> None:
+          warmup: int, timeout_s: float, snapshot_path: str | None) -> None:
     """Run one candidate (the fastest predicted that fits, after --set) for a few real steps."""
     from autofit.estimate import estimate as run_estimate
     from autofit.probe import run_probe
@@ -180,7 +183,8 @@ def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, 
         _prepare_ops([chosen.config], setup.hardware)
     click.echo(f"probing {chosen.config.label()} ({mode})", err=True)
     measured = run_probe(setup.entry, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,
-                         warmup_steps=warmup, timeout_s=timeout_s)
+                         warmup_steps=warmup, timeout_s=timeout_s, memory_snapshot=snapshot_path)
+    _say_fragmentation(measured)
     document = measured.to_dict() | {"predicted": chosen.prediction.to_dict()}
     if as_json:
         click.echo(json.dumps(document, indent=1))
@@ -296,11 +300,31 @@ def run(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, gl
     if report_dir is not None:
         from autofit.report import write_report
 
-        write_report(result, report_dir, ladder=_report_ladder(setup, result) if script is None else None)
+        snapshot = _winner_snapshot(setup, result, report_dir) if setup.hardware.kind == "cuda" and script is None else None
+        write_report(result, report_dir, ladder=_report_ladder(setup, result) if script is None else None, snapshot=snapshot)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
         click.echo(f"wrote {out_path}", err=True)
+
+
+def _winner_snapshot(setup: Setup, result: Any, report_dir: str) -> Any:
+    """The winner probed once more with the CUDA allocator's history recorded into the report's folder."""
+    from autofit.probe import run_probe
+
+    path = Path(report_dir) / "memory_snapshot.pickle"
+    click.echo(f"autofit: recording the winner's CUDA memory snapshot into {path}", err=True)
+    measured = run_probe(setup.entry, result.config, setup.hardware, setup.world_size, steps=1, memory_snapshot=str(path))
+    _say_fragmentation(measured)
+    return measured
+
+
+def _say_fragmentation(measured: Any) -> None:
+    from autofit.probe.snapshot import fragmentation_advice
+
+    advice = fragmentation_advice(measured.device_memory)
+    if advice:
+        click.echo(f"autofit: {advice}", err=True)
 
 
 def _report_ladder(setup: Setup, result: Any) -> Any:

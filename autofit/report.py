@@ -6,7 +6,9 @@
 - ``memory_breakdown.png``: predicted memory by part for the top candidates, measured peak marked;
 - ``memory_vs_throughput.png``: every candidate (predicted) and every probe (measured), the device
   budget and the usable budget drawn as lines;
-- ``timeline.png``: each probe as a bar in time, coloured by outcome, with the best so far.
+- ``timeline.png``: each probe as a bar in time, coloured by outcome, with the best so far;
+- on CUDA, ``memory_snapshot.pickle``: the winner's allocator history (:mod:`autofit.probe.snapshot`), with
+  a ``PYTORCH_CUDA_ALLOC_CONF`` suggestion when its probe saw fragmentation.
 
 Matplotlib runs with the Agg backend (no display needed).
 """
@@ -24,6 +26,7 @@ from autofit.units import format_bytes
 
 if TYPE_CHECKING:
     from autofit.ladder import Ladder
+    from autofit.probe import ProbeResult
     from autofit.search.records import SearchResult, TrialRecord
 
 PARTS = ("params", "grads", "optimizer", "activations", "other")
@@ -32,9 +35,11 @@ STATUS_COLORS = {"ok": "#2a9d8f", "oom": "#e63946", "timeout": "#f4a261", "error
 TOP_N = 8
 
 
-def write_report(result: SearchResult, report_dir: str | os.PathLike[str], ladder: Ladder | None = None) -> Path:
+def write_report(result: SearchResult, report_dir: str | os.PathLike[str], ladder: Ladder | None = None,
+                 snapshot: ProbeResult | None = None) -> Path:
     """Write the report into ``report_dir`` (created); returns the path of ``index.html``. ``ladder``
-    (:func:`autofit.ladder.search_ladder`): the section that ends it, with ``ladder.png``."""
+    (:func:`autofit.ladder.search_ladder`): the section that ends it, with ``ladder.png``. ``snapshot``: the
+    winner's probe that recorded ``memory_snapshot.pickle`` in the folder (CUDA), said in its own section."""
     folder = Path(report_dir)
     folder.mkdir(parents=True, exist_ok=True)
     pictures = {
@@ -45,7 +50,7 @@ def write_report(result: SearchResult, report_dir: str | os.PathLike[str], ladde
     _memory_breakdown(result, folder / "memory_breakdown.png")
     _scatter(result, folder / "memory_vs_throughput.png")
     _timeline(result, folder / "timeline.png")
-    sections = report_sections(result)
+    sections = report_sections(result) + ([snapshot_section(snapshot)] if snapshot is not None else [])
     last = _ladder_part(result, ladder, folder)
     (folder / "report.md").write_text(_markdown(sections) + (_markdown([last], LADDER_PICTURE) if last else ""))
     index = folder / "index.html"
@@ -93,6 +98,22 @@ def report_sections(result: SearchResult) -> list[tuple[str, str, list[str], lis
          ["coefficient", "value"], _calibration_rows(result)),
         ("Pruned", PRUNED_TEXT, ["kind", "config", "reason"], pruned_rows),
     ]
+
+
+def snapshot_section(snapshot: ProbeResult) -> tuple[str, str, list[str], list[list[str]]]:
+    """The winner's CUDA memory snapshot: where it is, the allocator's peaks, and the fragmentation advice."""
+    from autofit.probe.snapshot import fragmentation_advice
+
+    memory = snapshot.device_memory
+    advice = fragmentation_advice(memory) or "reserved is close to allocated: no sign of fragmentation."
+    text = (
+        f"The winner probed once more ({snapshot.status}) with the caching allocator's history recorded: "
+        f"memory_snapshot.pickle in this folder, to open at https://pytorch.org/memory_viz. {advice}"
+    )
+    rows = [[key, format_bytes(int(memory[key]))] for key in
+            ("max_memory_allocated_bytes", "max_memory_reserved_bytes", "nvml_peak_bytes", "context_bytes")
+            if memory.get(key) is not None]
+    return ("CUDA memory snapshot", text, ["allocator figure", "bytes"], rows)
 
 
 def _winner_text(result: SearchResult) -> str:

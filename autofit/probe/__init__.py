@@ -71,7 +71,9 @@ class ProbeResult:
     measured): the search calibrates the optimizer's cost from it apart from forward and backward."""
     device_memory: dict[str, int | None] = field(default_factory=dict)
     """CUDA, rank 0: ``nvml_peak_bytes`` (NVML's per-process peak, None where NVML lists no row for the
-    pid), ``max_memory_reserved_bytes`` and ``context_bytes``: the sources of ``peak_bytes``."""
+    pid), ``max_memory_reserved_bytes`` and ``context_bytes``: the sources of ``peak_bytes``; and
+    ``max_memory_allocated_bytes``, the tensors' own peak (reserved far above it: fragmentation,
+    :func:`autofit.probe.snapshot.fragmentation_advice`)."""
     oom_on: str | None = None
     """For ``oom``: ``device`` (the GPU, or the budget of a CPU device) or ``host`` (the host's RAM: a CPU
     allocation failed or the kernel's OOM killer ended a rank); None otherwise."""
@@ -123,6 +125,7 @@ def run_probe(
     steps: int = 3,
     warmup_steps: int = 1,
     timeout_s: float = 300.0,
+    memory_snapshot: str | None = None,
 ) -> ProbeResult:
     """Run ``config`` of the workload at ``entry`` on ``world_size`` ranks of ``hardware`` and measure it.
 
@@ -130,6 +133,8 @@ def run_probe(
     a memory watchdog at ``hardware.memory_bytes`` per rank) or ``cuda`` (NCCL, one GPU
     per rank). ``timeout_s`` bounds the whole probe, start-up included (the first
     DeepSpeed start on a machine JIT-builds an op: allow ~2 minutes for it).
+    ``memory_snapshot``: on CUDA, rank 0 records the allocator's history from the model build through the
+    steps and writes it to this path (:mod:`autofit.probe.snapshot`); ignored on the CPU.
     Never raises for what happens inside the probe: that is the result's ``status``.
     """
     from autofit.probe.elastic import check_devices, launch_agents
@@ -142,6 +147,8 @@ def run_probe(
     if steps < 1 or warmup_steps < 0:
         raise AutofitError(f"probe needs steps >= 1 and warmup_steps >= 0, but got {steps=}, {warmup_steps=}")
     spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps)
+    if memory_snapshot is not None:
+        spec["memory_snapshot"] = str(Path(memory_snapshot).resolve())
     ranks_per_node, n_nodes = hardware.ranks_on_a_node(world_size), hardware.n_nodes(world_size)
     if mode == "real":
         check_devices(hardware.kind, ranks_per_node, visible_cuda_devices() if hardware.kind == "cuda" else None)

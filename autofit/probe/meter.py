@@ -74,6 +74,7 @@ class Meter:
         return {
             "nvml_peak_bytes": self.sampler.peak_bytes if self.sampler else None,
             "max_memory_reserved_bytes": int(self.torch.cuda.max_memory_reserved()),
+            "max_memory_allocated_bytes": int(self.torch.cuda.max_memory_allocated()),
             "context_bytes": self.context_bytes,
         }
 

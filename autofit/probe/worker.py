@@ -92,6 +92,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     import torch
 
     from autofit.config import Config
+    from autofit.probe import snapshot
     from autofit.probe.meter import Meter
     from autofit.probe.steps import run_steps
 
@@ -108,6 +109,9 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
         os._exit(0)
 
     meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded, device_budget_bytes=spec.get("memory_bytes"))
+    snapshot_path = spec.get("memory_snapshot") if meter.cuda and rank == 0 else None
+    if snapshot_path:
+        snapshot.start_recording(torch)
     t0 = time.time()
     model, n_ckpt = _build_model(workload, config, ds)
     phases["model_build_s"] = time.time() - t0
@@ -122,6 +126,8 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     t_steps = time.time()
     times = run_steps(engine, lambda: workload.compute_loss(engine, batch), config.grad_accum_steps, meter, spec)
     phases["steps_s"] = time.time() - t_steps
+    if snapshot_path:
+        snapshot.dump(torch, snapshot_path)
     return {
         "status": "ok",
         **times.summary(),

@@ -107,3 +107,18 @@ def test_cuda_16_bit_probe_runs(precision: str) -> None:
     result = run_probe(f"{ROOT / 'examples' / 'gpt.py'}:workload", Config(micro_batch_size=8, precision=precision),
                        hardware, timeout_s=600)
     assert result.status == "ok", result.message
+
+
+def test_cuda_probe_records_the_allocator_history_into_a_snapshot(tmp_path: Path) -> None:
+    import pickle
+
+    from autofit.probe import run_probe
+
+    path = tmp_path / "memory_snapshot.pickle"
+    result = run_probe(f"{HERE / 'probe_workloads.py'}:medium", Config(micro_batch_size=2), get_hardware("auto"),
+                       steps=1, timeout_s=600, memory_snapshot=str(path))
+    assert result.status == "ok", result.message
+    snapshot = pickle.loads(path.read_bytes())
+    assert snapshot["segments"] and snapshot["device_traces"]  # torch.cuda.memory._snapshot()'s layout
+    memory = result.device_memory
+    assert 0 < memory["max_memory_allocated_bytes"] <= memory["max_memory_reserved_bytes"]
