@@ -128,11 +128,13 @@ def traces_needed(configs: tuple[Config, ...] | list[Config]) -> tuple[tuple[str
 def trace_for(workload: Workload, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
     """Trace ``workload`` at every precision class, attention kernel, checkpoint ratio and granularity the
     configs use (and count the states of the optimizers that need the model itself: Adam-mini)."""
-    from autofit.trace import trace_workload
+    from autofit.trace import trace_micro_batches, trace_workload
 
     precisions, attentions = traces_needed(configs)
     ratios = tuple(sorted({c.checkpoint_ratio for c in configs}))
     optimizers = tuple(sorted({c.optimizer for c in configs}))
     granularities = tuple(sorted({c.checkpoint_granularity for c in configs if c.checkpoint_ratio > 0})) or ("block",)
+    largest = max((c.micro_batch_size for c in configs), default=1)
     return trace_workload(workload, precisions=precisions, attentions=attentions, checkpoint_ratios=ratios,
-                          optimizers=optimizers, checkpoint_granularities=granularities)
+                          optimizers=optimizers, checkpoint_granularities=granularities,
+                          micro_batches=trace_micro_batches(largest))

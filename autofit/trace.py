@@ -42,8 +42,11 @@ from autofit.trace_structure import fp8_linear_flops, model_structure
 from autofit.trace_tensors import batch_tensors, cast_batch, cpu_sdpa_flop_formulas, first_line, to_dtype
 from autofit.workload import Workload
 
-__all__ = ["cpu_sdpa_flop_formulas", "middle_checkpointed_layers", "parameter_facts", "trace_config", "trace_workload"]
+__all__ = ["cpu_sdpa_flop_formulas", "middle_checkpointed_layers", "parameter_facts", "trace_config", "trace_micro_batches",
+           "trace_workload"]
 
+#: the micro-batches every profile is traced at; a space with larger ones adds its largest
+#: (:func:`trace_micro_batches`)
 TRACE_MICRO_BATCHES = (1, 4)
 #: largest model (fp32 parameter bytes) traced on real tensors when fake tensors cannot run it
 REAL_TRACE_LIMIT_BYTES = 2 * 2**30
@@ -59,8 +62,10 @@ def trace_workload(
     checkpoint_ratios: tuple[float, ...] = (),
     optimizers: tuple[str, ...] = (),
     checkpoint_granularities: tuple[str, ...] = ("block",),
+    micro_batches: tuple[int, ...] = TRACE_MICRO_BATCHES,
 ) -> ModelFacts:
-    """Trace ``workload`` for each precision class and attention kernel, with and without checkpointing.
+    """Trace ``workload`` for each precision class and attention kernel, with and without checkpointing,
+    at each of ``micro_batches`` (:func:`trace_micro_batches`; other sizes are interpolated between them).
 
     ``optimizers``: those the candidates use; for ``adam_mini`` its state size is counted by its own step
     on fake tensors (:func:`autofit.optim.adam_mini_state_numel`). ``checkpoint_granularities``: each is
@@ -82,7 +87,8 @@ def trace_workload(
     scaled = None
     if structure["layers_alike"] and n_layers >= SCALE_MIN_LAYERS:
         with contextlib.suppress(CannotScale, _NeedsRealTensors):
-            scaled = _scaled_profiles(workload, structure, (dtype_names, attention_names), granularities, n_middle)
+            scaled = _scaled_profiles(workload, structure, (dtype_names, attention_names), granularities, n_middle,
+                                      micro_batches)
     if scaled is None:
         tracer = _Tracer(workload, structure)
         profiles: dict[str, ActivationProfile] = {}
@@ -90,9 +96,10 @@ def trace_workload(
             for attention in attention_names:
                 profiles[ActivationProfile.key(dtype_name, attention, False)] = ActivationProfile(
                     dtype=dtype_name, attention=attention, checkpointed=False,
-                    points=tracer.points(dtype_name, attention, 0.0, TRACE_MICRO_BATCHES))
+                    points=tracer.points(dtype_name, attention, 0.0, micro_batches))
                 for granularity in granularities:
-                    profiles |= _checkpointed_profiles(tracer, dtype_name, attention, granularity, n_layers, n_middle)
+                    profiles |= _checkpointed_profiles(tracer, dtype_name, attention, granularity, n_layers, n_middle,
+                                                       micro_batches)
         mode, traces = tracer.mode, tracer.attention_traces
     else:
         (profiles, traces), mode = scaled, "fake-scaled"
@@ -101,7 +108,8 @@ def trace_workload(
 
 
 def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple[tuple[str, ...], tuple[str, ...]],
-                     granularities: tuple[str, ...], n_middle: int) -> tuple[dict[str, ActivationProfile], dict[str, str]]:
+                     granularities: tuple[str, ...], n_middle: int,
+                     micro_batches: tuple[int, ...]) -> tuple[dict[str, ActivationProfile], dict[str, str]]:
     """Profiles of all the layers from the model cut to :data:`CUT_LAYERS` of them, on fake tensors;
     ``kinds``: the dtypes and attention kernels to trace."""
     n_layers = structure["n_layers"]
@@ -110,8 +118,9 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     for dtype_name in kinds[0]:
         for attention in kinds[1]:
             def fitted(ratio: float, granularity: str) -> list[Any]:
-                return [fit_kind(*(tracers[k].cut_trace(dtype_name, attention, ratio, n, granularity)  # noqa: B023
-                                   for k in CUT_LAYERS[granularity if ratio else "full"])) for n in TRACE_MICRO_BATCHES]
+                return [fit_kind(*(tracers[k].cut_trace(dtype_name, attention, ratio, micro_batches, i,  # noqa: B023
+                                                        granularity)
+                                   for k in CUT_LAYERS[granularity if ratio else "full"])) for i in range(len(micro_batches))]
 
             full = fitted(0.0, "block")
             profiles[ActivationProfile.key(dtype_name, attention, False)] = ActivationProfile(
@@ -130,7 +139,7 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
 
 
 def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, granularity: str, n_layers: int,
-                           n_middle: int) -> dict[str, ActivationProfile]:
+                           n_middle: int, micro_batches: tuple[int, ...]) -> dict[str, ActivationProfile]:
     """The traces with every layer, and for ``block`` with the middle ratio's first ``n_middle``, checkpointed at
     ``granularity``. Attention-only checkpointing is not traced at the middle ratio: what it saves is each
     layer's attention, alike across a transformer's layers (a straight line between none and all), and the
@@ -139,7 +148,7 @@ def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, gra
     for n in (n_layers, n_middle) if n_middle and granularity == "block" else (n_layers,):
         key = (ActivationProfile.key(dtype_name, attention, True, granularity) if n == n_layers
                else ActivationProfile.partial_key(dtype_name, attention, n, granularity))
-        points = tracer.points(dtype_name, attention, n / n_layers, TRACE_MICRO_BATCHES, granularity)
+        points = tracer.points(dtype_name, attention, n / n_layers, micro_batches, granularity)
         out[key] = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=True, points=points,
                                      granularity=granularity)
     return out
@@ -156,6 +165,19 @@ def _structure(workload: Workload, optimizers: tuple[str, ...]) -> dict[str, Any
         except Exception as exc:  # the package's own step refuses the model: priced as not fitting, with why
             structure["adam_mini_error"] = f"{type(exc).__name__}: {first_line(exc)}"
     return structure
+
+
+def trace_micro_batches(largest: int) -> tuple[int, ...]:
+    """:data:`TRACE_MICRO_BATCHES`, and ``largest`` when past them.
+
+    A step's live-bytes peak is the largest of its moments' (each layer's forward and backward, the
+    optimizer step), each affine in the micro-batch: a convex, piecewise-linear function that turns from
+    gradient-bound to activation-bound as the batch grows. A line through two small sizes extrapolated
+    to a larger one misses that turn and under-predicts (examples/gpt.py, micro-batch 16, fp32, every
+    layer checkpointed: 23% under the measured peak); between traced sizes a chord of a convex function
+    lies above it, so interpolation errs on the side of fitting nothing that would not fit.
+    """
+    return tuple(sorted({*TRACE_MICRO_BATCHES, largest}))
 
 
 def parameter_facts(workload: Workload) -> ModelFacts:
@@ -221,12 +243,11 @@ class _Tracer:
             self.segments[key] = tuple(self._recorded[len(self._recorded) - len(micro_batches):])
         return self.done[key]
 
-    def cut_trace(self, dtype_name: str, attention: str, ratio: float, micro_batch_size: int,
+    def cut_trace(self, dtype_name: str, attention: str, ratio: float, micro_batches: tuple[int, ...], i: int,
                   granularity: str = "block") -> CutTrace:
-        """The step at ``micro_batch_size`` (traced with the others of :data:`TRACE_MICRO_BATCHES`), per segment."""
-        i = TRACE_MICRO_BATCHES.index(micro_batch_size)
-        point = self.points(dtype_name, attention, ratio, TRACE_MICRO_BATCHES, granularity)[i]
-        key = (dtype_name, attention, (ratio, granularity if ratio else "block"), TRACE_MICRO_BATCHES)
+        """The step at ``micro_batches[i]`` (traced with the others of ``micro_batches``), per segment."""
+        point = self.points(dtype_name, attention, ratio, micro_batches, granularity)[i]
+        key = (dtype_name, attention, (ratio, granularity if ratio else "block"), micro_batches)
         return CutTrace(n_layers=self.cut_layers, point=point, segments=self.segments[key][i])
 
     def _flash_points(self, dtype_name: str, ckpt: tuple[float, str], micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:

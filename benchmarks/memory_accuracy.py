@@ -4,6 +4,7 @@
     python benchmarks/memory_accuracy.py --quick                                           # 6 rows a model
     python benchmarks/memory_accuracy.py --models benchmarks/models/vit.py:workload
     python benchmarks/memory_accuracy.py --techniques --json benchmarks/results/memory_accuracy_techniques.json
+    python benchmarks/memory_accuracy.py --reprice benchmarks/results/memory_accuracy_full.json  # no probe
 
 Each row is one config with every key fixed (no key left to a default, checked against the config
 keys), through ``deepspeed.initialize`` with its own JSON, CPU, world size 1, one warm-up and one
@@ -13,6 +14,10 @@ Offload is pruned on a CPU device (the cpu device *is* the host), so no row has 
 Both grids end with :data:`TECHNIQUE_GRID` (attention-only checkpointing, Adam-mini at ZeRO 0, its one
 stage), which ``--techniques`` runs alone; attention-only rows are left out for a model without attention
 sub-modules (the ResNet). Each row also has the optimizer's state bytes, predicted and as the probe counted them.
+
+``--reprice FILE`` keeps the measured peaks of a results file and prices its rows again with the cost model
+as it is now (each row's ``priced_on``: the commit), so a change to the model is judged on the same
+measurements without probing again.
 
 Prints a markdown table of rows, then the summary by family (median and worst |error|), over every
 model and over the held-out ones (those in :data:`HELD_OUT_DIR`: never used to set a constant).
@@ -165,6 +170,34 @@ def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[st
     return rows
 
 
+def reprice(rows: list[dict[str, Any]], entries: list[str]) -> list[dict[str, Any]]:
+    """``rows`` with their predictions made again by today's cost model (measurements kept)."""
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent).stdout.strip()
+    by_name = {load_workload(entry).name: entry for entry in entries}
+    out = []
+    for name in dict.fromkeys(row["model"] for row in rows):
+        if name not in by_name:
+            raise SystemExit(f"memory_accuracy: no entry among --models makes the model {name!r}")
+        mine = [row for row in rows if row["model"] == name]
+        configs = [Config.from_dict(row["config"]) for row in mine]
+        facts = trace_for(load_workload(by_name[name]), configs)
+        for row, config in zip(mine, configs, strict=True):
+            predicted = predict(config, facts, get_hardware("cpu"), 1).peak_bytes
+            out.append(row | {"predicted": predicted, "error": (predicted - row["measured"]) / row["measured"],
+                              "priced_on": commit})
+    return out
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        label = Config.from_dict(row["config"]).label()
+        print(f"| {row['model']} | {label} | {row['predicted'] / 2**20:.1f} | {row['measured'] / 2**20:.1f} | "
+              f"{row['error']:+.1%} | - | - |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=MODELS)
@@ -172,11 +205,20 @@ def main() -> None:
     parser.add_argument("--techniques", action="store_true", help="only the TECHNIQUE_GRID rows")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one probe may take")
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--reprice", default=None, metavar="FILE",
+                        help="price FILE's rows again (measurements kept) and write them back (or to --json)")
     args = parser.parse_args()
     configs = configs_for(args.quick, args.techniques)
     print("| model | config | predicted MiB | measured MiB | error | optimizer states predicted MiB | measured MiB |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    rows = [row for entry in args.models for row in measure(entry, configs, args.timeout)]
+    kept: dict[str, Any] = {}
+    if args.reprice:
+        kept = json.loads(Path(args.reprice).read_text())
+        rows = reprice(kept["rows"], args.models)
+        print_rows(rows)
+        args.json_path = args.json_path or args.reprice
+    else:
+        rows = [row for entry in args.models for row in measure(entry, configs, args.timeout)]
     summary = summarize(rows) if rows else []
     print("\n| group | configs | median \\|error\\| | worst \\|error\\| | worst under-prediction |")
     print("|---|---:|---:|---:|---:|")
@@ -184,7 +226,7 @@ def main() -> None:
         print(f"| {group['group']} | {group['n']} | {group['median_abs']:.1%} | {group['worst_abs']:.1%} | "
               f"{group['worst_under']:+.1%} |")
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+        Path(args.json_path).write_text(json.dumps(kept | {"rows": rows, "summary": summary}, indent=1))
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ def test_the_cut_workload_keeps_the_attention_choice_and_cuts_the_layers() -> No
 def test_cut_traces_with_different_segments_cannot_be_fitted() -> None:
     workload = deep_gpt()
     structure = model_structure(workload)
-    two, three = (_Tracer(cut_workload(workload, k), structure, cut_layers=k).cut_trace("fp32", "sdpa", 0.0, 1)
+    two, three = (_Tracer(cut_workload(workload, k), structure, cut_layers=k).cut_trace("fp32", "sdpa", 0.0, TRACE_MICRO_BATCHES, 0)
                   for k in (2, 3))
     fit_kind(two, three)
     broken = CutTrace(n_layers=3, point=three.point, segments={k: v for k, v in three.segments.items() if k != ("f", 1)})

@@ -142,3 +142,18 @@ def test_flash_is_traced_through_sdpas_flash_backend_and_labelled_so() -> None:
     assert facts.attention_traces == {"flash": SDPA_FLASH}
     flash, sdpa = facts.profile("bf16", "flash", False).points, facts.profile("bf16", "sdpa", False).points
     assert [p.activation_bytes for p in flash] == [p.activation_bytes for p in sdpa]  # the CPU's SDPA is flash-style
+
+
+def test_a_space_past_the_traced_sizes_is_traced_at_its_largest_micro_batch() -> None:
+    """Not extrapolated from micro-batches 1 and 4 (trace_micro_batches): the planned facts hold a trace at 32,
+    the same bytes an exact trace of that config has, checkpointed or not."""
+    from autofit.plan import trace_for
+
+    workload = tiny_workload()
+    configs = [Config(micro_batch_size=n, checkpoint_ratio=r) for n in (1, 8, 32) for r in (0.0, 1.0)]
+    facts = trace_for(workload, configs)
+    for ratio in (0.0, 1.0):
+        profile = facts.profile("fp32", "sdpa", ratio == 1.0)
+        assert [p.micro_batch_size for p in profile.points] == [1, 4, 32]
+        exact = trace_config(workload, Config(micro_batch_size=32, checkpoint_ratio=ratio)).profile("fp32", "sdpa", False)
+        assert profile.at(32, "peak_with_grads_bytes") == exact.points[0].peak_with_grads_bytes

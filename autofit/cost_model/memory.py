@@ -165,7 +165,7 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
     Stage 0: w*Psi params, 4*Psi master (16-bit), K*Psi optimizer, w*Psi grads; the engine
     flattens all gradients into one all-reduce bucket (engine.allreduce_gradients) even on one rank.
     Stage 1/2: the optimizer steps on a flat fp32 partition of Psi/N_d (``single_partition_of_fp32_groups``,
-    made even in fp32); gradients go through a reduce bucket (fp32 for stage 1, w for stage 2,
+    made even in fp32); gradients go through a reduce bucket (w bytes an element,
     stage_1_and_2.setup_buckets) into an fp32 partition.
     Stage 3: parameters too are partitioned; a gradient partition buffer and the reduce bucket live
     for the whole run; layers gather their parameters while they run (:func:`stage3_live_elements`).
@@ -215,13 +215,16 @@ def _stage0_states(config: Config, facts: ModelFacts, optimizer: float, optimize
 def _stage12_states(config: Config, facts: ModelFacts, shard: float, device_kind: str, optimizer: float,
                     optimizer_scratch: float, built: float) -> ModelStates:
     """ZeRO 1/2: the optimizer steps on a flat fp32 partition (``single_partition_of_fp32_groups``, made even
-    in fp32); gradients go through a reduce bucket (stage_1_and_2.setup_buckets) into an fp32 partition."""
+    in fp32); gradients go through a reduce bucket in the working precision (stage_1_and_2.setup_buckets)
+    into an fp32 partition."""
     psi, frozen = float(facts.n_trainable_params), float(facts.n_params - facts.n_trainable_params)
     w = WORKING_BYTES[config.precision]
     params = w * (psi + frozen)
     # the reduce bucket (setup_buckets, at each micro-step's start): a CUDA allocator holds all of it
-    # through backward; on the CPU its pages are touched as gradients arrive, while activations free
-    bucket_bytes = reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, FP32, device_kind)
+    # through backward; on the CPU its pages are touched as gradients arrive, while activations free.
+    # Its dtype is _gradient_reduction_buffer_dtype(): the working precision, as autofit's JSON sets no
+    # data_types.grad_accum_dtype (fp32 only for a 16-bit ZeRO-1 that accumulates in fp32)
+    bucket_bytes = reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind)
     grads_resident = bucket_bytes if device_kind == "cuda" else 0.0
     return ModelStates(
         params=params, master=FP32 * shard, optimizer=optimizer, grads_resident=grads_resident,
