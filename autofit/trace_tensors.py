@@ -30,13 +30,17 @@ def cpu_sdpa_flop_formulas() -> dict[Any, Any]:
 
 def to_dtype(model: Any, dtype: Any) -> Any:
     """``model.to(dtype)`` for floating parameters and buffers, done by assignment
-    (``Module.to`` swaps tensors in place, which fake tensors do not allow)."""
+    (``Module.to`` swaps tensors in place, which fake tensors do not allow). A parameter shared by
+    several modules (a head tied to the embedding) stays one parameter: one gradient, as ``Module.to`` keeps it."""
     import torch
 
+    cast: dict[int, Any] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None and param.is_floating_point() and param.dtype != dtype:
-                module._parameters[name] = torch.nn.Parameter(param.detach().to(dtype), param.requires_grad)
+                if id(param) not in cast:
+                    cast[id(param)] = torch.nn.Parameter(param.detach().to(dtype), param.requires_grad)
+                module._parameters[name] = cast[id(param)]
         for name, buffer in list(module._buffers.items()):
             if buffer is not None and buffer.is_floating_point() and buffer.dtype != dtype:
                 module._buffers[name] = buffer.to(dtype)

@@ -157,3 +157,12 @@ def test_a_space_past_the_traced_sizes_is_traced_at_its_largest_micro_batch() ->
         assert [p.micro_batch_size for p in profile.points] == [1, 4, 32]
         exact = trace_config(workload, Config(micro_batch_size=32, checkpoint_ratio=ratio)).profile("fp32", "sdpa", False)
         assert profile.at(32, "peak_with_grads_bytes") == exact.points[0].peak_with_grads_bytes
+
+
+def test_a_tied_head_keeps_one_gradient_in_bf16() -> None:
+    """The GPT's head shares the embedding's weight: cast to bf16 it is still one parameter with one gradient,
+    half the fp32 gradient bytes (it was cast twice, and traced with two gradients)."""
+    workload = load_workload(f"{EXAMPLES / 'gpt.py'}:workload")
+    fp32, bf16 = (trace_config(workload, Config(micro_batch_size=1, precision=p)) for p in ("fp32", "bf16"))
+    grads = [f.profiles[next(iter(f.profiles))].points[0].grad_bytes for f in (fp32, bf16)]
+    assert grads[0] == 4 * fp32.n_trainable_params and grads[1] == grads[0] // 2
