@@ -155,11 +155,27 @@ def _observe_scaled(config: Config, scale: float) -> Observation:
     return Observation(config, "ok", int(p.peak_bytes * scale), p.step_time_s, CPU.memory_bytes)
 
 
-def test_errors_and_timeouts_carry_no_information() -> None:
+def test_errors_and_timeouts_without_a_bound_carry_no_information() -> None:
     bad = [Observation(c, s, 0, 0.0, CPU.memory_bytes) for c, s in zip(CONFIGS, ("error", "timeout"), strict=False)]
     result = calibrate(bad, FACTS, CPU, 1, PRIOR)
     assert result.coefficients == PRIOR
     assert result.n_observations == 0
+
+
+def test_a_timeout_of_an_unmeasured_dtype_makes_it_at_least_that_slow() -> None:
+    """fp32 measured, then a bf16 probe timed out (a CPU that emulates bf16): every bf16 config is priced at
+    least as slow as the timeout proves, fp32 stays as measured; a timeout beside measured fp32 steps moves nothing."""
+    fp32 = [c for c in CONFIGS if c.precision == "fp32"]
+    bf16 = next(c for c in CONFIGS if c.precision == "bf16")
+    measured = [_observe(c, PRIOR) for c in fp32]
+    bound = 100 * predict(bf16, FACTS, CPU, 1, PRIOR).step_time_s
+    timeout = Observation(bf16, "timeout", 0, 0.0, CPU.memory_bytes, time_lower_bound_s=bound)
+    without, with_ = (calibrate(measured + extra, FACTS, CPU, 1, PRIOR) for extra in ([], [timeout]))
+    assert with_.predict(bf16, FACTS, CPU, 1).step_time_s == pytest.approx(bound, rel=1e-6)
+    for c in fp32:
+        assert with_.predict(c, FACTS, CPU, 1).step_time_s == pytest.approx(without.predict(c, FACTS, CPU, 1).step_time_s)
+    fp32_timeout = Observation(fp32[0], "timeout", 0, 0.0, CPU.memory_bytes, time_lower_bound_s=100 * bound)
+    assert calibrate(measured + [fp32_timeout], FACTS, CPU, 1, PRIOR).coefficients == without.coefficients
 
 
 def test_observation_round_trips_through_a_dict() -> None:

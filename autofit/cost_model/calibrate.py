@@ -68,7 +68,7 @@ class Observation:
     config: Config
     """What ran."""
     status: str
-    """``ok``, ``oom``, ``timeout`` or ``error`` (only ok and oom carry information)."""
+    """``ok``, ``oom``, ``timeout`` or ``error`` (ok and oom carry information; a timeout, a bound on the step)."""
     peak_bytes: int
     """Measured peak (for oom: what was held when it stopped)."""
     step_time_s: float
@@ -77,6 +77,9 @@ class Observation:
     """The memory budget the probe ran under (what an oom ran out of)."""
     optimizer_time_s: float = 0.0
     """Measured seconds of the optimizer update within that step (0.0 when not timed apart)."""
+    time_lower_bound_s: float = 0.0
+    """For a timeout: the least one step can have taken (the probe's time less its start-up, over the steps it
+    did not finish); 0.0 otherwise or when unknown."""
 
     @property
     def split(self) -> bool:
@@ -92,6 +95,7 @@ class Observation:
             step_time_s=float(data.get("step_time_s", 0.0)),
             budget_bytes=int(data.get("budget_bytes", 0)),
             optimizer_time_s=float(data.get("optimizer_time_s", 0.0)),
+            time_lower_bound_s=float(data.get("time_lower_bound_s", 0.0)),
         )
 
 
@@ -210,12 +214,52 @@ def fit_time(
     Unknowns are scaled by their prior (``u = value / prior``), rows by the measured
     time: minimise ``sum_i ((sum_j a_ij u_j + R_i) / t_i - 1)^2 + RIDGE^2 sum_j (u_j - 1)^2``
     subject to ``u_j >= 0`` (active set: a negative unknown is pinned at 0 and the rest refitted).
+    Then timeouts bound the dtypes no probe measured (:func:`slower_where_timed_out`).
     """
+    ok = [o for o in observations if o.status == "ok" and o.step_time_s > 0]
+    fitted = _fit_measured(ok, facts, hardware, world_size, prior, predictor) if ok else prior
+    measured_dtypes = {compute_dtype(o.config, hardware) for o in ok}
+    timeouts = [o for o in observations if o.status == "timeout" and o.time_lower_bound_s > 0
+                and compute_dtype(o.config, hardware) not in measured_dtypes]
+    return slower_where_timed_out(fitted, timeouts, facts, hardware, world_size, predictor)
+
+
+def slower_where_timed_out(
+    coefficients: Coefficients,
+    timeouts: Sequence[Observation],
+    facts: ModelFacts,
+    hardware: Hardware,
+    world_size: int,
+    predictor: Predictor = predict,
+) -> Coefficients:
+    """A timed-out probe is a censored measurement: its step took at least ``time_lower_bound_s``. Where the
+    model predicts it faster, its compute dtype's efficiency is lowered just enough (the least change that
+    honours the bound). :func:`fit_time` passes only the timeouts of dtypes no ok probe measured: there the
+    timeout is the only word on the dtype (bf16 emulated by a CPU), while a timeout beside measured steps of
+    its dtype says more of the machine's load or of that one config than of the dtype."""
+    for obs in sorted(timeouts, key=lambda o: -o.time_lower_bound_s):
+        term = time_terms(obs.config, facts, hardware, world_size, coefficients, predictor)
+        predicted = predictor(obs.config, facts, hardware, world_size, coefficients).step_time_s
+        short = obs.time_lower_bound_s - predicted
+        if short <= 0 or term.work_s <= 0:
+            continue
+        slower = term.work_s / (term.work_s / coefficients.efficiency(term.dtype) + short)
+        efficiency = dict(coefficients.compute_efficiency) | {term.dtype: _clamp(slower, *EFFICIENCY_RANGE)}
+        coefficients = coefficients.with_(compute_efficiency=efficiency)
+    return coefficients
+
+
+def _fit_measured(
+    ok: Sequence[Observation],
+    facts: ModelFacts,
+    hardware: Hardware,
+    world_size: int,
+    prior: Coefficients,
+    predictor: Predictor,
+) -> Coefficients:
+    """:func:`fit_time`'s least squares over the probes that ran (``ok``, not empty)."""
     import numpy as np
 
-    ok = [o for o in observations if o.status == "ok" and o.step_time_s > 0]
-    if not ok:
-        return prior
     terms = [time_terms(o.config, facts, hardware, world_size, prior, predictor) for o in ok]
     dtypes = sorted({t.dtype for t in terms})
     names = [f"eff:{d}" for d in dtypes] + ["micro_batch_overhead_s", "step_overhead_s", "optimizer"]
@@ -369,5 +413,6 @@ __all__ = [
     "fit_memory",
     "fit_time",
     "fit_time_factors",
+    "slower_where_timed_out",
     "time_terms",
 ]

@@ -110,7 +110,7 @@ class _Search:
                                     self.deadline - time.monotonic())
         record = record_probe(
             self.study, self.params, config, phase, predicted, lambda: self.prober(config, steps, limit),
-            self.usable.hardware.memory_bytes,
+            self.usable.hardware.memory_bytes, planned_steps=steps + 1,  # run_probe's one warm-up step
         )
         self.records.append(record)
         return record

@@ -68,8 +68,11 @@ class TrialRecord:
     def peak_bytes(self) -> int:
         return int(self.measured.get("peak_bytes") or 0)
 
-    def observation(self, budget_bytes: int) -> Observation:
-        """This probe as calibration sees it (``budget_bytes``: the device memory it ran under)."""
+    def observation(self, budget_bytes: int, start_up_s: float = 0.0) -> Observation:
+        """This probe as calibration sees it (``budget_bytes``: the device memory it ran under). A timeout
+        with its ``planned_steps`` known bounds the step: its time less ``start_up_s`` over those steps."""
+        planned = int(self.measured.get("planned_steps") or 0)
+        bound = max(0.0, self.wall_s - start_up_s) / planned if self.status == "timeout" and planned else 0.0
         return Observation(
             self.config,
             self.status,
@@ -77,6 +80,7 @@ class TrialRecord:
             float(self.measured.get("step_time_s") or 0.0),
             budget_bytes,
             float(self.measured.get("optimizer_time_s") or 0.0),
+            time_lower_bound_s=bound,
         )
 
     def outcome(self) -> str:
@@ -89,9 +93,12 @@ class TrialRecord:
 
 
 def observations(records: list[TrialRecord], budget_bytes: int) -> list[Observation]:
-    """The probes calibration learns from (ok and oom; an error or a timeout says nothing of the model).
+    """The probes calibration learns from (ok and oom; a timeout as a bound on its step, taking the longest
+    start-up an ok probe had; an error says nothing of the model).
     Of a search probe and its repeat, only the faster counts: a busy machine slows a probe, never speeds it."""
-    return [r.observation(budget_bytes) for r in records if r.status in ("ok", "oom") and not _superseded(r, records)]
+    start_up = max((float(r.measured.get("overhead_s") or 0.0) for r in records if r.status == "ok"), default=0.0)
+    return [r.observation(budget_bytes, start_up) for r in records
+            if r.status in ("ok", "oom", "timeout") and not _superseded(r, records)]
 
 
 def _superseded(record: TrialRecord, records: list[TrialRecord]) -> bool:

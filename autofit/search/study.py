@@ -92,9 +92,11 @@ def record_probe(
     predicted: Prediction,
     run: Callable[[], Any],
     usable_bytes: int,
+    planned_steps: int = 0,
 ) -> TrialRecord:
     """Pin ``config`` as the next trial, ``run()`` the probe (a :class:`~autofit.probe.ProbeResult`), store
-    the measurement, then ``tell``: within the margin its samples/s, past it pruned, a failed probe failed."""
+    the measurement (with ``planned_steps``, warm-up included: what bounds a timeout's step), then ``tell``:
+    within the margin its samples/s, past it pruned, a failed probe failed."""
     from optuna.trial import TrialState
 
     study.enqueue_trial(
@@ -105,6 +107,7 @@ def record_probe(
     started_s = time.time()
     result = run()
     measured = {k: v for k, v in result.to_dict().items() if k not in ("config", "predicted")}
+    measured["planned_steps"] = planned_steps
     within = result.status == "ok" and result.peak_bytes <= usable_bytes
     for key, value in {"status": result.status, "measured": measured, "within_margin": within, "started_s": started_s}.items():
         trial.set_user_attr(key, value)

@@ -192,3 +192,12 @@ def test_a_probe_far_from_the_model_and_its_neighbours_is_an_outlier_and_its_rep
     again = probed(LION, 1.9, 2.1, phase="repeat")
     used = observations([*neighbours, slow, again], 2**30)
     assert [o.config for o in used] == [ADAMW, SGD, LION] and used[-1].step_time_s == again.observation(2**30).step_time_s
+
+
+def test_a_timeout_bounds_its_step_by_its_time_less_the_longest_start_up_over_its_steps() -> None:
+    ran = TrialRecord(0, Config(), "search", "ok", {"samples_per_s": 1.0, "overhead_s": 10.0, "step_time_s": 2.0}, {},
+                      within_margin=True, wall_s=20.0)
+    slow = TrialRecord(1, Config(precision="bf16"), "search", "timeout", {"planned_steps": 3}, {}, wall_s=100.0)
+    unknown = TrialRecord(2, Config(precision="bf16", optimizer="sgd"), "search", "timeout", {}, {}, wall_s=100.0)
+    bounds = {o.config.key(): o.time_lower_bound_s for o in observations([ran, slow, unknown], CPU.memory_bytes)}
+    assert bounds == {ran.config.key(): 0.0, slow.config.key(): pytest.approx(30.0), unknown.config.key(): 0.0}
