@@ -325,6 +325,22 @@ def activation_peak_bytes(config: Config, facts: ModelFacts, keep_grads: bool) -
     return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, attr, config.checkpoint_granularity)
 
 
+def accumulated_grad_bytes(config: Config, facts: ModelFacts, world_size: int) -> float:
+    """Gradient bytes held from one micro-batch through the next ones' forward and backward (accumulation).
+
+    ZeRO 0 and 1: autograd's ``.grad`` of every parameter (ZeRO-1 reduces only at the accumulation boundary;
+    stage_1_and_2.py ``use_grad_accum_attribute`` is off when the gradients are in the working precision);
+    ZeRO-2: the rank's partition ``grads_in_partition`` (``copy_grads_in_partition``, in the working precision);
+    ZeRO-3: its gradient partition is resident already (``grads_resident``)."""
+    w = WORKING_BYTES[config.precision]
+    psi = float(facts.n_trainable_params)
+    if config.zero_stage in (0, 1):
+        return w * psi
+    if config.zero_stage == 2:
+        return w * psi / world_size
+    return 0.0
+
+
 def predict_memory(
     config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, coefficients: Coefficients
 ) -> MemoryBreakdown:
@@ -337,7 +353,7 @@ def predict_memory(
     # first micro-batch's gradients are held through every later forward and backward
     stage0 = config.zero_stage == 0
     keep_grads = stage0 and config.grad_accum_steps == 1
-    held_grads = states.grads_step if (stage0 and config.grad_accum_steps > 1) else 0.0
+    held_grads = accumulated_grad_bytes(config, facts, world_size) if config.grad_accum_steps > 1 else 0.0
     activations = activation_peak_bytes(config, facts, keep_grads)
     phases = (
         MemoryBreakdown(params=int(states.built), grads=0, optimizer=int(states.init_extra), activations=0, other=runtime),
