@@ -140,8 +140,23 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {"group": key, "n": len(errors), "median_abs": statistics.median(abs(e) for e in errors),
          "worst_abs": max(abs(e) for e in errors), "worst_under": min(min(errors), 0.0)}
-        for key, errors in groups.items()
+        for key, errors in groups.items() if errors
     ]
+
+
+def priced(config: Config, facts: Any, hardware: Any, measured_bytes: int) -> dict[str, Any]:
+    """A row's predicted fields: the peak, its error against ``measured_bytes``, the optimizer's state bytes."""
+    predicted = predict(config, facts, hardware, 1).peak_bytes
+    return {"predicted": predicted, "error": (predicted - measured_bytes) / measured_bytes,
+            "optimizer_predicted": int(model_states(config, facts, 1, hardware.kind).optimizer)}
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """One markdown row of the table :func:`main` prints."""
+    label = Config.from_dict(row["config"]).label()
+    states = [f"{row[k] / 2**20:.2f}" if k in row else "-" for k in ("optimizer_predicted", "optimizer_measured")]
+    return (f"| {row['model']} | {label} | {row['predicted'] / 2**20:.1f} | {row['measured'] / 2**20:.1f} | "
+            f"{row['error']:+.1%} | {states[0]} | {states[1]} |")
 
 
 def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[str, Any]]:
@@ -157,16 +172,11 @@ def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[st
         if measured.status != "ok":
             print(f"| {workload.name} | {config.label()} | - | - | {measured.status}: {measured.message[:120]} |", flush=True)
             continue
-        predicted = predict(config, facts, hardware, 1).peak_bytes
-        error = (predicted - measured.peak_bytes) / measured.peak_bytes
-        states = {"optimizer_predicted": int(model_states(config, facts, 1, "cpu").optimizer),
-                  "optimizer_measured": measured.optimizer_state_bytes}
-        rows.append({"model": workload.name, "held_out": entry.startswith(HELD_OUT_DIR), "config": config.to_dict(),
-                     "predicted": predicted,
-                     "measured": measured.peak_bytes, "error": error, "probe_s": time.time() - started} | states)
-        print(f"| {workload.name} | {config.label()} | {predicted / 2**20:.1f} | "
-              f"{measured.peak_bytes / 2**20:.1f} | {error:+.1%} | {states['optimizer_predicted'] / 2**20:.2f} | "
-              f"{states['optimizer_measured'] / 2**20:.2f} |", flush=True)
+        row = {"model": workload.name, "held_out": entry.startswith(HELD_OUT_DIR), "config": config.to_dict(),
+               "measured": measured.peak_bytes, "optimizer_measured": measured.optimizer_state_bytes,
+               "probe_s": time.time() - started} | priced(config, facts, hardware, measured.peak_bytes)
+        rows.append(row)
+        print(row_line(row), flush=True)
     return rows
 
 
@@ -176,6 +186,7 @@ def reprice(rows: list[dict[str, Any]], entries: list[str]) -> list[dict[str, An
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent).stdout.strip()
+    hardware = get_hardware("cpu")
     by_name = {load_workload(entry).name: entry for entry in entries}
     out = []
     for name in dict.fromkeys(row["model"] for row in rows):
@@ -185,17 +196,9 @@ def reprice(rows: list[dict[str, Any]], entries: list[str]) -> list[dict[str, An
         configs = [Config.from_dict(row["config"]) for row in mine]
         facts = trace_for(load_workload(by_name[name]), configs)
         for row, config in zip(mine, configs, strict=True):
-            predicted = predict(config, facts, get_hardware("cpu"), 1).peak_bytes
-            out.append(row | {"predicted": predicted, "error": (predicted - row["measured"]) / row["measured"],
-                              "priced_on": commit})
+            out.append(row | priced(config, facts, hardware, row["measured"]) | {"priced_on": commit})
+            print(row_line(out[-1]), flush=True)
     return out
-
-
-def print_rows(rows: list[dict[str, Any]]) -> None:
-    for row in rows:
-        label = Config.from_dict(row["config"]).label()
-        print(f"| {row['model']} | {label} | {row['predicted'] / 2**20:.1f} | {row['measured'] / 2**20:.1f} | "
-              f"{row['error']:+.1%} | - | - |")
 
 
 def main() -> None:
@@ -213,9 +216,11 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|")
     kept: dict[str, Any] = {}
     if args.reprice:
-        kept = json.loads(Path(args.reprice).read_text())
+        try:
+            kept = json.loads(Path(args.reprice).read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"memory_accuracy: cannot read {args.reprice}: {exc}") from exc
         rows = reprice(kept["rows"], args.models)
-        print_rows(rows)
         args.json_path = args.json_path or args.reprice
     else:
         rows = [row for entry in args.models for row in measure(entry, configs, args.timeout)]
