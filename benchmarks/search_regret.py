@@ -28,8 +28,14 @@ fastest probe is often a lucky one, hence the re-measurement of its
     python benchmarks/search_regret.py [--models vit,cnn,gqa_llama] [--threads 1] [--out results.json] [--oracle-cache DIR]
 
 ``--oracle-cache DIR`` keeps each model's oracle probes in ``DIR/<model>.json`` and reuses them
-(``benchmarks/results/oracle`` holds the ones the README's table used). ``--replay`` runs the same
+(``benchmarks/results/oracle`` holds the ones the README's table used); a cache written part-way (the
+oracle is saved after every probe) is taken up where it stopped. ``--replay`` runs the same
 searches with every probe answered from that cache: no noise, so its regret is the search's decisions alone.
+
+``--scenario default`` searches the default CPU space instead: every precision, optimizer and ZeRO stage
+this device runs (search_spaces/cpu.yaml; offload is pruned on a CPU device, so none), micro-batches 1-4,
+checkpoint ratios 0/0.5/1, sdpa attention (360 candidates), at the two tight budgets of
+:data:`DEFAULT_QUANTILES` (the README's oracle cache for it: ``benchmarks/results/oracle_default``).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +75,28 @@ FIXED = {"precision": "fp32", "zero_stage": 0, "attention": "sdpa"}
 OPTIMIZERS = ("adamw", "adamw8bit", "lion", "adafactor", "sgd")
 MARGIN = 0.10
 QUANTILES = (0.25, 0.5, 0.75)
+#: the default-space scenario: only the attention kernel fixed (a CPU runs sdpa and eager alike; one kernel
+#: halves the oracle), every precision x optimizer x ZeRO stage of cpu.yaml; two tight budgets
+DEFAULT_FIXED = {"attention": "sdpa"}
+DEFAULT_QUANTILES = (0.25, 0.5)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What the oracle and the search range over: cpu.yaml with ``fixed`` keys and ``optimizers``; budgets at
+    ``quantiles`` of the oracle's measured peaks."""
+
+    name: str
+    fixed: dict
+    optimizers: tuple[str, ...]
+    quantiles: tuple[float, ...]
+
+
+SCENARIOS = {
+    "fp32": Scenario("fp32", FIXED, OPTIMIZERS, QUANTILES),
+    "default": Scenario("default", DEFAULT_FIXED, tuple(load_space("cpu").values["optimizer"]), DEFAULT_QUANTILES),
+}
+FP32 = SCENARIOS["fp32"]
 #: smaller than cpu.yaml's 16 to keep the oracle affordable: micro-batches 1, 2, 4
 GLOBAL_BATCH = 4
 #: timed steps per probe, the search's default
@@ -80,21 +108,21 @@ TOP = 4
 REPEATS = 5
 
 
-def _space():  # noqa: ANN202
-    """search_spaces/cpu.yaml with its optimizers restricted to OPTIMIZERS."""
-    data = load_space("cpu").to_dict() | {"optimizer": list(OPTIMIZERS)}
-    return space_from_dict(data, name="cpu-regret")
+def _space(scenario: Scenario = FP32):  # noqa: ANN202
+    """search_spaces/cpu.yaml with its optimizers restricted to the scenario's."""
+    data = load_space("cpu").to_dict() | {"optimizer": list(scenario.optimizers)}
+    return space_from_dict(data, name=f"cpu-regret-{scenario.name}")
 
 
-def _configs(entry: str, hardware) -> list[Config]:  # noqa: ANN001
-    space = _space()
+def _configs(entry: str, hardware, scenario: Scenario = FP32) -> list[Config]:  # noqa: ANN001
+    space = _space(scenario)
     workload = load_workload(entry)
     configs = enumerate_candidates(
         space,
         hardware=hardware,
         world_size=1,
         global_batch=GLOBAL_BATCH,
-        fixed=FIXED,
+        fixed=scenario.fixed,
         searches_attention=workload.searches_attention,
     ).candidates
     return configs
@@ -128,56 +156,63 @@ def _from_dict(data: dict) -> ProbeResult:
 
 
 def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | None) -> tuple[list[ProbeResult], float]:  # noqa: ANN001
+    """Every config probed once, in ``configs``' order; with ``cache``, the probes already there are kept and
+    the cache is rewritten after each new probe (an interrupted oracle resumes where it stopped)."""
     path = cache / f"{name}.json" if cache else None
+    wanted = {_k(c) for c in configs}
+    done: dict[str, ProbeResult] = {}
+    wall_s = 0.0
     if path and path.exists():
         data = json.loads(path.read_text())
         try:
-            points = [_from_dict(d) for d in data["points"]]
+            done = {_k(p.config): p for p in map(_from_dict, data["points"]) if _k(p.config) in wanted}
+            wall_s = float(data["wall_s"])
         except (KeyError, TypeError):  # an older cache that kept less of each probe: probe again
-            points = []
-        if {_k(p.config) for p in points} == {_k(c) for c in configs}:
-            return points, float(data["wall_s"])
-    t0 = time.monotonic()
-    points = []
+            done = {}
     for i, config in enumerate(configs):
+        if _k(config) in done:
+            continue
+        t0 = time.monotonic()
         r = _probe(entry, config, host)
-        points.append(r)
+        wall_s += time.monotonic() - t0
+        done[_k(config)] = r
         print(
             f"  oracle {name} {i + 1}/{len(configs)} {config.label()}: {r.status} "
             f"{r.samples_per_s:.3g}/s {r.peak_bytes / 2**20:.1f} MiB",
             file=sys.stderr,
             flush=True,
         )
-    wall_s = time.monotonic() - t0
-    if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"wall_s": wall_s, "points": [p.to_dict() for p in points]}, indent=1))
-    return points, wall_s
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            points = [done[_k(c)].to_dict() for c in configs if _k(c) in done]
+            path.write_text(json.dumps({"wall_s": wall_s, "points": points}, indent=1))
+    return [done[_k(c)] for c in configs], wall_s
 
 
-def usable_budgets(peaks: list[int]) -> list[int]:
+def usable_budgets(peaks: list[int], quantiles: tuple[float, ...] = QUANTILES) -> list[int]:
     """For each quantile, a usable budget midway between the quantile's peak and the next peak 1 % above it."""
     peaks = sorted(peaks)
     out = []
-    for q in QUANTILES:
+    for q in quantiles:
         at = peaks[min(len(peaks) - 1, int(q * len(peaks)))]
         above = [p for p in peaks if p > 1.01 * at]
         out.append(int((at + above[0]) / 2) if above else int(1.01 * at))
     return out
 
 
-def budgets(oracle: list[ProbeResult]) -> list[tuple[int, list[ProbeResult]]]:
+def budgets(oracle: list[ProbeResult], quantiles: tuple[float, ...] = QUANTILES) -> list[tuple[int, list[ProbeResult]]]:
     """Each budget of :func:`usable_budgets` as device bytes, with the oracle probes that fit its usable part."""
     out = []
-    for usable in usable_budgets([r.peak_bytes for r in oracle if r.status == "ok"]):
+    for usable in usable_budgets([r.peak_bytes for r in oracle if r.status == "ok"], quantiles):
         budget = int(usable / (1 - MARGIN)) + 1
         out.append((budget, [r for r in oracle if r.status == "ok" and r.peak_bytes <= (1 - MARGIN) * budget]))
     return out
 
 
-def _plan(entry: str, hardware) -> Plan:  # noqa: ANN001
+def _plan(entry: str, hardware, scenario: Scenario = FP32) -> Plan:  # noqa: ANN001
     """The benchmark's space for ``entry`` on ``hardware``, traced once (re-budgeted with ``with_memory``)."""
-    return Plan.make(entry, load_workload(entry), hardware, _space(), world_size=1, global_batch=GLOBAL_BATCH, fixed=FIXED)
+    return Plan.make(entry, load_workload(entry), hardware, _space(scenario), world_size=1, global_batch=GLOBAL_BATCH,
+                     fixed=scenario.fixed)
 
 
 def _search(plan: Plan, trials: int, tmp: str, prober: Prober | None = None):  # noqa: ANN202
@@ -186,18 +221,19 @@ def _search(plan: Plan, trials: int, tmp: str, prober: Prober | None = None):  #
     return run_search(plan, settings, storage=f"sqlite:///{tmp}/s.db", out_path=f"{tmp}/ds.json", prober=prober)
 
 
-def bench_model(name: str, entry: str, cache: Path | None) -> list[dict]:
+def bench_model(name: str, entry: str, cache: Path | None, scenario: Scenario = FP32) -> list[dict]:
     host = get_hardware("cpu")
-    configs = _configs(entry, host)
+    configs = _configs(entry, host, scenario)
     trials = int(PROBE_SHARE * len(configs))
     oracle, oracle_s = _oracle(name, entry, configs, host, cache)
-    plan = _plan(entry, host)
+    plan = _plan(entry, host, scenario)
     rows = []
-    for budget, fitting in budgets(oracle):
+    for budget, fitting in budgets(oracle, scenario.quantiles):
         top = sorted(fitting, key=lambda r: -r.samples_per_s)[:TOP]
         hardware = host.with_memory(budget)
         row = {
             "model": name,
+            "scenario": scenario.name,
             "budget_mib": budget / 2**20,
             "space": len(configs),
             "trials": trials,
@@ -259,16 +295,16 @@ def replayed_prober(oracle: list[ProbeResult], budget_bytes: int) -> Prober:
     return probe
 
 
-def replay_model(name: str, entry: str, cache: Path) -> list[dict]:
+def replay_model(name: str, entry: str, cache: Path, scenario: Scenario = FP32) -> list[dict]:
     """The search's decisions alone: every probe answered from the oracle's (no measurement noise), regret =
     1 - oracle samples/s of the emitted config / the oracle's best within the usable budget."""
     host = get_hardware("cpu")
-    configs = _configs(entry, host)
+    configs = _configs(entry, host, scenario)
     oracle, _ = _oracle(name, entry, configs, host, cache)
     samples = {_k(p.config): p.samples_per_s for p in oracle}
-    plan = _plan(entry, host)
+    plan = _plan(entry, host, scenario)
     rows = []
-    for budget, fitting in budgets(oracle):
+    for budget, fitting in budgets(oracle, scenario.quantiles):
         best = max(fitting, key=lambda r: r.samples_per_s)
         with tempfile.TemporaryDirectory() as tmp:
             result = _search(plan.with_memory(budget), int(PROBE_SHARE * len(configs)), tmp, replayed_prober(oracle, budget))
@@ -321,14 +357,17 @@ def main() -> None:
         help="answer the search's probes from the --oracle-cache (no noise): the regret of its decisions alone",
     )
     parser.add_argument("--threads", type=int, default=1, help="OpenMP threads of every probe (OMP_NUM_THREADS)")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="fp32",
+                        help="fp32: fp32 ZeRO-0 (45 configs); default: every precision, optimizer and ZeRO stage (360)")
     args = parser.parse_args()
+    scenario = SCENARIOS[args.scenario]
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     rows = []
     if args.replay:
         if not args.oracle_cache:
             parser.error("--replay needs --oracle-cache")
         for name in args.models.split(","):
-            rows += replay_model(name, MODELS[name], Path(args.oracle_cache))
+            rows += replay_model(name, MODELS[name], Path(args.oracle_cache), scenario)
         if args.out:
             Path(args.out).write_text(json.dumps(rows, indent=2))
         for r in rows:
@@ -337,7 +376,7 @@ def main() -> None:
                   f"regret {100 * r['regret']:.1f}%, {r['search_configs']} configs")
         return
     for name in args.models.split(","):
-        rows += bench_model(name, MODELS[name], Path(args.oracle_cache) if args.oracle_cache else None)
+        rows += bench_model(name, MODELS[name], Path(args.oracle_cache) if args.oracle_cache else None, scenario)
         if args.out:
             Path(args.out).write_text(json.dumps(rows, indent=2))
     print(markdown(rows))

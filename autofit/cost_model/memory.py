@@ -345,6 +345,14 @@ def predict_memory(
     config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, coefficients: Coefficients
 ) -> MemoryBreakdown:
     """The peak over the init, backward and step phases, split by what holds the bytes."""
+    peak = max(memory_phases(config, facts, hardware, world_size, coefficients).values(), key=lambda m: m.total)
+    return _scaled(peak, coefficients.memory_scale) if coefficients.memory_scale != 1.0 else peak
+
+
+def memory_phases(
+    config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, coefficients: Coefficients
+) -> dict[str, MemoryBreakdown]:
+    """The bytes held at the worst moment of each phase (``init``, ``backward``, ``step``; module docstring)."""
     states = model_states(config, facts, world_size, hardware.kind)
     runtime = int(hardware.context_bytes + coefficients.runtime_overhead_bytes + facts.buffer_bytes)
     if config.precision != "fp32" and hardware.kind == "cpu":
@@ -355,25 +363,25 @@ def predict_memory(
     keep_grads = stage0 and config.grad_accum_steps == 1
     held_grads = accumulated_grad_bytes(config, facts, world_size) if config.grad_accum_steps > 1 else 0.0
     activations = activation_peak_bytes(config, facts, keep_grads)
-    phases = (
-        MemoryBreakdown(params=int(states.built), grads=0, optimizer=int(states.init_extra), activations=0, other=runtime),
-        MemoryBreakdown(
+    return {
+        "init": MemoryBreakdown(
+            params=int(states.built), grads=0, optimizer=int(states.init_extra), activations=0, other=runtime
+        ),
+        "backward": MemoryBreakdown(
             params=int(states.params + states.gathered_params),
             grads=int(states.grads_resident + held_grads),
             optimizer=int(states.master + states.optimizer),
             activations=int(activations + fp8_cast_bytes(config, facts)),
             other=runtime,
         ),
-        MemoryBreakdown(
+        "step": MemoryBreakdown(
             params=int(states.params),
             grads=int(states.grads_resident + states.grads_step),
             optimizer=int(states.master + states.optimizer + states.step_scratch),
             activations=0,
             other=runtime,
         ),
-    )
-    peak = max(phases, key=lambda m: m.total)
-    return _scaled(peak, coefficients.memory_scale) if coefficients.memory_scale != 1.0 else peak
+    }
 
 
 def _scaled(breakdown: MemoryBreakdown, scale: float) -> MemoryBreakdown:

@@ -80,6 +80,9 @@ class ProbeResult:
 
     per_rank_build_bytes: list[int] = field(default_factory=list)
     """Memory each rank held once the model was built, before ``deepspeed.initialize`` (real mode)."""
+    per_rank_initialize_bytes: list[int] = field(default_factory=list)
+    """The peak of each rank through ``deepspeed.initialize`` (build included; real mode): where it equals
+    the probe's peak, initialization set it, not the steps."""
     launcher: str = "direct"
     """How the ranks were started: ``direct`` (subprocesses of this one) or ``torch.distributed.run``
     (one elastic agent per node, the ranks' c10d rendezvous)."""
@@ -227,6 +230,7 @@ def _combine(
         overhead_s=sum(v for k, v in phases.items() if k != "steps_s"),
         per_rank_peak_bytes=per_rank,
         per_rank_build_bytes=[int(r.get("build_peak_bytes", 0)) if r else 0 for r in results],
+        per_rank_initialize_bytes=[int(r.get("initialize_peak_bytes", 0)) if r else 0 for r in results],
         per_rank_param_elements=[int(r.get("param_elements", 0)) if r else 0 for r in results],
         optimizer_state_bytes=int(results[0].get("optimizer_state_bytes", 0)) if results[0] else 0,
         launcher="torch.distributed.run" if results and all(r and r.get("elastic_run_id") for r in results) else "direct",

@@ -49,11 +49,20 @@ class Meter:
             memory.reset_peak()
             self.watchdog = memory.RssWatchdog(self.baseline_bytes, budget_bytes, on_exceeded).start()
 
-    def peak_bytes(self) -> int:
-        """Most memory held since metering started (CUDA: NVML's per-process peak, else reserved + context)."""
+    def peak_bytes(self, final: bool = True) -> int:
+        """Most memory held since metering started (CUDA: NVML's per-process peak, else reserved + context).
+
+        ``final=False`` reads the peak so far and keeps metering (the build and initialize checkpoints);
+        the final read stops the NVML sampler after one last sample."""
         if self.cuda:
             allocator = int(self.torch.cuda.max_memory_reserved()) + self.context_bytes
-            nvml = self.sampler.stop() if self.sampler else None
+            if self.sampler is None:
+                return allocator
+            if final:
+                nvml = self.sampler.stop()
+            else:
+                self.sampler.sample()
+                nvml = self.sampler.peak_bytes
             return nvml if nvml is not None else allocator
         seen = self.watchdog.max_rss_bytes if self.watchdog else 0
         return max(memory.hwm_bytes(), seen) - self.baseline_bytes

@@ -115,11 +115,12 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     t0 = time.time()
     model, n_ckpt = _build_model(workload, config, ds)
     phases["model_build_s"] = time.time() - t0
-    built = {"build_peak_bytes": meter.peak_bytes(), "param_elements": held_param_elements(model)}
+    built = {"build_peak_bytes": meter.peak_bytes(final=False), "param_elements": held_param_elements(model)}
 
     t0 = time.time()
     engine = _initialize(deepspeed, model, ds)
     phases["initialize_s"] = time.time() - t0
+    built["initialize_peak_bytes"] = meter.peak_bytes(final=False)
 
     dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
     batch = to_device(workload.batch(config.micro_batch_size), meter.device, dtype)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
-from autofit.probe.meter import allocator_fraction
+from autofit.probe.meter import Meter, allocator_fraction
 from autofit.probe.nvml import ProcessMemorySampler, nvml_uuid, process_used_bytes, visible_device
 
 pynvml = pytest.importorskip("pynvml")
@@ -60,6 +61,22 @@ def test_the_sampler_keeps_the_peak_of_what_it_read():
     assert sampler.stop() == 5
     failing = ProcessMemorySampler(lambda: 1 // 0).start()  # an NVML error loses samples, not the probe
     assert failing.stop() is None
+
+
+def test_reading_the_peak_at_a_checkpoint_keeps_the_sampler_running():
+    """The probe reads the peak after the build and after ``deepspeed.initialize``; NVML must go on sampling
+    through the steps, where the peak is (a read that stopped the sampler lost everything after the build)."""
+    level = [1]
+    meter = Meter.__new__(Meter)  # a CUDA meter without a GPU: the NVML sampler and an allocator that reports 0
+    meter.cuda, meter.context_bytes = True, 0
+    meter.torch = SimpleNamespace(cuda=SimpleNamespace(max_memory_reserved=lambda: 0))
+    meter.sampler = ProcessMemorySampler(lambda: level[0], interval_s=0.001).start()
+    assert meter.peak_bytes(final=False) == 1
+    level[0] = 7
+    time.sleep(0.05)
+    level[0] = 2
+    assert meter.peak_bytes(final=False) == 7
+    assert meter.peak_bytes() == 7
 
 
 def test_memory_budget_caps_the_allocator_at_the_budget_less_the_context():

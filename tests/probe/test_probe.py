@@ -159,6 +159,11 @@ def test_zero3_builds_under_zero_init_with_half_the_parameters_per_rank() -> Non
         # (zero.Init partitions each module as its __init__ returns), against the whole fp32 copy
         assert built < (0.5 + 1 / 4) * min(whole.per_rank_build_bytes)
     assert min(whole.per_rank_build_bytes) > 0.9 * 4 * n_params
+    # the initialize checkpoint lies between the build and the whole probe's peak, on every rank
+    for probe in (whole, split):
+        for built, initialized, peak in zip(probe.per_rank_build_bytes, probe.per_rank_initialize_bytes,
+                                            probe.per_rank_peak_bytes, strict=True):
+            assert built <= initialized <= peak
 
 
 @pytest.mark.slow
