@@ -174,6 +174,7 @@ def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[st
             continue
         row = {"model": workload.name, "held_out": entry.startswith(HELD_OUT_DIR), "config": config.to_dict(),
                "measured": measured.peak_bytes, "optimizer_measured": measured.optimizer_state_bytes,
+               "initialize_measured": measured.per_rank_initialize_bytes[0],
                "probe_s": time.time() - started} | priced(config, facts, hardware, measured.peak_bytes)
         rows.append(row)
         print(row_line(row), flush=True)

@@ -35,6 +35,9 @@ class Coefficients:
     runtime_overhead_bytes: int = 0
     """Memory the runtime holds beyond tensors once training runs (allocator arenas, thread pools,
     communicator buffers); the CUDA context is counted separately from the hardware preset."""
+    runtime_at_init_bytes: int = 0
+    """The part of ``runtime_overhead_bytes`` already held while ``deepspeed.initialize`` runs (the
+    communicator's buffers); the rest appears with the first forward and backward."""
     memory_scale: float = 1.0
     """Multiplicative correction of the predicted peak, fitted from probes (1.0 = uncalibrated)."""
 
@@ -83,4 +86,8 @@ class Coefficients:
             # measured on this project's CPU machine (benchmarks/memory_accuracy.py, fp32 rows):
             # oneDNN scratch, OpenMP pools and allocator arenas of a process that trains
             runtime_overhead_bytes=34 * MIB,
+            # resident memory once deepspeed.initialize returns (fp32, ZeRO-0) less the parameters' bytes:
+            # gloo and DeepSpeed's CPU shared-memory communicator; 9.9-10.8 MiB on three models of
+            # 4.8 M to 57 M parameters (ViT, GQA-LLaMA, Qwen2: independent of the model)
+            runtime_at_init_bytes=10 * MIB,
         )

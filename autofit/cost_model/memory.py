@@ -12,7 +12,10 @@ construction through the measured steps):
   partitions each module's parameters as soon as its ``__init__`` returns
   (partition_parameters.py ``Init._post_init_method``), so a rank holds its
   partition plus one module whole. A CPU device is the process that builds the
-  fp32 model (ZeRO 0-2: ``4 x Psi`` in it).
+  fp32 model (ZeRO 0-2: ``4 x Psi`` in it). 16-bit ZeRO-0 ends ``initialize`` with
+  one optimizer step on zero gradients (``initialize_optimizer_states``), so its
+  states exist already. Of the runtime's own memory only the communicator's is held
+  yet (``Coefficients.runtime_at_init_bytes``).
 * **backward** -- resident states (parameters, fp32 master copy, optimizer
   states, gradient buffers DeepSpeed keeps) plus the traced peak of live
   activations and gradients during forward+backward.
@@ -46,9 +49,6 @@ from autofit.ds_constants import (
 from autofit.hardware import Hardware
 
 FP32 = 4
-#: a CPU process converting to and computing in bf16 holds ~7 MiB more runtime memory
-#: (benchmarks/deepspeed_states.py: the constant term of bf16 vs fp32 fits, every stage)
-SIXTEEN_BIT_CPU_RUNTIME_BYTES = 7 * 2**20
 
 
 @dataclass(frozen=True)
@@ -112,10 +112,12 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, 
 
 #: scratch bytes per element of the tensor an optimizer step works on, beyond its states.
 #: CPU values: measured on DeepSpeed 0.19 / bitsandbytes 0.50 / torch 2.13 (benchmarks/deepspeed_states.py);
-#: bitsandbytes' CPU path dequantizes both states to fp32 and builds the update in fp32.
+#: bitsandbytes' CPU path dequantizes both states to fp32 and builds the update in fp32. SGD with weight decay
+#: adds it out of place (torch/optim/sgd.py ``grad.add(param, alpha=weight_decay)``), one tensor at a time on
+#: the CPU (``_single_tensor_sgd``): measured 62.5 MiB = 4 x the largest parameter in a Qwen2 bf16 ZeRO-0 init.
 #: CUDA: fused kernels (FusedAdam, FusedLion, bitsandbytes' CUDA kernels) update in place.
 TRANSIENT_BYTES_PER_ELEMENT = {
-    "cpu": {"adamw": 0.0, "adamw8bit": 16.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0, "adam_mini": 4.0},
+    "cpu": {"adamw": 0.0, "adamw8bit": 16.0, "lion": 0.0, "adafactor": 4.0, "sgd": 4.0, "adam_mini": 4.0},
     "cuda": {"adamw": 0.0, "adamw8bit": 0.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0, "adam_mini": 4.0},
 }
 
@@ -204,7 +206,11 @@ def _stage0_states(config: Config, facts: ModelFacts, optimizer: float, optimize
         largest = float(facts.largest_param_numel)
         fused = config.optimizer == "adamw" and config.offload_optimizer == "none"
         bucket += (w + FP32) * psi if fused else w * psi + FP32 * largest
-        init_extra = (w + FP32 + w) * psi + (FP32 + w) * (psi if fused else largest) - (built - params)
+        # deepspeed.initialize ends in the wrapper's initialize_optimizer_states (fp16/fused_optimizer.py,
+        # fp16/unfused_optimizer.py): zero gradients (the flat fp32 one; unfused, every parameter's in both
+        # precisions) and one optimizer step, which creates the states, beside the parameters and the master
+        zero_grads = FP32 * psi if fused else (w + FP32) * psi
+        init_extra = params + FP32 * psi + zero_grads + optimizer + optimizer_scratch - built
     return ModelStates(
         params=params, master=FP32 * psi if sixteen_bit else 0.0, optimizer=optimizer, grads_resident=0.0,
         gathered_params=0.0, grads_step=w * psi, step_scratch=max(bucket, optimizer_scratch),
@@ -355,8 +361,8 @@ def memory_phases(
     """The bytes held at the worst moment of each phase (``init``, ``backward``, ``step``; module docstring)."""
     states = model_states(config, facts, world_size, hardware.kind)
     runtime = int(hardware.context_bytes + coefficients.runtime_overhead_bytes + facts.buffer_bytes)
-    if config.precision != "fp32" and hardware.kind == "cpu":
-        runtime += SIXTEEN_BIT_CPU_RUNTIME_BYTES
+    runtime_at_init = int(hardware.context_bytes + min(coefficients.runtime_at_init_bytes,
+                                                        coefficients.runtime_overhead_bytes) + facts.buffer_bytes)
     # plain autograd keeps each gradient where it is produced (ZeRO 0); with accumulation the
     # first micro-batch's gradients are held through every later forward and backward
     stage0 = config.zero_stage == 0
@@ -365,7 +371,7 @@ def memory_phases(
     activations = activation_peak_bytes(config, facts, keep_grads)
     return {
         "init": MemoryBreakdown(
-            params=int(states.built), grads=0, optimizer=int(states.init_extra), activations=0, other=runtime
+            params=int(states.built), grads=0, optimizer=int(states.init_extra), activations=0, other=runtime_at_init
         ),
         "backward": MemoryBreakdown(
             params=int(states.params + states.gathered_params),
