@@ -311,7 +311,10 @@ def replay_model(name: str, entry: str, cache: Path, scenario: Scenario = FP32) 
         emitted = samples[_k(result.config)]
         rows.append({
             "model": name,
+            "scenario": scenario.name,
             "budget_mib": budget / 2**20,
+            "space": len(configs),
+            "oracle_fitting": len(fitting),
             "oracle_config": best.config.label(),
             "oracle_samples_per_s": best.samples_per_s,
             "emitted_config": result.config.label(),
