@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autofit.config import Config  # noqa: E402
+from autofit.emit import write_json_atomic  # noqa: E402
 from autofit.errors import AutofitError  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
 from autofit.plan import Plan  # noqa: E402
@@ -182,10 +183,9 @@ def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | No
             file=sys.stderr,
             flush=True,
         )
-        if path:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        if path:  # atomically: a run stopped mid-write keeps the cache it had
             points = [done[_k(c)].to_dict() for c in configs if _k(c) in done]
-            path.write_text(json.dumps({"wall_s": wall_s, "points": points}, indent=1))
+            write_json_atomic(path, {"wall_s": wall_s, "points": points})
     return [done[_k(c)] for c in configs], wall_s
 
 
