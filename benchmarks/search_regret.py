@@ -156,27 +156,46 @@ def _from_dict(data: dict) -> ProbeResult:
     return ProbeResult(**({k: v for k, v in data.items() if k in known} | {"config": Config.from_dict(data["config"])}))
 
 
-def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | None) -> tuple[list[ProbeResult], float]:  # noqa: ANN001
-    """Every config probed once, in ``configs``' order; with ``cache``, the probes already there are kept and
-    the cache is rewritten after each new probe (an interrupted oracle resumes where it stopped)."""
-    path = cache / f"{name}.json" if cache else None
-    wanted = {_k(c) for c in configs}
+def _cached_points(cache: Path, name: str, wanted: set[str]) -> tuple[dict[str, ProbeResult], float]:
+    """The probes of ``DIR/<name>.json`` and of its shards ``DIR/<name>.shard*.json``, and their probe seconds."""
     done: dict[str, ProbeResult] = {}
     wall_s = 0.0
-    if path and path.exists():
+    for path in [cache / f"{name}.json", *sorted(cache.glob(f"{name}.shard*.json"))]:
+        if not path.exists():
+            continue
         data = json.loads(path.read_text())
         try:
-            done = {_k(p.config): p for p in map(_from_dict, data["points"]) if _k(p.config) in wanted}
-            wall_s = float(data["wall_s"])
+            points = {_k(p.config): p for p in map(_from_dict, data["points"]) if _k(p.config) in wanted}
+            seconds = float(data["wall_s"])
         except (KeyError, TypeError):  # an older cache that kept less of each probe: probe again
-            done = {}
+            continue
+        new = {k: p for k, p in points.items() if k not in done}
+        done |= new
+        wall_s += seconds * len(new) / max(1, len(points))
+    return done, wall_s
+
+
+def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | None,  # noqa: ANN001
+            shard: tuple[int, int] = (0, 1)) -> tuple[list[ProbeResult], float]:
+    """Every config probed once, in ``configs``' order; with ``cache``, the probes already there (shards
+    included) are kept and the cache is rewritten after each new probe (an interrupted oracle resumes where it
+    stopped). ``shard = (i, n)`` probes only every n-th config from the i-th, into ``DIR/<name>.shard<i>of<n>.json``
+    (n one-thread shards side by side; a later run without ``--shard`` merges them into ``DIR/<name>.json``)."""
+    index, count = shard
+    path = None
+    if cache:
+        path = cache / (f"{name}.json" if count == 1 else f"{name}.shard{index}of{count}.json")
+    wanted = {_k(c) for c in configs}
+    done, wall_s = _cached_points(cache, name, wanted) if cache else ({}, 0.0)
+    mine = [c for i, c in enumerate(configs) if i % count == index]
+    probed: dict[str, ProbeResult] = {}
     for i, config in enumerate(configs):
-        if _k(config) in done:
+        if i % count != index or _k(config) in done:
             continue
         t0 = time.monotonic()
         r = _probe(entry, config, host)
         wall_s += time.monotonic() - t0
-        done[_k(config)] = r
+        done[_k(config)] = probed[_k(config)] = r
         print(
             f"  oracle {name} {i + 1}/{len(configs)} {config.label()}: {r.status} "
             f"{r.samples_per_s:.3g}/s {r.peak_bytes / 2**20:.1f} MiB",
@@ -184,8 +203,13 @@ def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | No
             flush=True,
         )
         if path:  # atomically: a run stopped mid-write keeps the cache it had
-            points = [done[_k(c)].to_dict() for c in configs if _k(c) in done]
+            kept = configs if count == 1 else mine
+            points = [done[_k(c)].to_dict() for c in kept if _k(c) in done]
             write_json_atomic(path, {"wall_s": wall_s, "points": points})
+    if path and count == 1 and any(cache.glob(f"{name}.shard*.json")) and len(done) == len(wanted):  # merge the shards
+        write_json_atomic(path, {"wall_s": wall_s, "points": [done[_k(c)].to_dict() for c in configs]})
+    if count > 1:
+        return [done[_k(c)] for c in mine if _k(c) in done], wall_s
     return [done[_k(c)] for c in configs], wall_s
 
 
@@ -360,12 +384,27 @@ def main() -> None:
         help="answer the search's probes from the --oracle-cache (no noise): the regret of its decisions alone",
     )
     parser.add_argument("--threads", type=int, default=1, help="OpenMP threads of every probe (OMP_NUM_THREADS)")
+    parser.add_argument("--shard", default=None, metavar="I/N",
+                        help="only probe the oracle's every N-th config from the I-th (0-based) into the --oracle-cache, "
+                             "then exit: N such runs side by side fill it; a later run merges them")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="fp32",
                         help="fp32: fp32 ZeRO-0 (45 configs); default: every precision, optimizer and ZeRO stage (360)")
     args = parser.parse_args()
     scenario = SCENARIOS[args.scenario]
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     rows = []
+    if args.shard:
+        try:
+            index, count = (int(x) for x in args.shard.split("/"))
+        except ValueError:
+            parser.error(f"--shard takes I/N, e.g. 0/2, but got {args.shard!r}")
+        if not args.oracle_cache or not 0 <= index < count:
+            parser.error("--shard needs --oracle-cache and 0 <= I < N")
+        host = get_hardware("cpu")
+        for name in args.models.split(","):
+            entry = MODELS[name]
+            _oracle(name, entry, _configs(entry, host, scenario), host, Path(args.oracle_cache), (index, count))
+        return
     if args.replay:
         if not args.oracle_cache:
             parser.error("--replay needs --oracle-cache")

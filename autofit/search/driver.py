@@ -31,7 +31,16 @@ from autofit.cost_model.calibrate import Calibration, calibrate
 from autofit.errors import AutofitError
 from autofit.plan import Plan
 from autofit.search.advice import nothing_fits
-from autofit.search.policy import common_error, is_outlier, next_probe, observe, probe_budget, should_stop
+from autofit.search.policy import (
+    common_error,
+    is_outlier,
+    next_probe,
+    observe,
+    probe_budget,
+    shared_error,
+    should_stop,
+    untried_values,
+)
 from autofit.search.records import (
     Phase,
     SearchResult,
@@ -207,9 +216,15 @@ def run_search(
     stop_reason = search.explore()
     winner = search.verify()
     if winner is None:
-        error = common_error(search.records)
-        if error is not None:
-            raise AutofitError(f"every probe failed with the same error, whatever the config: {error}")
+        candidates = list(plan.candidates)
+        if common_error(search.records, candidates) is not None:
+            raise AutofitError(f"every probe failed with the same error, whatever the config: {shared_error(search.records)}")
+        if shared_error(search.records) is not None:
+            untried = ", ".join(f"{k}={v}" for k, v in sorted(untried_values(search.records, candidates), key=str))
+            raise AutofitError(
+                f"all {len(search.records)} probes failed with the same error (not yet tried: {untried}; more "
+                f"--trials try them): {shared_error(search.records)}"
+            )
         raise AutofitError(
             nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
         )

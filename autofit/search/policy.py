@@ -11,8 +11,10 @@ Each round the driver :func:`observe`\\ s the records and the calibrated prices 
   update costs and how fast a dtype runs on a device are what an analytic model knows least.
 - **Measure before "nothing fits".** When nothing measured has fit and nothing is left that is
   predicted to, the smallest candidate of each family not yet measured is probed, smallest first
-  (up to ``last_resort_probes`` past ``trials``). A family a probe errored in is not probed again, and
-  the same error in every family probed stops the search with that error.
+  (up to ``last_resort_probes`` past ``trials``). A family a probe errored in is not probed again. While
+  every probe has failed with one error, the next probe tries the most setting values none has had
+  (:func:`covering_probe`); once every value of every family key has failed with it, the search stops with
+  that error (:func:`common_error`), not with "nothing fits".
 - **Stop.** At ``trials`` probes, at the timeout, when nothing is left, or (after ``min_probes``)
   when no candidate left could beat the best measured even if it ran faster than predicted by the
   calibrated model's leave-one-out miss (:func:`stop_margin`). This is the shape of Optuna's
@@ -30,7 +32,7 @@ from functools import cached_property
 from autofit.config import Config
 from autofit.cost_model import Coefficients, ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration, Observation, calibrate
-from autofit.cost_model.memory_correction import family
+from autofit.cost_model.memory_correction import FAMILY_KEYS, family
 from autofit.hardware import Hardware
 from autofit.plan import Plan
 from autofit.search.records import TrialRecord, best_measured, observations, searched_keys
@@ -168,16 +170,43 @@ def failed_families(records: list[TrialRecord]) -> set[tuple[object, ...]]:
     return {family(r.config) for r in records if r.status == "error"}
 
 
-def common_error(records: list[TrialRecord]) -> str | None:
-    """The one error every family probed so far ended in (two families at least, nothing ran): the search's
-    problem is then the setup, not the configs, and that error is what the user needs to read."""
-    if any(r.status in ("ok", "oom") for r in records):
+def shared_error(records: list[TrialRecord]) -> str | None:
+    """The first line of the one error every probe so far ended in (nothing ran, not even out of memory), or None."""
+    if not records or any(r.status != "error" for r in records):
         return None
-    errors = [r for r in records if r.status == "error"]
-    messages = {(str(r.measured.get("message") or "an error without a message").splitlines() or [""])[0] for r in errors}
-    if len({family(r.config) for r in errors}) >= 2 and len(messages) == 1:
-        return messages.pop()
-    return None
+    messages = {(str(r.measured.get("message") or "an error without a message").splitlines() or [""])[0] for r in records}
+    return messages.pop() if len(messages) == 1 else None
+
+
+def untried_values(records: list[TrialRecord], candidates: list[Config]) -> set[tuple[str, object]]:
+    """``(key, value)`` of each family key's value the candidates offer that no probe has had yet."""
+    tried = {(key, getattr(r.config, key)) for r in records for key in FAMILY_KEYS}
+    offered = {(key, getattr(c, key)) for c in candidates for key in FAMILY_KEYS}
+    return offered - tried
+
+
+def common_error(records: list[TrialRecord], candidates: list[Config]) -> str | None:
+    """The one error the search's probes all ended in, once it cannot be blamed on any one setting: every value
+    of every family key the space offers (each precision, optimizer, ZeRO stage, offload and kernel) has had a
+    probe fail with it. The setup is then the problem, not the configs, and that error is what the user needs to
+    read. An error of some values only (bf16 where BatchNorm's fp32 buffers meet bf16 inputs at ZeRO 0-2) leaves
+    the others to be measured."""
+    error = shared_error(records)
+    if error is None or untried_values(records, candidates):
+        return None
+    return error
+
+
+def covering_probe(todo: list[tuple[Config, Prediction]], records: list[TrialRecord]) -> tuple[Config, Prediction]:
+    """While every probe has failed with one error, the candidate that tries the most family-key values no probe
+    has had (the best expected of those): the error's cause is found, or shown to be everywhere, in as few probes
+    as the widest key has values."""
+    candidates = [c for c, _ in todo]
+
+    def new_values(config: Config) -> int:
+        return sum((key, getattr(config, key)) in untried_values(records, candidates) for key in FAMILY_KEYS)
+
+    return max(todo, key=lambda cp: new_values(cp[0]))  # max keeps the first of equals: the best expected
 
 
 def is_outlier(record: TrialRecord, records: list[TrialRecord], factor: float) -> bool:
@@ -222,12 +251,18 @@ class SearchState:
     def best(self) -> TrialRecord | None:
         return best_measured(self.records)
 
+    def fits_host(self, prediction: Prediction) -> bool:
+        """Within the node's host RAM: a hard limit, which no probe of the device measures or corrects."""
+        host = self.usable.hardware.host_memory_bytes
+        return not host or prediction.host_peak_bytes <= host
+
     @cached_property
     def todo(self) -> list[tuple[Config, Prediction]]:
         """Candidates no search probe has measured that may fit, by expected speed (a family that errored
         is left out)."""
         searched, failed = searched_keys(self.records), failed_families(self.records)
-        unprobed = [(c, p) for c, p in self.ranked if c.key() not in searched and family(c) not in failed]
+        unprobed = [(c, p) for c, p in self.ranked
+                    if c.key() not in searched and family(c) not in failed and self.fits_host(p)]
         return by_expected_speed(unprobed, self.usable_bytes, self.band)
 
     @cached_property
@@ -241,8 +276,10 @@ class SearchState:
             f = family(config)
             if f not in settled and (f not in smallest or prediction.peak_bytes < smallest[f][1].peak_bytes):
                 smallest[f] = (config, prediction)
-        # what the uncorrected model itself puts past the memory band is not worth a probe
-        within = [cp for cp in smallest.values() if fit_chance(cp[1], self.usable_bytes, MAX_BAND) > 0]
+        # what the uncorrected model itself puts past the memory band is not worth a probe, and host RAM (which no
+        # probe measures or corrects) is a hard limit
+        within = [cp for cp in smallest.values()
+                  if fit_chance(cp[1], self.usable_bytes, MAX_BAND) > 0 and self.fits_host(cp[1])]
         return sorted(within, key=lambda cp: cp[1].peak_bytes)
 
     @cached_property
@@ -274,9 +311,9 @@ def observe(
 
 def should_stop(state: SearchState, settings: SearchSettings) -> str | None:
     """Why the search stops probing now, or None to go on (the rules of the module docstring, in order)."""
-    error = common_error(state.records)
+    error = common_error(state.records, [c for c, _ in state.ranked])
     if error is not None:
-        return f"every family probed failed with the same error: {error}"
+        return f"every probe failed with the same error, whatever the precision, optimizer, ZeRO stage and offload: {error}"
     nothing_measured_fits = state.best is None and bool(state.last_resort)
     if state.n_done >= settings.trials:
         if nothing_measured_fits and state.n_done < settings.trials + settings.last_resort_probes and not state.timed_out:
@@ -307,4 +344,6 @@ def next_probe(state: SearchState, settings: SearchSettings) -> tuple[Config, Pr
     expected; the last resort once the trials are spent or nothing is predicted to fit."""
     if state.n_done >= settings.trials or not state.todo:
         return state.last_resort[0]
+    if shared_error(state.records) is not None:
+        return covering_probe(state.todo, state.records)
     return (state.explore or state.todo)[0]

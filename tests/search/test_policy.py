@@ -161,20 +161,36 @@ def test_before_nothing_fits_the_smallest_of_each_unmeasured_family_is_probed() 
     assert done.last_resort == [] and should_stop(done, SETTINGS) == "every candidate predicted to fit has been probed"
 
 
-def test_the_same_error_in_every_family_stops_the_search_with_that_error() -> None:
-    def failed(config: Config, message: str) -> TrialRecord:
-        record = _record(config, "error")
-        record.measured["message"] = message
-        return record
+def _failed(config: Config, message: str) -> TrialRecord:
+    record = _record(config, "error")
+    record.measured["message"] = message
+    return record
 
-    same = [failed(ADAMW, "ImportError: no module named foo\ntraceback..."), failed(LION, "ImportError: no module named foo")]
-    assert common_error(same) == "ImportError: no module named foo"
-    assert should_stop(_state(same, [], n_done=2), SETTINGS).endswith("ImportError: no module named foo")
+
+def test_the_same_error_with_every_setting_stops_the_search_with_that_error() -> None:
+    ranked = [(ADAMW, _prediction(1.0, 0.1)), (LION, _prediction(1.1, 0.1))]
+    same = [_failed(ADAMW, "ImportError: no module named foo\ntraceback..."), _failed(LION, "ImportError: no module named foo")]
+    assert common_error(same, [ADAMW, LION]) == "ImportError: no module named foo"
+    assert should_stop(_state(same, ranked, n_done=2), SETTINGS).endswith("ImportError: no module named foo")
     # one family's error does not stop the others, and keeps that family out of the todo list
-    one = [failed(LION, "FusedLion: no CUDA")]
-    assert common_error(one) is None and common_error([*one, failed(ADAMW, "other")]) is None
+    one = [_failed(LION, "FusedLion: no CUDA")]
+    assert common_error(one, [ADAMW, LION]) is None and common_error([*one, _failed(ADAMW, "other")], [ADAMW, LION]) is None
     ranked = [(LION.with_(micro_batch_size=4, grad_accum_steps=2), _prediction(0.5, 0.1)), (SGD, _prediction(1.0, 0.1))]
     assert [c for c, _ in _state(one, ranked, n_done=1).todo] == [SGD]
+
+
+def test_an_error_of_one_precision_in_two_zero_stages_leaves_the_other_precision_to_be_measured() -> None:
+    # a BatchNorm model in bf16 at ZeRO 0 and 1: the same error twice, in two families, fp32 never probed
+    bf16_z1 = BF16.with_(zero_stage=1)
+    errors = [_failed(BF16, "RuntimeError: expected scalar type BFloat16 but found Float"),
+              _failed(bf16_z1, "RuntimeError: expected scalar type BFloat16 but found Float")]
+    faster_bf16 = (BF16.with_(zero_stage=2), _prediction(0.5, 0.1))
+    fp32 = (SGD, _prediction(1.0, 0.1))
+    state = _state(errors, [faster_bf16, fp32], n_done=2)
+    assert common_error(errors, [c for c, _ in state.ranked]) is None
+    assert should_stop(state, SETTINGS) is None
+    # the next probe tries the most of what no probe has had (fp32 and SGD), before the faster-predicted bf16 ZeRO-2
+    assert next_probe(state, SETTINGS) == fp32
 
 
 def test_a_probe_far_from_the_model_and_its_neighbours_is_an_outlier_and_its_repeat_replaces_it() -> None:
