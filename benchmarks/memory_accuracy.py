@@ -4,6 +4,7 @@
     python benchmarks/memory_accuracy.py --quick                                           # 6 rows a model
     python benchmarks/memory_accuracy.py --models benchmarks/models/vit.py:workload
     python benchmarks/memory_accuracy.py --techniques --json benchmarks/results/memory_accuracy_techniques.json
+    python benchmarks/memory_accuracy.py --no-techniques --models benchmarks/models/t5_encdec.py:workload  # full grid
     python benchmarks/memory_accuracy.py --reprice benchmarks/results/memory_accuracy_full.json  # no probe
 
 Each row is one config with every key fixed (no key left to a default, checked against the config
@@ -105,9 +106,9 @@ def fully_fixed(zero_stage: int, precision: str, optimizer: str, ratio: float, m
     return Config.from_dict(values)
 
 
-def configs_for(quick: bool, techniques_only: bool = False) -> list[Config]:
+def configs_for(quick: bool, techniques_only: bool = False, with_techniques: bool = True) -> list[Config]:
     grid = [] if techniques_only else QUICK_GRID if quick else FULL_GRID
-    return [fully_fixed(*row) for row in [*grid, *TECHNIQUE_GRID]]
+    return [fully_fixed(*row) for row in [*grid, *(TECHNIQUE_GRID if with_techniques else [])]]
 
 
 def runnable(configs: list[Config], workload: Any) -> list[Config]:
@@ -207,12 +208,15 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=MODELS)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--techniques", action="store_true", help="only the TECHNIQUE_GRID rows")
+    parser.add_argument("--no-techniques", action="store_true", help="leave out the TECHNIQUE_GRID rows")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one probe may take")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--reprice", default=None, metavar="FILE",
                         help="price FILE's rows again (measurements kept) and write them back (or to --json)")
     args = parser.parse_args()
-    configs = configs_for(args.quick, args.techniques)
+    if args.techniques and args.no_techniques:
+        parser.error("--techniques and --no-techniques exclude each other")
+    configs = configs_for(args.quick, args.techniques, not args.no_techniques)
     print("| model | config | predicted MiB | measured MiB | error | optimizer states predicted MiB | measured MiB |")
     print("|---|---|---:|---:|---:|---:|---:|")
     kept: dict[str, Any] = {}

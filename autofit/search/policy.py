@@ -6,7 +6,8 @@ Each round the driver :func:`observe`\\ s the records and the calibrated prices 
 
 - **Who may be probed.** A candidate predicted within the usable budget, or past it by less than
   the memory model's uncertainty (:func:`memory_band`): its measured peak decides. Candidates are
-  ranked by :func:`expected_speed`, predicted samples/s times the chance it fits.
+  ranked by :func:`expected_speed`, predicted samples/s times the chance it fits, times the chance it runs
+  where its nearest measured families errored (:func:`error_chance`).
 - **Explore first.** Each optimizer and precision is probed once (:func:`unexplored`): what an
   update costs and how fast a dtype runs on a device are what an analytic model knows least.
 - **Measure before "nothing fits".** When nothing measured has fit and nothing is left that is
@@ -32,7 +33,7 @@ from functools import cached_property
 from autofit.config import Config
 from autofit.cost_model import Coefficients, ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration, Observation, calibrate
-from autofit.cost_model.memory_correction import FAMILY_KEYS, family
+from autofit.cost_model.memory_correction import FAMILY_KEYS, distance, family
 from autofit.hardware import Hardware
 from autofit.plan import Plan
 from autofit.search.records import TrialRecord, best_measured, observations, searched_keys
@@ -101,13 +102,38 @@ def expected_speed(prediction: Prediction, usable_bytes: int, band: float) -> fl
     return prediction.samples_per_s * fit_chance(prediction, usable_bytes, band)
 
 
+def error_chance(config: Config, records: list[TrialRecord]) -> float:
+    """The chance a probe of ``config`` errors, as its nearest measured families say: of the families a search
+    probe measured at the least :func:`~autofit.cost_model.memory_correction.distance` from ``config``'s, the
+    share that errored. An error comes from some settings together (bf16 with BatchNorm's fp32 buffers at ZeRO
+    0-2, an op a device cannot build): a config that shares more of them with an errored family than with any
+    that ran is likely to meet it too, and is probed after those that are not, not never."""
+    measured: dict[tuple[object, ...], bool] = {}
+    for r in records:
+        if r.phase == "search":
+            measured[family(r.config)] = measured.get(family(r.config), False) or r.status == "error"
+    if not measured:
+        return 0.0
+    mine = family(config)
+    nearest = min(distance(mine, f) for f in measured)
+    near = [errored for f, errored in measured.items() if distance(mine, f) == nearest]
+    return sum(near) / len(near)
+
+
 def by_expected_speed(
-    candidates: list[tuple[Config, Prediction]], usable_bytes: int, band: float
+    candidates: list[tuple[Config, Prediction]], usable_bytes: int, band: float,
+    records: list[TrialRecord] | None = None,
 ) -> list[tuple[Config, Prediction]]:
-    """The candidates that may fit (within the memory band), by :func:`expected_speed`, best first: a
-    config predicted just past the budget is probed only where its speed makes up for the doubt."""
-    worth = [(c, p) for c, p in candidates if fit_chance(p, usable_bytes, band) > 0]
-    return sorted(worth, key=lambda cp: -expected_speed(cp[1], usable_bytes, band))
+    """The candidates that may fit (within the memory band), by :func:`expected_speed` times the chance that
+    they run (:func:`error_chance` over ``records``), best first: a config predicted just past the budget is
+    probed only where its speed makes up for the doubt."""
+    records = records or []
+
+    def worth(cp: tuple[Config, Prediction]) -> float:
+        return expected_speed(cp[1], usable_bytes, band) * (1.0 - error_chance(cp[0], records))
+
+    may_fit = [(c, p) for c, p in candidates if fit_chance(p, usable_bytes, band) > 0]
+    return sorted(may_fit, key=lambda cp: -worth(cp))
 
 
 def unexplored(
@@ -263,7 +289,7 @@ class SearchState:
         searched, failed = searched_keys(self.records), failed_families(self.records)
         unprobed = [(c, p) for c, p in self.ranked
                     if c.key() not in searched and family(c) not in failed and self.fits_host(p)]
-        return by_expected_speed(unprobed, self.usable_bytes, self.band)
+        return by_expected_speed(unprobed, self.usable_bytes, self.band, self.records)
 
     @cached_property
     def last_resort(self) -> list[tuple[Config, Prediction]]:
@@ -329,7 +355,8 @@ def should_stop(state: SearchState, settings: SearchSettings) -> str | None:
     if (
         best is not None
         and state.n_done >= settings.min_probes
-        and expected_speed(state.todo[0][1], state.usable_bytes, state.band) * (1.0 + state.tolerance) <= best.samples_per_s
+        and expected_speed(state.todo[0][1], state.usable_bytes, state.band) * (1.0 - error_chance(state.todo[0][0], state.records))
+        * (1.0 + state.tolerance) <= best.samples_per_s
     ):
         return (
             f"no candidate left could beat the best measured {best.samples_per_s:.3g} samples/s, even "

@@ -15,6 +15,7 @@ from autofit.search.policy import (
     SearchState,
     by_expected_speed,
     common_error,
+    error_chance,
     is_outlier,
     next_probe,
     should_stop,
@@ -191,6 +192,22 @@ def test_an_error_of_one_precision_in_two_zero_stages_leaves_the_other_precision
     assert should_stop(state, SETTINGS) is None
     # the next probe tries the most of what no probe has had (fp32 and SGD), before the faster-predicted bf16 ZeRO-2
     assert next_probe(state, SETTINGS) == fp32
+
+
+def test_a_candidate_nearer_an_errored_family_than_one_that_ran_is_probed_after_the_others() -> None:
+    bf16_error = _failed(BF16, "RuntimeError: expected scalar type BFloat16 but found Float")
+    fp32_ran = _record(ADAMW, "ok", 4.0)
+    bf16_lion, fp32_lion = BF16.with_(optimizer="lion"), LION
+    # bf16 Lion is one key from the errored bf16 AdamW and two from the fp32 AdamW that ran; fp32 Lion the reverse
+    assert error_chance(bf16_lion, [bf16_error, fp32_ran]) == 1.0
+    assert error_chance(fp32_lion, [bf16_error, fp32_ran]) == 0.0
+    # equally near both: even odds; nothing measured: no doubt
+    assert error_chance(BF16.with_(optimizer="lion", zero_stage=1), [bf16_error, _record(LION, "ok", 4.0)]) == 0.5
+    assert error_chance(bf16_lion, []) == 0.0
+    faster_bf16 = (bf16_lion, _prediction(0.5, 0.1))
+    slower_fp32 = (fp32_lion, _prediction(1.0, 0.1))
+    assert [c for c, _ in by_expected_speed([faster_bf16, slower_fp32], 100, 0.1, [bf16_error, fp32_ran])] == \
+        [fp32_lion, bf16_lion]
 
 
 def test_a_probe_far_from_the_model_and_its_neighbours_is_an_outlier_and_its_repeat_replaces_it() -> None:
