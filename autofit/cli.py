@@ -16,11 +16,14 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from autofit.errors import AutofitError
+
+if TYPE_CHECKING:
+    from autofit.workload import Workload
 
 
 def common_options(command: Callable[..., Any], entry_required: bool = True) -> Callable[..., Any]:
@@ -110,13 +113,27 @@ class Setup:
         # --gpus ranks share each node's host memory and links (cost_model.host, cost_model.time)
         self.hardware = dataclasses.replace(self.hardware, devices_per_node=gpus)
         self.global_batch = global_batch
-        self.workload = load_workload(entry) if entry is not None else None  # None: script mode
+        self.workload: Workload | None = load_workload(entry) if entry is not None else None  # None: script mode
+
+    @property
+    def entry_point(self) -> str:
+        """ENTRY; an :class:`AutofitError` in script mode, which has none."""
+        if self.entry is None:
+            raise AutofitError("this needs an ENTRY (a model entry point); script mode (--script) has none")
+        return self.entry
+
+    @property
+    def loaded_workload(self) -> Workload:
+        """ENTRY's workload; an :class:`AutofitError` in script mode, which has none."""
+        if self.workload is None:
+            raise AutofitError("this needs an ENTRY (a model entry point); script mode (--script) has none")
+        return self.workload
 
     def plan(self) -> Any:
         """Trace the workload and enumerate the space's candidates (:class:`autofit.plan.Plan`)."""
         from autofit.plan import Plan
 
-        return Plan.make(self.entry, self.workload, self.hardware, self.space, world_size=self.world_size,
+        return Plan.make(self.entry_point, self.loaded_workload, self.hardware, self.space, world_size=self.world_size,
                          global_batch=self.global_batch, fixed=self.fixed)
 
 
@@ -182,7 +199,7 @@ def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, 
     if mode == "real":
         _prepare_ops([chosen.config], setup.hardware)
     click.echo(f"probing {chosen.config.label()} ({mode})", err=True)
-    measured = run_probe(setup.entry, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,
+    measured = run_probe(setup.entry_point, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,
                          warmup_steps=warmup, timeout_s=timeout_s, memory_snapshot=snapshot_path)
     _say_fragmentation(measured)
     document = measured.to_dict() | {"predicted": chosen.prediction.to_dict()}
@@ -218,8 +235,8 @@ def ladder(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int,
     if measure and setup.hardware.kind == "cuda" and not _cuda_devices_here():
         raise AutofitError(f"--measure on {setup.hardware.name} needs a CUDA device and none is visible here; "
                            "without --measure the ladder is predicted only")
-    click.echo(f"autofit: tracing {setup.workload.name or entry}", err=True)
-    plan = ladder_plan(setup.entry, setup.workload, setup.hardware, world_size=setup.world_size,
+    click.echo(f"autofit: tracing {setup.loaded_workload.name or entry}", err=True)
+    plan = ladder_plan(setup.entry_point, setup.loaded_workload, setup.hardware, world_size=setup.world_size,
                        global_batch=global_batch, fixed=setup.fixed)
     result = price_ladder(plan)
     if measure:
@@ -244,7 +261,7 @@ def _measure_ladder(ladder: Any, setup: Setup, steps: int, timeout_s: float) -> 
     measured = {}
     for row in fitting:
         click.echo(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}", err=True)
-        probed = run_probe(setup.entry, row.config, setup.hardware, setup.world_size, steps=steps, timeout_s=timeout_s)
+        probed = run_probe(setup.entry_point, row.config, setup.hardware, setup.world_size, steps=steps, timeout_s=timeout_s)
         measured[row.index] = probed.to_dict()
     return ladder.with_measured(measured)
 
@@ -291,7 +308,7 @@ def run(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, gl
 
             plan, prober = script_plan_and_prober(setup, script, stack)
         else:
-            click.echo(f"autofit: tracing {setup.workload.name or entry}", err=True)
+            click.echo(f"autofit: tracing {setup.loaded_workload.name or entry}", err=True)
             plan, prober = setup.plan(), None
         click.echo(f"autofit: {len(plan.candidates)} candidates", err=True)
         with progress_display(trials) as on_event:
@@ -314,7 +331,7 @@ def _winner_snapshot(setup: Setup, result: Any, report_dir: str) -> Any:
 
     path = Path(report_dir) / "memory_snapshot.pickle"
     click.echo(f"autofit: recording the winner's CUDA memory snapshot into {path}", err=True)
-    measured = run_probe(setup.entry, result.config, setup.hardware, setup.world_size, steps=1, memory_snapshot=str(path))
+    measured = run_probe(setup.entry_point, result.config, setup.hardware, setup.world_size, steps=1, memory_snapshot=str(path))
     _say_fragmentation(measured)
     return measured
 
@@ -332,7 +349,7 @@ def _report_ladder(setup: Setup, result: Any) -> Any:
     from autofit.ladder import search_ladder
 
     try:
-        return search_ladder(setup.entry, setup.workload, result, setup.fixed)
+        return search_ladder(setup.entry_point, setup.loaded_workload, result, setup.fixed)
     except AutofitError as exc:
         click.echo(f"autofit: the report has no ladder: {exc}", err=True)
         return None
@@ -386,7 +403,7 @@ def schedule_add(entry: str, hardware: str, memory: str | None, gpus: int, nodes
     from autofit.units import parse_bytes
 
     setup = Setup(absolute_entry(entry), hardware, memory, gpus, nodes, global_batch, space, set_values)
-    request = make_request(setup.entry, setup.hardware, gpus=gpus, nodes=nodes, global_batch=global_batch,
+    request = make_request(setup.entry_point, setup.hardware, gpus=gpus, nodes=nodes, global_batch=global_batch,
                            space=setup.space, fixed=setup.fixed, trials=trials,
                            memory_bytes=parse_bytes(memory) if memory is not None else None)
     added = submit(storage, setup.plan(), setup.workload, request)

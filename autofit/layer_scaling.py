@@ -155,9 +155,9 @@ def _fit_segments(small: CutTrace, large: CutTrace, measure: int) -> SegmentFit:
             edges[phase] = (v_small - k * (v_large - v_small), v_large - v_small)
     phases = {}
     for phase in LAYER_PHASES:
-        v_small = {i: peaks[measure] for (p, i), peaks in small.segments.items() if p == phase}
-        v_large = {i: peaks[measure] for (p, i), peaks in large.segments.items() if p == phase}
-        fit = _fit_phase(v_small, v_large, k)
+        by_layer_small = {i: peaks[measure] for (p, i), peaks in small.segments.items() if p == phase}
+        by_layer_large = {i: peaks[measure] for (p, i), peaks in large.segments.items() if p == phase}
+        fit = _fit_phase(by_layer_small, by_layer_large, k)
         if fit is not None:
             phases[phase] = fit
     return SegmentFit(phases=phases, edges=edges)

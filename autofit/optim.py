@@ -59,7 +59,7 @@ def adam_mini_dims(model: Any) -> dict[str, int]:
     (``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``), else from the first module with
     an integer head count and ``head_dim`` (``dim = n_heads x head_dim``). ``{}`` where neither is found.
     """
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)  # a Hugging Face config, if any: read by duck typing
     if isinstance(getattr(config, "hidden_size", None), int) and isinstance(getattr(config, "num_attention_heads", None), int):
         dims = {"dim": config.hidden_size, "n_heads": config.num_attention_heads}
         kv = getattr(config, "num_key_value_heads", None)

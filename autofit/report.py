@@ -110,9 +110,9 @@ def snapshot_section(snapshot: ProbeResult) -> tuple[str, str, list[str], list[l
         f"The winner probed once more ({snapshot.status}) with the caching allocator's history recorded: "
         f"memory_snapshot.pickle in this folder, to open at https://pytorch.org/memory_viz. {advice}"
     )
-    rows = [[key, format_bytes(int(memory[key]))] for key in
+    rows = [[key, format_bytes(int(value))] for key in
             ("max_memory_allocated_bytes", "max_memory_reserved_bytes", "nvml_peak_bytes", "context_bytes")
-            if memory.get(key) is not None]
+            if (value := memory.get(key)) is not None]
     return ("CUDA memory snapshot", text, ["allocator figure", "bytes"], rows)
 
 
@@ -245,7 +245,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def _memory_breakdown(result: SearchResult, path: Path) -> None:
     plt = _pyplot()
-    measured = {}
+    measured: dict[Config, int] = {}
     for t in result.trials:
         if t.status == "ok":
             measured[t.config] = max(measured.get(t.config, 0), t.peak_bytes)
@@ -255,7 +255,7 @@ def _memory_breakdown(result: SearchResult, path: Path) -> None:
     predictions = dict(result.predictions)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     mib = 2**20
-    labels = []
+    labels: list[str] = []
     for i, config in enumerate(chosen):
         prediction = predictions.get(config)
         if prediction is None:

@@ -420,7 +420,7 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckp
             # layer marks whenever layers are cut or checkpointed: they also collect the checkpointed recompute's
             # reference cycles as each layer ends (autofit/trace_layers.py), which a whole trace counted too
             marked = segments is not None or bool(ckpt[0] and layers)
-            counter = _LiveBytes(marks=SegmentMarks(layers, lambda: counter.note()) if marked else None)
+            counter: _LiveBytes = _LiveBytes(marks=SegmentMarks(layers, lambda: counter.note()) if marked else None)
             _ignore_existing(counter, [*model.parameters(), *model.buffers(), *batch_tensors(batch)])
             params = [p for p in model.parameters() if p.requires_grad]
             hooks = [p.register_post_accumulate_grad_hook(_grad_hook(counter)) for p in params]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from autofit.config import Config
 
@@ -81,7 +82,14 @@ class MemoryCorrection:
     def families(self) -> dict[tuple[object, ...], float]:
         """The correction of each measured family (for the report)."""
         seen = {f for f, _ in self.ratios} | {f for f, _ in self.oom_bounds}
-        return {f: self.scale_for(Config(**dict(zip(FAMILY_KEYS, f, strict=True)))) for f in sorted(seen, key=str)}
+        return {f: self.scale_for(_family_config(f)) for f in sorted(seen, key=str)}
+
+
+def _family_config(values: tuple[object, ...]) -> Config:
+    """A config with a family's :data:`FAMILY_KEYS` values (the rest default)."""
+    # the values came from family() of a Config, so each is of its field's type: Any lets them through
+    fields: dict[str, Any] = dict(zip(FAMILY_KEYS, values, strict=True))
+    return Config(**fields)
 
 
 def fit_correction(
