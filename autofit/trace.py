@@ -39,7 +39,7 @@ from autofit.layer_scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, s
 from autofit.trace_attention import SDPA_FLASH, flash_attn_installed, flash_trace_plan, kernel_context
 from autofit.trace_layers import SegmentMarks, cut_workload
 from autofit.trace_structure import fp8_linear_flops, model_structure
-from autofit.trace_tensors import batch_tensors, cast_batch, cpu_sdpa_flop_formulas, first_line, to_dtype
+from autofit.trace_tensors import batch_tensors, cast_batch, cpu_sdpa_flop_formulas, first_line, flop_counter, to_dtype
 from autofit.workload import Workload
 
 __all__ = ["cpu_sdpa_flop_formulas", "middle_checkpointed_layers", "parameter_facts", "trace_config", "trace_micro_batches",
@@ -404,7 +404,6 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckp
     ``ckpt``: ``(checkpoint ratio, granularity)``, applied as :func:`autofit.apply.apply_checkpointing` does;
     ``segments``: filled with the peaks of each segment of the step (:class:`SegmentMarks`)."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from autofit.apply import apply_checkpointing
 
@@ -425,7 +424,7 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckp
             params = [p for p in model.parameters() if p.requires_grad]
             hooks = [p.register_post_accumulate_grad_hook(_grad_hook(counter)) for p in params]
             activation_bytes_at_loss = 0
-            flops = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flop_formulas())
+            flops = flop_counter()
             marking = counter.marks.tracking() if counter.marks else contextlib.nullcontext()
             with flops, _make_tracker(counter), marking:
                 loss = workload.compute_loss(model, batch)

@@ -28,6 +28,39 @@ def cpu_sdpa_flop_formulas() -> dict[Any, Any]:
     }
 
 
+def flop_counter() -> Any:
+    """``torch.utils.flop_counter.FlopCounterMode`` (with :func:`cpu_sdpa_flop_formulas`) whose module tracker
+    registers no gradient hooks while a checkpointed layer recomputes its forward inside backward.
+
+    torch's ``ModuleTracker`` registers a multi-grad hook on the inputs and outputs of every module call and
+    keeps each handle until the mode exits; a hook holds its tensors' ``grad_fn`` nodes, and those hold the
+    tensors they saved. The recompute's graph is never backpropagated, so with the stock tracker every
+    recomputed activation stayed alive to the end of the step: a T5 encoder-decoder, every block checkpointed,
+    bf16, micro-batch 16, counted 243 MiB live at its peak, 64 MiB without the FLOP counter (the probe's
+    measured peak, 186.5 MiB, agrees with the latter within the runtime's share). The recompute's FLOPs are
+    still counted, and still attributed to the modules that run them.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.module_tracker import ModuleTracker
+
+    class RecomputeSafeTracker(ModuleTracker):
+        def _fw_pre_hook(self, mod: Any, input: Any) -> None:
+            if not self.is_bw:
+                super()._fw_pre_hook(mod, input)
+                return
+            self._get_append_fn(self._get_mod_name(mod), False)()
+
+        def _fw_post_hook(self, mod: Any, input: Any, output: Any) -> None:
+            if not self.is_bw:
+                super()._fw_post_hook(mod, input, output)
+                return
+            self._get_pop_fn(self._get_mod_name(mod), False)()
+
+    counter = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flop_formulas())
+    counter.mod_tracker = RecomputeSafeTracker()
+    return counter
+
+
 def to_dtype(model: Any, dtype: Any) -> Any:
     """``model.to(dtype)`` for floating parameters and buffers, done by assignment
     (``Module.to`` swaps tensors in place, which fake tensors do not allow). A parameter shared by
