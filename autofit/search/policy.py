@@ -6,7 +6,7 @@ Each round the driver :func:`observe`\\ s the records and the calibrated prices 
 
 - **Who may be probed.** A candidate predicted within the usable budget, or past it by less than
   the memory model's uncertainty (:func:`memory_band`): its measured peak decides. Candidates are
-  ranked by :func:`expected_speed`, predicted samples/s times the chance it fits, times the chance it runs
+  ranked by :func:`probe_worth`: predicted samples/s times the chance it fits, times the chance it runs
   where its nearest measured families errored (:func:`error_chance`).
 - **Explore first.** Each optimizer and precision is probed once (:func:`unexplored`): what an
   update costs and how fast a dtype runs on a device are what an analytic model knows least.
@@ -120,20 +120,22 @@ def error_chance(config: Config, records: list[TrialRecord]) -> float:
     return sum(near) / len(near)
 
 
+def probe_worth(config: Config, prediction: Prediction, usable_bytes: int, band: float,
+                records: list[TrialRecord]) -> float:
+    """What a probe of ``config`` is worth: :func:`expected_speed` times the chance that it runs
+    (:func:`error_chance` over ``records``)."""
+    return expected_speed(prediction, usable_bytes, band) * (1.0 - error_chance(config, records))
+
+
 def by_expected_speed(
     candidates: list[tuple[Config, Prediction]], usable_bytes: int, band: float,
     records: list[TrialRecord] | None = None,
 ) -> list[tuple[Config, Prediction]]:
-    """The candidates that may fit (within the memory band), by :func:`expected_speed` times the chance that
-    they run (:func:`error_chance` over ``records``), best first: a config predicted just past the budget is
-    probed only where its speed makes up for the doubt."""
-    records = records or []
-
-    def worth(cp: tuple[Config, Prediction]) -> float:
-        return expected_speed(cp[1], usable_bytes, band) * (1.0 - error_chance(cp[0], records))
-
+    """The candidates that may fit (within the memory band), by :func:`probe_worth`, best first: a config
+    predicted just past the budget is probed only where its speed makes up for the doubt."""
+    done = records or []
     may_fit = [(c, p) for c, p in candidates if fit_chance(p, usable_bytes, band) > 0]
-    return sorted(may_fit, key=lambda cp: -worth(cp))
+    return sorted(may_fit, key=lambda cp: -probe_worth(cp[0], cp[1], usable_bytes, band, done))
 
 
 def unexplored(
@@ -227,10 +229,10 @@ def covering_probe(todo: list[tuple[Config, Prediction]], records: list[TrialRec
     """While every probe has failed with one error, the candidate that tries the most family-key values no probe
     has had (the best expected of those): the error's cause is found, or shown to be everywhere, in as few probes
     as the widest key has values."""
-    candidates = [c for c, _ in todo]
+    untried = untried_values(records, [c for c, _ in todo])
 
     def new_values(config: Config) -> int:
-        return sum((key, getattr(config, key)) in untried_values(records, candidates) for key in FAMILY_KEYS)
+        return sum((key, getattr(config, key)) in untried for key in FAMILY_KEYS)
 
     return max(todo, key=lambda cp: new_values(cp[0]))  # max keeps the first of equals: the best expected
 
@@ -355,8 +357,8 @@ def should_stop(state: SearchState, settings: SearchSettings) -> str | None:
     if (
         best is not None
         and state.n_done >= settings.min_probes
-        and expected_speed(state.todo[0][1], state.usable_bytes, state.band) * (1.0 - error_chance(state.todo[0][0], state.records))
-        * (1.0 + state.tolerance) <= best.samples_per_s
+        and probe_worth(*state.todo[0], state.usable_bytes, state.band, state.records) * (1.0 + state.tolerance)
+        <= best.samples_per_s
     ):
         return (
             f"no candidate left could beat the best measured {best.samples_per_s:.3g} samples/s, even "
