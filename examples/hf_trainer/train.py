@@ -20,7 +20,9 @@ the way the Trainer expects:
 * the optimizer: when the JSON has an ``optimizer`` section DeepSpeed builds it and ``optim`` is
   not used; ``adamw8bit`` (no ``optimizer`` section) is ``optim="adamw_bnb_8bit"``; Lion on a CPU
   (DeepSpeed's FusedLion is CUDA-only) goes in as the Trainer's ``optimizers=(optimizer, None)``;
-* ``fp8``: torchao's float8 conversion (:func:`autofit.apply.apply_fp8`), DeepSpeed's bf16 around it.
+* ``fp8``: torchao's float8 conversion (:func:`autofit.apply.apply_fp8`), DeepSpeed's bf16 around it;
+* no GPU: ``use_cpu=True`` (the Trainer refuses ``bf16`` without a GPU otherwise, and a CPU with native bf16
+  can measure it fastest).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def trainer_arguments(ds: dict[str, Any], output_dir: str, max_steps: int) -> di
         "gradient_accumulation_steps": ds["gradient_accumulation_steps"],
         "max_grad_norm": ds.get("gradient_clipping", 1.0),
         "bf16": bool(ds.get("bf16", {}).get("enabled", False)),
+        # without a GPU the Trainer refuses bf16 unless told it trains on the CPU ("Your setup doesn't support
+        # bf16/gpu. You need to assign use_cpu"), and autofit emits bf16 where a CPU measured it fastest
+        "use_cpu": not torch.cuda.is_available(),
         "fp16": bool(ds.get("fp16", {}).get("enabled", False)),
         # the Trainer's own checkpointing wraps whole layers: attention-only goes through autofit.apply instead
         "gradient_checkpointing": float(section.get("checkpoint_ratio", 0.0)) == 1.0

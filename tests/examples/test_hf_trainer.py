@@ -68,9 +68,12 @@ def test_client_optimizers_go_the_trainers_way() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ratio", [0.5, 1.0])
-def test_trainer_trains_three_steps_with_the_emitted_json(tmp_path: Path, ratio: float) -> None:
-    ds = deepspeed_config(_config(checkpoint_ratio=ratio), 1, "cpu")
+@pytest.mark.parametrize(("ratio", "precision", "optimizer"),
+                         [(0.5, "fp32", "adamw"), (1.0, "fp32", "adamw"), (0.0, "bf16", "adafactor")])
+def test_trainer_trains_three_steps_with_the_emitted_json(tmp_path: Path, ratio: float, precision: str,
+                                                          optimizer: str) -> None:
+    # bf16 on the CPU: what autofit emits where the CPU runs bf16 fastest (the Trainer needs use_cpu for it)
+    ds = deepspeed_config(_config(checkpoint_ratio=ratio, precision=precision, optimizer=optimizer), 1, "cpu")
     (tmp_path / "ds_config.json").write_text(json.dumps(ds))
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
                MASTER_ADDR="127.0.0.1", MASTER_PORT="29531", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
