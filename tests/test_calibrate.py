@@ -81,6 +81,18 @@ def test_one_slow_bf16_probe_makes_every_bf16_prediction_slow() -> None:
         )
 
 
+def test_a_device_faster_than_its_nominal_flops_is_learned() -> None:
+    """A CPU whose nominal FLOP/s counts AVX2 FMAs runs bf16 on AVX-512-BF16 units several times faster: the
+    fitted efficiency goes past 1 (achieved over nominal) and the probes are predicted as they ran."""
+    truth = PRIOR.with_(compute_efficiency={"fp32": 0.9, "bf16": 2.3, "fp16": 0.35})
+    observed = [_observe(c, truth) for c in CONFIGS] + [_observe(c.with_(precision="bf16"), truth) for c in CONFIGS]
+    fitted = calibrate(observed, FACTS, CPU, 1, PRIOR)
+    assert fitted.coefficients.efficiency("bf16") > 1.0
+    for config in (CONFIGS[0].with_(precision="bf16"), CONFIGS[-1].with_(precision="bf16")):
+        want = predict(config, FACTS, CPU, 1, truth).step_time_s
+        assert fitted.predict(config, FACTS, CPU, 1).step_time_s == pytest.approx(want, rel=0.05), config.label()
+
+
 def test_unmeasured_dtype_moves_with_the_measured_one() -> None:
     fitted = fit_time([_observe(CONFIGS[0], _truth())], FACTS, CPU, 1, PRIOR)
     ratio = fitted.efficiency("fp32") / PRIOR.efficiency("fp32")

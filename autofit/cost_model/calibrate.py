@@ -47,11 +47,13 @@ from typing import Any
 
 from autofit.config import Config
 from autofit.cost_model import Coefficients, ModelFacts, Prediction, predict
+from autofit.cost_model.coefficients import MAX_EFFICIENCY
 from autofit.cost_model.memory_correction import MemoryCorrection, fit_correction
 from autofit.hardware import Hardware
 
-#: clamp of a fitted compute efficiency (achieved / datasheet FLOP/s)
-EFFICIENCY_RANGE = (1e-5, 1.0)
+#: clamp of a fitted compute efficiency (achieved / datasheet FLOP/s; above 1 where the datasheet undersells the
+#: device, :data:`~autofit.cost_model.coefficients.MAX_EFFICIENCY`)
+EFFICIENCY_RANGE = (1e-5, MAX_EFFICIENCY)
 #: clamp of the factor on one optimizer's update time
 TIME_FACTOR_RANGE = (0.02, 50.0)
 #: weight of the pull toward the prior (u = 1), against one probe's relative residual: small, so it only
