@@ -139,7 +139,9 @@ class _Search:
             record = self.probe(config, "search", self.settings.probe_steps)
             self.n_done += 1
             self.tell(f"{config.label()}: {record.outcome()}")
-            if is_outlier(record, self.records, self.settings.outlier_factor):
+            # the calibration that predicted this probe (not yet refitted on it) judges its neighbours too
+            if is_outlier(record, self.records, self.settings.outlier_factor,
+                          lambda c: self.usable.predict(c, self.calibration).samples_per_s):
                 self.tell(f"{config.label()} ran far from the model and its neighbours: measuring it again")
                 again = self.probe(config, "repeat", self.settings.probe_steps)
                 self.tell(f"{config.label()} again: {again.outcome()}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -237,13 +238,20 @@ def covering_probe(todo: list[tuple[Config, Prediction]], records: list[TrialRec
     return max(todo, key=lambda cp: new_values(cp[0]))  # max keeps the first of equals: the best expected
 
 
-def is_outlier(record: TrialRecord, records: list[TrialRecord], factor: float) -> bool:
+def is_outlier(record: TrialRecord, records: list[TrialRecord], factor: float,
+               predicted_samples: Callable[[Config], float] | None = None) -> bool:
     """A throughput far from its prediction *and* from what its measured neighbours say of the model: its
     measured / predicted samples/s differs from the median of the other search probes' by more than
     ``factor`` either way (a probe that ran while the machine was busy, 7x slow, once moved the calibration
-    and the stop rule for the rest of a search). Needs two other probes to compare with."""
+    and the stop rule for the rest of a search). Needs two other probes to compare with.
+
+    ``predicted_samples``: the model the record was predicted with (the calibration before it), applied to the
+    others too. Without it each probe's own stored prediction is used; those were made by the calibrations of
+    their time, and an uncalibrated first probe 2.4x off then made every well-predicted later probe look 2x off
+    (a Qwen2 search re-measured two probes that ran as predicted)."""
     def ratio(r: TrialRecord) -> float:
-        predicted = float(r.predicted.get("samples_per_s") or 0.0)
+        stored = float(r.predicted.get("samples_per_s") or 0.0)
+        predicted = stored if predicted_samples is None or r is record else predicted_samples(r.config)
         return r.samples_per_s / predicted if predicted > 0 and r.samples_per_s > 0 else 0.0
 
     mine = ratio(record)

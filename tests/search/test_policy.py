@@ -222,6 +222,13 @@ def test_a_probe_far_from_the_model_and_its_neighbours_is_an_outlier_and_its_rep
     assert is_outlier(slow, [*neighbours, slow], 2.0)
     assert not is_outlier(neighbours[0], [*neighbours, slow], 2.0)
     assert not is_outlier(slow, [neighbours[0], slow], 2.0)  # one neighbour is not enough to judge
+    # judged by one model: the neighbours' stored predictions came from an uncalibrated prior (2.4x off), the
+    # model that predicted the new probe explains them all, and the new probe ran as it predicted
+    early = [probed(ADAMW, 2.0, 0.83), probed(SGD, 1.8, 0.75)]
+    on_time = probed(LION, 2.1, 2.1)
+    assert is_outlier(on_time, [*early, on_time], 2.0)
+    now = {ADAMW.key(): 2.0, SGD.key(): 1.8}
+    assert not is_outlier(on_time, [*early, on_time], 2.0, lambda c: now[c.key()])
     again = probed(LION, 1.9, 2.1, phase="repeat")
     used = observations([*neighbours, slow, again], 2**30)
     assert [o.config for o in used] == [ADAMW, SGD, LION] and used[-1].step_time_s == again.observation(2**30).step_time_s
