@@ -188,14 +188,13 @@ def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | No
     wanted = {_k(c) for c in configs}
     done, wall_s = _cached_points(cache, name, wanted) if cache else ({}, 0.0)
     mine = [c for i, c in enumerate(configs) if i % count == index]
-    probed: dict[str, ProbeResult] = {}
     for i, config in enumerate(configs):
         if i % count != index or _k(config) in done:
             continue
         t0 = time.monotonic()
         r = _probe(entry, config, host)
         wall_s += time.monotonic() - t0
-        done[_k(config)] = probed[_k(config)] = r
+        done[_k(config)] = r
         print(
             f"  oracle {name} {i + 1}/{len(configs)} {config.label()}: {r.status} "
             f"{r.samples_per_s:.3g}/s {r.peak_bytes / 2**20:.1f} MiB",

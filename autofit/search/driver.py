@@ -32,7 +32,6 @@ from autofit.errors import AutofitError
 from autofit.plan import Plan
 from autofit.search.advice import nothing_fits
 from autofit.search.policy import (
-    common_error,
     is_outlier,
     next_probe,
     observe,
@@ -218,14 +217,15 @@ def run_search(
     stop_reason = search.explore()
     winner = search.verify()
     if winner is None:
-        candidates = list(plan.candidates)
-        if common_error(search.records, candidates) is not None:
-            raise AutofitError(f"every probe failed with the same error, whatever the config: {shared_error(search.records)}")
-        if shared_error(search.records) is not None:
-            untried = ", ".join(f"{k}={v}" for k, v in sorted(untried_values(search.records, candidates), key=str))
+        error = shared_error(search.records)
+        if error is not None:
+            untried = untried_values(search.records, list(plan.candidates))
+            if not untried:  # policy.common_error: the error came with every setting
+                raise AutofitError(f"every probe failed with the same error, whatever the config: {error}")
+            listed = ", ".join(f"{k}={v}" for k, v in sorted(untried, key=str))
             raise AutofitError(
-                f"all {len(search.records)} probes failed with the same error (not yet tried: {untried}; more "
-                f"--trials try them): {shared_error(search.records)}"
+                f"all {len(search.records)} probes failed with the same error (not yet tried: {listed}; more "
+                f"--trials try them): {error}"
             )
         raise AutofitError(
             nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)

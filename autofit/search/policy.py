@@ -103,16 +103,24 @@ def expected_speed(prediction: Prediction, usable_bytes: int, band: float) -> fl
     return prediction.samples_per_s * fit_chance(prediction, usable_bytes, band)
 
 
-def error_chance(config: Config, records: list[TrialRecord]) -> float:
-    """The chance a probe of ``config`` errors, as its nearest measured families say: of the families a search
-    probe measured at the least :func:`~autofit.cost_model.memory_correction.distance` from ``config``'s, the
-    share that errored. An error comes from some settings together (bf16 with BatchNorm's fp32 buffers at ZeRO
-    0-2, an op a device cannot build): a config that shares more of them with an errored family than with any
-    that ran is likely to meet it too, and is probed after those that are not, not never."""
+def errored_families(records: list[TrialRecord]) -> dict[tuple[object, ...], bool]:
+    """Each family a search probe measured, and whether a probe of it errored."""
     measured: dict[tuple[object, ...], bool] = {}
     for r in records:
         if r.phase == "search":
             measured[family(r.config)] = measured.get(family(r.config), False) or r.status == "error"
+    return measured
+
+
+def error_chance(config: Config, records: list[TrialRecord],
+                 measured: dict[tuple[object, ...], bool] | None = None) -> float:
+    """The chance a probe of ``config`` errors, as its nearest measured families say: of the families a search
+    probe measured at the least :func:`~autofit.cost_model.memory_correction.distance` from ``config``'s, the
+    share that errored. An error comes from some settings together (bf16 with BatchNorm's fp32 buffers at ZeRO
+    0-2, an op a device cannot build): a config that shares more of them with an errored family than with any
+    that ran is likely to meet it too, and is probed after those that are not, not never. ``measured``:
+    :func:`errored_families` of ``records``, when the caller has it already."""
+    measured = errored_families(records) if measured is None else measured
     if not measured:
         return 0.0
     mine = family(config)
@@ -122,10 +130,10 @@ def error_chance(config: Config, records: list[TrialRecord]) -> float:
 
 
 def probe_worth(config: Config, prediction: Prediction, usable_bytes: int, band: float,
-                records: list[TrialRecord]) -> float:
+                records: list[TrialRecord], measured: dict[tuple[object, ...], bool] | None = None) -> float:
     """What a probe of ``config`` is worth: :func:`expected_speed` times the chance that it runs
     (:func:`error_chance` over ``records``)."""
-    return expected_speed(prediction, usable_bytes, band) * (1.0 - error_chance(config, records))
+    return expected_speed(prediction, usable_bytes, band) * (1.0 - error_chance(config, records, measured))
 
 
 def by_expected_speed(
@@ -135,8 +143,9 @@ def by_expected_speed(
     """The candidates that may fit (within the memory band), by :func:`probe_worth`, best first: a config
     predicted just past the budget is probed only where its speed makes up for the doubt."""
     done = records or []
+    measured = errored_families(done)  # once for the whole ranking
     may_fit = [(c, p) for c, p in candidates if fit_chance(p, usable_bytes, band) > 0]
-    return sorted(may_fit, key=lambda cp: -probe_worth(cp[0], cp[1], usable_bytes, band, done))
+    return sorted(may_fit, key=lambda cp: -probe_worth(cp[0], cp[1], usable_bytes, band, done, measured))
 
 
 def unexplored(
