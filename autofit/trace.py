@@ -39,7 +39,15 @@ from autofit.layer_scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, s
 from autofit.trace_attention import SDPA_FLASH, flash_attn_installed, flash_trace_plan, kernel_context
 from autofit.trace_layers import SegmentMarks, cut_workload
 from autofit.trace_structure import fp8_linear_flops, model_structure
-from autofit.trace_tensors import batch_tensors, cast_batch, cpu_sdpa_flop_formulas, first_line, flop_counter, to_dtype
+from autofit.trace_tensors import (
+    batch_tensors,
+    cast_batch,
+    cpu_sdpa_flop_formulas,
+    first_line,
+    flop_counter,
+    kernel_workspace_bytes,
+    to_dtype,
+)
 from autofit.workload import Workload
 
 __all__ = ["cpu_sdpa_flop_formulas", "middle_checkpointed_layers", "parameter_facts", "trace_config", "trace_micro_batches",
@@ -360,13 +368,15 @@ class _LiveBytes:
         self.tracked.discard(key)
         self.live -= n_bytes
 
-    def note(self) -> None:
-        self.peak_with_grads = max(self.peak_with_grads, self.live)
-        self.peak_without_grads = max(self.peak_without_grads, self.live - self.grads)
+    def note(self, workspace: int = 0) -> None:
+        """A moment of the step: the live bytes, plus ``workspace`` the running kernel holds beside them."""
+        live = self.live + workspace
+        self.peak_with_grads = max(self.peak_with_grads, live)
+        self.peak_without_grads = max(self.peak_without_grads, live - self.grads)
         if self.marks is not None:
             key = self.marks.segment()
             with_grads, without_grads = self.segment_peaks.get(key, (0, 0))
-            self.segment_peaks[key] = (max(with_grads, self.live), max(without_grads, self.live - self.grads))
+            self.segment_peaks[key] = (max(with_grads, live), max(without_grads, live - self.grads))
 
 
 def _make_tracker(counter: _LiveBytes) -> Any:
@@ -382,7 +392,7 @@ def _make_tracker(counter: _LiveBytes) -> Any:
             for tensor in tree_leaves(out):
                 if isinstance(tensor, torch.Tensor):
                     self._track(tensor)
-            counter.note()
+            counter.note(kernel_workspace_bytes(func, args, out))
             return out
 
         def _track(self, tensor: Any) -> None:

@@ -80,3 +80,23 @@ def sleeper() -> autofit.Workload:
         handle.write(f"{os.getpid()} {child.pid}\n")
     time.sleep(300)
     raise AssertionError("unreachable")
+
+
+class ConvNet(nn.Module):
+    """Six 3x3 convolutions at one resolution and a linear head: activations are feature maps."""
+
+    def __init__(self, channels: int = 64, n_layers: int = 6) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.layers = nn.ModuleList(nn.Conv2d(channels, channels, 3, padding=1) for _ in range(n_layers))
+        self.head = nn.Linear(channels, 10)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(images))
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return nn.functional.cross_entropy(self.head(x.mean(dim=(2, 3))), labels)
+
+
+def convnet() -> autofit.Workload:
+    return autofit.Workload(model=ConvNet, batch=lambda n: (torch.randn(n, 3, 64, 64), torch.randint(0, 10, (n,))))
