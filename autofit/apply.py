@@ -113,13 +113,36 @@ def _wrap_forward(layer: Any) -> None:
 def build_context(ds: dict[str, Any]) -> Any:
     """The context to build the model in: ``deepspeed.zero.Init(config_dict_or_path=ds)`` for ZeRO-3,
     a no-op context otherwise. ``torch.distributed`` is started first (``deepspeed.init_distributed``,
-    as ``deepspeed.initialize`` would): zero.Init checks the JSON's batch against the world size."""
+    as ``deepspeed.initialize`` would): zero.Init checks the JSON's batch against the world size.
+
+    With transformers installed, a ZeRO-3 build also holds ``HfDeepSpeedConfig(ds)`` (transformers'
+    integrations/deepspeed.py; its documented way to use ZeRO-3 without the Trainer), so a model made with
+    ``from_config``/``from_pretrained`` initialises its weights module by module with the parameters
+    gathered (``initialize_weights_zero3``). A transformers model made by its class's constructor inside
+    zero.Init initialises nothing: its ``_init_weights`` sees empty partitions, and a parameter made with
+    ``torch.empty`` (Mixtral's experts and router in transformers 5) keeps whatever the memory held --
+    nan loss, every step skipped, which the probe reports as an error.
+    """
     if ds.get("zero_optimization", {}).get("stage", 0) != 3:
         return contextlib.nullcontext()
     import deepspeed
 
     deepspeed.init_distributed()
-    return deepspeed.zero.Init(config_dict_or_path=ds)
+    stack = contextlib.ExitStack()
+    hf_config = _hf_deepspeed_config(ds)
+    if hf_config is not None:
+        stack.callback(lambda: hf_config)  # transformers keeps only a weak reference: hold it while building
+    stack.enter_context(deepspeed.zero.Init(config_dict_or_path=ds))
+    return stack
+
+
+def _hf_deepspeed_config(ds: dict[str, Any]) -> Any | None:
+    """``transformers.integrations.HfDeepSpeedConfig(ds)``, or None without transformers."""
+    try:
+        from transformers.integrations import HfDeepSpeedConfig
+    except ImportError:
+        return None
+    return HfDeepSpeedConfig(ds)
 
 
 def client_optimizer(source: Any, ds: dict[str, Any]) -> Any | None:

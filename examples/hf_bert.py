@@ -20,7 +20,7 @@ N_LABELS = 4
 
 
 def build_model(attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, BertConfig
 
     if attention not in ("eager", "sdpa"):
         raise ValueError(f"BERT supports attention 'eager' or 'sdpa', but got {attention=}")
@@ -34,7 +34,7 @@ def build_model(attention: str = "sdpa") -> torch.nn.Module:
         num_labels=N_LABELS,
         attn_implementation=attention,
     )
-    return BertForSequenceClassification(config)
+    return AutoModelForSequenceClassification.from_config(config)
 
 
 def make_batch(n: int) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ SHAPES = {
 
 
 def build_model(name: str, attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     if attention not in ("eager", "sdpa", "flash"):
         raise ValueError(f"attention must be 'eager', 'sdpa' or 'flash', but got {attention=}")
@@ -41,7 +41,7 @@ def build_model(name: str, attention: str = "sdpa") -> torch.nn.Module:
         max_position_embeddings=SEQ_LEN,
         attn_implementation="flash_attention_2" if attention == "flash" else attention,
     )
-    return LlamaForCausalLM(config)
+    return AutoModelForCausalLM.from_config(config)
 
 
 def make_batch(n: int) -> dict[str, torch.Tensor]:

@@ -39,9 +39,9 @@ def config(attention: str = "sdpa"):
 
 
 def build_model(attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    return LlamaForCausalLM(config(attention))
+    return AutoModelForCausalLM.from_config(config(attention))
 
 
 def make_batch(n: int) -> dict[str, torch.Tensor]:

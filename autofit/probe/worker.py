@@ -13,6 +13,7 @@ Memory is metered by :mod:`autofit.probe.meter` (DESIGN.md), steps are timed by
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -130,7 +131,8 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     if snapshot_path:
         snapshot.dump(torch, snapshot_path)
     return {
-        "status": "ok",
+        "status": "ok" if math.isfinite(times.loss) else "error",
+        "message": None if math.isfinite(times.loss) else untrained_message(times.loss),
         **times.summary(),
         "device_memory": meter.report(),
         "n_checkpointed": n_ckpt,
@@ -139,6 +141,13 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
         "elastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),  # set when torch.distributed.run started it
         **built,
     }
+
+
+def untrained_message(loss: float) -> str:
+    """Why a run whose loss is not finite is no candidate: it does not train, whatever it measured."""
+    return (f"the loss was {loss} at the last measured step: this config does not train (one cause under ZeRO-3: "
+            "a transformers model made by its class's constructor inside zero.Init keeps uninitialised weights; "
+            "build it with from_config, autofit.apply.build_context)")
 
 
 def _import_workload(spec: dict[str, Any], config: Any, torch: Any) -> Any:

@@ -36,9 +36,9 @@ def _tokens(n: int, length: int = SEQ_LEN) -> dict[str, torch.Tensor]:
 
 
 def llama_model(attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    return LlamaForCausalLM(LlamaConfig(
+    return AutoModelForCausalLM.from_config(LlamaConfig(
         vocab_size=VOCAB_SIZE, hidden_size=1536, intermediate_size=4096, num_hidden_layers=24,
         num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=SEQ_LEN,
         tie_word_embeddings=False, attn_implementation=_implementation(attention),
@@ -46,18 +46,18 @@ def llama_model(attention: str = "sdpa") -> torch.nn.Module:
 
 
 def gpt2_model(attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM, GPT2Config
 
-    return GPT2LMHeadModel(GPT2Config(
+    return AutoModelForCausalLM.from_config(GPT2Config(
         vocab_size=VOCAB_SIZE, n_positions=SEQ_LEN, n_embd=1280, n_layer=36, n_head=20, bos_token_id=0, eos_token_id=0,
         attn_implementation=_implementation(attention),
     ))
 
 
 def t5_model(attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers import AutoModelForSeq2SeqLM, T5Config
 
-    return T5ForConditionalGeneration(T5Config(
+    return AutoModelForSeq2SeqLM.from_config(T5Config(
         vocab_size=VOCAB_SIZE, d_model=1024, d_kv=64, d_ff=4096, num_layers=24, num_decoder_layers=24,
         num_heads=16, attn_implementation=_implementation(attention) if attention != "flash" else "sdpa",
     ))
@@ -71,9 +71,9 @@ def t5_batch(n: int) -> dict[str, torch.Tensor]:
 
 
 def vit_model(attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import ViTConfig, ViTForImageClassification
+    from transformers import AutoModelForImageClassification, ViTConfig
 
-    return ViTForImageClassification(ViTConfig(
+    return AutoModelForImageClassification.from_config(ViTConfig(
         image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=1280, num_hidden_layers=32,
         num_attention_heads=16, intermediate_size=5120, num_labels=N_CLASSES,
         attn_implementation=_implementation(attention) if attention != "flash" else "sdpa",

@@ -18,7 +18,7 @@ SEQ_LEN = 128
 
 
 def build_model(attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     if attention not in ("eager", "sdpa"):
         raise ValueError(f"attention must be 'eager' or 'sdpa' on this benchmark, but got {attention=}")
@@ -33,7 +33,7 @@ def build_model(attention: str = "sdpa") -> torch.nn.Module:
         tie_word_embeddings=False,
         attn_implementation=attention,
     )
-    return LlamaForCausalLM(config)
+    return AutoModelForCausalLM.from_config(config)
 
 
 def make_batch(n: int) -> dict[str, torch.Tensor]:

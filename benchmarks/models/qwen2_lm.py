@@ -16,7 +16,7 @@ SEQ_LEN = 256
 
 
 def build_model(attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen2Config
 
     if attention not in ("eager", "sdpa"):
         raise ValueError(f"attention must be 'eager' or 'sdpa' on this benchmark, but got {attention=}")
@@ -31,7 +31,7 @@ def build_model(attention: str = "sdpa") -> torch.nn.Module:
         tie_word_embeddings=False,
         attn_implementation=attention,
     )
-    return Qwen2ForCausalLM(config)
+    return AutoModelForCausalLM.from_config(config)
 
 
 def make_batch(n: int) -> dict[str, torch.Tensor]:

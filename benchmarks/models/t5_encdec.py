@@ -20,7 +20,7 @@ TGT_LEN = 64
 
 
 def build_model(attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers import AutoModelForSeq2SeqLM, T5Config
 
     if attention not in ("eager", "sdpa"):
         raise ValueError(f"T5 supports attention 'eager' or 'sdpa', but got {attention=}")
@@ -36,7 +36,7 @@ def build_model(attention: str = "sdpa") -> torch.nn.Module:
         pad_token_id=0,
         attn_implementation=attention,
     )
-    return T5ForConditionalGeneration(config)
+    return AutoModelForSeq2SeqLM.from_config(config)
 
 
 def make_batch(n: int) -> dict[str, torch.Tensor]:

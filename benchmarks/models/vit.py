@@ -17,7 +17,7 @@ N_CLASSES = 100
 
 
 def build_model(attention: str = "sdpa") -> torch.nn.Module:
-    from transformers import ViTConfig, ViTForImageClassification
+    from transformers import AutoModelForImageClassification, ViTConfig
 
     if attention not in ("eager", "sdpa"):
         raise ValueError(f"ViT here supports attention 'eager' or 'sdpa', but got {attention=}")
@@ -32,7 +32,7 @@ def build_model(attention: str = "sdpa") -> torch.nn.Module:
         num_labels=N_CLASSES,
         attn_implementation=attention,
     )
-    return ViTForImageClassification(config)
+    return AutoModelForImageClassification.from_config(config)
 
 
 def make_batch(n: int) -> dict[str, torch.Tensor]:

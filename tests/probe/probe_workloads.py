@@ -82,6 +82,33 @@ def sleeper() -> autofit.Workload:
     raise AssertionError("unreachable")
 
 
+def nan_loss() -> autofit.Workload:
+    """Trains without error, but its loss is nan: the probe must not call that a measured candidate."""
+
+    def loss(model: nn.Module, batch: tuple) -> torch.Tensor:
+        return model(*batch) * float("nan")
+
+    return autofit.Workload(model=lambda: Net(), batch=_batch(WIDTH, 16), loss=loss)
+
+
+def mixtral() -> autofit.Workload:
+    """A tiny transformers Mixtral built with ``from_config``: its experts and router are ``torch.empty``
+    parameters that only transformers' own weight initialisation fills."""
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    vocab, seq = 512, 32
+    config = MixtralConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                           max_position_embeddings=seq, output_router_logits=True)
+
+    def batch(n: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab, (n, seq))
+        return {"input_ids": ids, "labels": ids}
+
+    return autofit.Workload(model=lambda: AutoModelForCausalLM.from_config(config), batch=batch,
+                            layers=lambda model: list(model.model.layers), tokens_per_sample=seq)
+
+
 class ConvNet(nn.Module):
     """Six 3x3 convolutions at one resolution and a linear head: activations are feature maps."""
 

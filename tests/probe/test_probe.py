@@ -97,6 +97,33 @@ def test_an_entry_that_raises_is_error_with_its_message(name: str, text: str) ->
 
 
 @pytest.mark.slow
+def test_a_probe_whose_loss_is_nan_is_an_error_not_a_measurement() -> None:
+    result = run_probe(entry("nan_loss"), Config(), CPU, steps=1, timeout_s=START_S)
+    assert result.status == "error"
+    assert "does not train" in result.message and "nan" in result.message
+
+
+@pytest.mark.slow
+def test_a_transformers_model_built_under_zero3_is_initialised_and_trains() -> None:
+    """Mixtral's experts and router are ``torch.empty`` parameters: built under zero.Init alone they keep
+    whatever the memory held (bf16: nan loss, every step skipped as an overflow). build_context holds
+    transformers' HfDeepSpeedConfig too, so ``from_config`` initialises them gathered."""
+    pytest.importorskip("transformers")
+    config = Config(precision="bf16", zero_stage=3, optimizer="adamw", micro_batch_size=2, checkpoint_ratio=0.0)
+    result = run_probe(entry("mixtral"), config, CPU, steps=2, timeout_s=START_S)
+    assert result.status == "ok", result.message
+
+
+def test_cpu_ranks_cap_onednn_primitive_caches_unless_the_user_set_them() -> None:
+    from autofit.probe.launch import ONEDNN_CACHE_CAPACITY, rank_env
+
+    env = rank_env({}, 0, 1, 29500, "cpu")
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == env["LRU_CACHE_CAPACITY"] == str(ONEDNN_CACHE_CAPACITY)
+    assert rank_env({"LRU_CACHE_CAPACITY": "1024"}, 0, 1, 29500, "cpu")["LRU_CACHE_CAPACITY"] == "1024"
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in rank_env({}, 0, 1, 29500, "cuda")
+
+
+@pytest.mark.slow
 def test_timeout_kills_the_whole_process_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pidfile = tmp_path / "pids"
     monkeypatch.setenv("AUTOFIT_TEST_PIDFILE", str(pidfile))
