@@ -112,12 +112,14 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, 
 
 #: scratch bytes per element of the tensor an optimizer step works on, beyond its states.
 #: CPU values: measured on DeepSpeed 0.19 / bitsandbytes 0.50 / torch 2.13 (benchmarks/deepspeed_states.py);
-#: bitsandbytes' CPU path dequantizes both states to fp32 and builds the update in fp32. SGD with weight decay
+#: bitsandbytes' CPU AdamW (backends/cpu/ops.py ``_optimizer_update_8bit_blockwise_cpu``) dequantizes both
+#: states to fp32 (8), scales the gradient out of place (4) and builds ``state2.sqrt() / correction2`` (4 + 4):
+#: 20 B an element at that moment, as measured (19.7-20.0 on flat tensors of 0.26-16.8 M elements). SGD with weight decay
 #: adds it out of place (torch/optim/sgd.py ``grad.add(param, alpha=weight_decay)``), one tensor at a time on
 #: the CPU (``_single_tensor_sgd``): measured 62.5 MiB = 4 x the largest parameter in a Qwen2 bf16 ZeRO-0 init.
 #: CUDA: fused kernels (FusedAdam, FusedLion, bitsandbytes' CUDA kernels) update in place.
 TRANSIENT_BYTES_PER_ELEMENT = {
-    "cpu": {"adamw": 0.0, "adamw8bit": 16.0, "lion": 0.0, "adafactor": 4.0, "sgd": 4.0, "adam_mini": 4.0},
+    "cpu": {"adamw": 0.0, "adamw8bit": 20.0, "lion": 0.0, "adafactor": 4.0, "sgd": 4.0, "adam_mini": 4.0},
     "cuda": {"adamw": 0.0, "adamw8bit": 0.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0, "adam_mini": 4.0},
 }
 
@@ -230,6 +232,7 @@ def _stage12_states(config: Config, facts: ModelFacts, shard: float, device_kind
     # through backward; on the CPU its pages are touched as gradients arrive, while activations free.
     # Its dtype is _gradient_reduction_buffer_dtype(): the working precision, as autofit's JSON sets no
     # data_types.grad_accum_dtype (fp32 only for a 16-bit ZeRO-1 that accumulates in fp32)
+    # (memory_phases prices the filling bucket as gradients kept through backward)
     bucket_bytes = reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind)
     grads_resident = bucket_bytes if device_kind == "cuda" else 0.0
     return ModelStates(
@@ -260,9 +263,11 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
         params=params, master=FP32 * shard, optimizer=optimizer,
         grads_resident=w * shard + reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind),
         gathered_params=w * stage3_live_elements(partitioned - partitioned / world_size, facts.largest_module_params),
-        # stage3.py initialize_optimizer_states: an fp32 gradient buffer for the optimizer beside the partition
-        grads_step=FP32 * shard + FP32 * shard,
-        step_scratch=max(0.0, optimizer_scratch),
+        # stage3.py _prepare_fp32_grad_for_sub_group: the partition's gradients flattened into a new tensor and
+        # cast to fp32 (``flatten(...).to(fp32)``: in 16-bit the flat copy and its fp32 cast are alive at once)
+        # become the fp32 partition's .grad for the step
+        grads_step=FP32 * shard,
+        step_scratch=max(optimizer_scratch, w * shard if w != FP32 else 0.0),
         # deepspeed.initialize: defragment() copies the partitions into one flat buffer; the fp32 master is
         # made by .to(fp32) and then .clone() (stage3.py _create_fp32_partitions): twice for a moment
         init_extra=max(0.0, w * shard + 2 * FP32 * shard - (built - params)),
@@ -363,10 +368,12 @@ def memory_phases(
     runtime = int(hardware.context_bytes + coefficients.runtime_overhead_bytes + facts.buffer_bytes)
     runtime_at_init = int(hardware.context_bytes + min(coefficients.runtime_at_init_bytes,
                                                         coefficients.runtime_overhead_bytes) + facts.buffer_bytes)
-    # plain autograd keeps each gradient where it is produced (ZeRO 0); with accumulation the
+    # plain autograd keeps each gradient where it is produced (ZeRO 0; ZeRO-1, which reduces them only after
+    # backward); on a CPU, ZeRO-2's reduce bucket is written as gradients arrive, so it too grows with them
+    # while the activations free (a GPU's bucket is reserved whole: grads_resident). With accumulation the
     # first micro-batch's gradients are held through every later forward and backward
-    stage0 = config.zero_stage == 0
-    keep_grads = stage0 and config.grad_accum_steps == 1
+    grads_grow = config.zero_stage in (0, 1) or (config.zero_stage == 2 and hardware.kind == "cpu")
+    keep_grads = grads_grow and config.grad_accum_steps == 1
     held_grads = accumulated_grad_bytes(config, facts, world_size) if config.grad_accum_steps > 1 else 0.0
     activations = activation_peak_bytes(config, facts, keep_grads)
     return {
