@@ -164,6 +164,8 @@ def _import_workload(spec: dict[str, Any], config: Any, torch: Any) -> Any:
     # (transformers loads its modeling modules on first use): imports, not training memory
     with torch.device("meta"):
         workload.build_model(attention=config.attention)
+    if "transformers" in sys.modules:  # what autofit.apply.build_context imports for a ZeRO-3 build
+        import transformers.integrations  # noqa: F401
     return workload
 
 
