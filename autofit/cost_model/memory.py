@@ -117,11 +117,26 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, 
 #: 20 B an element at that moment, as measured (19.7-20.0 on flat tensors of 0.26-16.8 M elements). SGD with weight decay
 #: adds it out of place (torch/optim/sgd.py ``grad.add(param, alpha=weight_decay)``), one tensor at a time on
 #: the CPU (``_single_tensor_sgd``): measured 62.5 MiB = 4 x the largest parameter in a Qwen2 bf16 ZeRO-0 init.
+#: Lion on the CPU is autofit's own (autofit/optim.py ``make_lion``): ``m.mul(beta1)`` makes the update out of
+#: place, 4 B an element (measured 18.6 MiB on a 4.87 M-element ZeRO-2 partition). Adafactor (torch/optim/_adafactor.py
+#: ``_single_tensor_adafactor``) on a matrix forms ``row_var @ col_var`` (4 B an element) and updates in it.
 #: CUDA: fused kernels (FusedAdam, FusedLion, bitsandbytes' CUDA kernels) update in place.
 TRANSIENT_BYTES_PER_ELEMENT = {
-    "cpu": {"adamw": 0.0, "adamw8bit": 20.0, "lion": 0.0, "adafactor": 4.0, "sgd": 4.0, "adam_mini": 4.0},
+    "cpu": {"adamw": 0.0, "adamw8bit": 20.0, "lion": 4.0, "adafactor": 4.0, "sgd": 4.0, "adam_mini": 4.0},
     "cuda": {"adamw": 0.0, "adamw8bit": 0.0, "lion": 0.0, "adafactor": 4.0, "sgd": 0.0, "adam_mini": 4.0},
 }
+#: Adafactor on a vector -- ZeRO 1-3's flat partition -- keeps ``grad * grad`` alive beside ``variance.clone()``
+#: (``_single_tensor_adafactor``; ``_multi_tensor_adafactor`` the same with foreach ops): 8 B an element, measured
+#: 36.8 MiB on a 4.87 M-element ZeRO-3 partition.
+FLAT_ADAFACTOR_TRANSIENT_BYTES = 8.0
+
+
+def optimizer_scratch_bytes(optimizer: str, device_kind: str, n_elements: float, flat: bool) -> float:
+    """Bytes an optimizer step holds beyond its states while it updates ``n_elements`` (one tensor at a time:
+    the largest parameter; under ZeRO 1-3 the flat partition, ``flat``)."""
+    if flat and optimizer == "adafactor":
+        return FLAT_ADAFACTOR_TRANSIENT_BYTES * n_elements
+    return TRANSIENT_BYTES_PER_ELEMENT[device_kind][optimizer] * n_elements
 
 
 @dataclass(frozen=True)
@@ -179,11 +194,10 @@ def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind
     psi = float(facts.n_trainable_params)
     stage = config.zero_stage
     shard = psi / world_size if stage >= 1 else psi
-    scratch_per_element = TRANSIENT_BYTES_PER_ELEMENT[device_kind][config.optimizer]
     stepped_elements = shard if stage >= 1 else facts.largest_param_numel
     common = {
         "optimizer": optimizer_state_bytes(config.optimizer, facts, shard, flat=stage >= 1),
-        "optimizer_scratch": scratch_per_element * stepped_elements,
+        "optimizer_scratch": optimizer_scratch_bytes(config.optimizer, device_kind, stepped_elements, flat=stage >= 1),
         # a CPU device is the process that builds the fp32 model; a GPU receives it cast to w (engine.py)
         "built": float(FP32 * facts.n_params) if device_kind == "cpu" else WORKING_BYTES[config.precision] * facts.n_params,
     }
@@ -232,15 +246,17 @@ def _stage12_states(config: Config, facts: ModelFacts, shard: float, device_kind
     # through backward; on the CPU its pages are touched as gradients arrive, while activations free.
     # Its dtype is _gradient_reduction_buffer_dtype(): the working precision, as autofit's JSON sets no
     # data_types.grad_accum_dtype (fp32 only for a 16-bit ZeRO-1 that accumulates in fp32)
-    # (memory_phases prices the filling bucket as gradients kept through backward)
+    # (memory_phases prices the filling bucket as gradients kept through backward). After backward the filled
+    # bucket sits beside the gradient partition; by the optimizer's own step it is spent (measured: the step of a
+    # 4.87 M-element ZeRO-2 partition began 18.6 MiB -- the fp32 partition's gradient -- above the resident state)
     bucket_bytes = reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind)
     grads_resident = bucket_bytes if device_kind == "cuda" else 0.0
     return ModelStates(
         params=params, master=FP32 * shard, optimizer=optimizer, grads_resident=grads_resident,
         gathered_params=0.0,
-        # the fp32 gradient partition handed to the optimizer, next to the filled bucket
-        grads_step=FP32 * shard + bucket_bytes - grads_resident,
-        step_scratch=max(0.0, optimizer_scratch),
+        # the fp32 gradient partition handed to the optimizer
+        grads_step=FP32 * shard,
+        step_scratch=max(optimizer_scratch, bucket_bytes - grads_resident),
         # flat buffer and fp32 partition next to the built model
         init_extra=max(0.0, w * psi + FP32 * shard - (built - params)),
         built=built,
