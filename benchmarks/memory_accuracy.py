@@ -44,6 +44,7 @@ from autofit.cost_model.memory import model_states  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
 from autofit.plan import trace_for  # noqa: E402
 from autofit.probe import run_probe  # noqa: E402
+from autofit.probe.ops import prepare_ops  # noqa: E402
 from autofit.workload import load_workload  # noqa: E402
 
 MODELS = [
@@ -166,6 +167,7 @@ def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[st
     workload = load_workload(entry)
     configs = runnable(configs, workload)
     facts = trace_for(workload, configs)
+    prepare_ops(configs, hardware)  # an op built inside a probe would be measured with it
     rows = []
     for config in configs:
         started = time.time()
