@@ -116,7 +116,7 @@ def build_context(ds: dict[str, Any]) -> Any:
     a no-op context otherwise. ``torch.distributed`` is started first (``deepspeed.init_distributed``,
     as ``deepspeed.initialize`` would): zero.Init checks the JSON's batch against the world size.
 
-    With transformers installed, a ZeRO-3 build also holds ``HfDeepSpeedConfig(ds)`` (transformers'
+    Where the workload uses transformers, a ZeRO-3 build also holds ``HfDeepSpeedConfig(ds)`` (transformers'
     integrations/deepspeed.py; its documented way to use ZeRO-3 without the Trainer), so a model made with
     ``from_config``/``from_pretrained`` initialises its weights module by module with the parameters
     gathered (``initialize_weights_zero3``). A transformers model made by its class's constructor inside
@@ -130,21 +130,23 @@ def build_context(ds: dict[str, Any]) -> Any:
 
     deepspeed.init_distributed()
     stack = contextlib.ExitStack()
-    hf_config = _hf_deepspeed_config(ds)
-    if hf_config is not None:
+    hf_config_class = hf_deepspeed_config_class()
+    if hf_config_class is not None:
+        hf_config = hf_config_class(ds)
         stack.callback(lambda: hf_config)  # transformers keeps only a weak reference: hold it while building
     stack.enter_context(deepspeed.zero.Init(config_dict_or_path=ds))
     return stack
 
 
-def _hf_deepspeed_config(ds: dict[str, Any]) -> Any | None:
-    """``transformers.integrations.HfDeepSpeedConfig(ds)`` when the workload has imported transformers, else None
-    (a model that does not use transformers is not charged its import: 16 MiB of resident memory)."""
+def hf_deepspeed_config_class() -> Any | None:
+    """``transformers.integrations.HfDeepSpeedConfig`` when the workload has imported transformers, else None
+    (a model that does not use transformers is not charged its import: 16 MiB of resident memory). The probe
+    calls it before its memory baseline, so the import is not measured as training memory."""
     if "transformers" not in sys.modules:
         return None
     from transformers.integrations import HfDeepSpeedConfig
 
-    return HfDeepSpeedConfig(ds)
+    return HfDeepSpeedConfig
 
 
 def client_optimizer(source: Any, ds: dict[str, Any]) -> Any | None:

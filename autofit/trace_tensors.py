@@ -3,6 +3,7 @@ leaves them uncounted), and the casts of a fake model and its batch to the trace
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 
@@ -71,15 +72,21 @@ def kernel_workspace_bytes(func: Any, args: Any, out: Any) -> int:
     input and the incoming gradient, or of the weight where that is larger. cuDNN's workspace on a GPU
     depends on the algorithm it picks and is not measured here; the same bytes are assumed.
     """
-    import torch
-
-    aten = torch.ops.aten
-    if func is aten.convolution.default:
+    forward, backward = _convolution_ops()
+    if func is forward:
         return _nbytes(out) + _nbytes(args[1])
-    if func is aten.convolution_backward.default:
+    if func is backward:
         grad_output, conv_input, weight = args[0], args[1], args[2]
         return max(_nbytes(grad_output) + _nbytes(conv_input), _nbytes(weight))
     return 0
+
+
+@functools.cache
+def _convolution_ops() -> tuple[Any, Any]:
+    """aten's convolution and its backward, looked up once (the trace asks for every op it runs)."""
+    import torch
+
+    return torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default
 
 
 def _nbytes(tensor: Any) -> int:

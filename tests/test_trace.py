@@ -210,18 +210,19 @@ def test_counting_flops_keeps_no_checkpointed_recompute_alive(monkeypatch: pytes
 #: first-use allocations), in a process that returns freed tensors to the OS (DESIGN.md's measurement)
 CONV_STEP = """
 import sys, torch
-sys.path.insert(0, sys.argv[1])
-from probe_workloads import ConvNet
 from autofit.probe.memory import hwm_bytes, reset_peak, rss_bytes
+from autofit.workload import load_workload
 torch.manual_seed(0)
-net, x, y = ConvNet(), torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,))
+workload = load_workload(sys.argv[1])
+net, batch = workload.build_model(), workload.batch(16)
 for _ in range(3):
     net.zero_grad(set_to_none=True)
     base = rss_bytes()
     reset_peak()
-    net(x, y).backward()
+    workload.compute_loss(net, batch).backward()
 print(hwm_bytes() - base)
 """
+CONVNET = f"{Path(__file__).resolve().parent / 'probe' / 'probe_workloads.py'}:convnet"
 
 
 @pytest.mark.slow
@@ -233,18 +234,12 @@ def test_a_conv_nets_trace_counts_the_copies_its_convolutions_make() -> None:
     import subprocess
     import sys
 
-    probe_dir = Path(__file__).resolve().parent / "probe"
-    sys.path.insert(0, str(probe_dir))
-    try:
-        from probe_workloads import convnet
-    finally:
-        sys.path.remove(str(probe_dir))
     from autofit.cost_model.memory import activation_peak_bytes
     from autofit.plan import trace_for
 
     config = Config(micro_batch_size=16, checkpoint_ratio=0.0, precision="fp32", optimizer="sgd", zero_stage=0)
-    traced = activation_peak_bytes(config, trace_for(convnet(), [config]), keep_grads=True)
+    traced = activation_peak_bytes(config, trace_for(load_workload(CONVNET), [config]), keep_grads=True)
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", CONV_STEP, str(probe_dir)], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", CONV_STEP, CONVNET], env=env, capture_output=True, text=True,
                           timeout=300, check=True)
     assert traced == pytest.approx(int(done.stdout.split()[-1]), rel=0.04)

@@ -130,9 +130,10 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     phases["steps_s"] = time.time() - t_steps
     if snapshot_path:
         snapshot.dump(torch, snapshot_path)
+    trains = math.isfinite(times.loss)
     return {
-        "status": "ok" if math.isfinite(times.loss) else "error",
-        "message": None if math.isfinite(times.loss) else untrained_message(times.loss),
+        "status": "ok" if trains else "error",
+        "message": None if trains else untrained_message(times.loss),
         **times.summary(),
         "device_memory": meter.report(),
         "n_checkpointed": n_ckpt,
@@ -156,7 +157,7 @@ def _import_workload(spec: dict[str, Any], config: Any, torch: Any) -> Any:
         import bitsandbytes  # noqa: F401
     except ImportError:
         pass
-    import autofit.apply  # noqa: F401
+    from autofit.apply import hf_deepspeed_config_class
     from autofit.workload import load_workload
 
     workload = load_workload(spec["entry"])
@@ -164,8 +165,7 @@ def _import_workload(spec: dict[str, Any], config: Any, torch: Any) -> Any:
     # (transformers loads its modeling modules on first use): imports, not training memory
     with torch.device("meta"):
         workload.build_model(attention=config.attention)
-    if "transformers" in sys.modules:  # what autofit.apply.build_context imports for a ZeRO-3 build
-        import transformers.integrations  # noqa: F401
+    hf_deepspeed_config_class()  # what build_context imports for a ZeRO-3 build
     return workload
 
 
