@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from autofit.trace_hooks import counting_multi_grad_hooks
+
 
 def cpu_sdpa_flop_formulas() -> dict[Any, Any]:
     """FLOP formulas for the CPU's SDPA kernels, which ``torch.utils.flop_counter`` leaves uncounted.
@@ -39,8 +41,10 @@ def flop_counter() -> Any:
     recomputed activation stayed alive to the end of the step: a T5 encoder-decoder, every block checkpointed,
     bf16, micro-batch 16, counted 243 MiB live at its peak, 64 MiB without the FLOP counter (the probe's
     measured peak, 186.5 MiB, agrees with the latter within the runtime's share). The recompute's FLOPs are
-    still counted, and still attributed to the modules that run them.
+    still counted, and still attributed to the modules that run them. Its multi-grad hooks keep no gradient
+    (:mod:`autofit.trace_hooks`).
     """
+    from torch.utils import module_tracker
     from torch.utils.flop_counter import FlopCounterMode
     from torch.utils.module_tracker import ModuleTracker
 
@@ -56,6 +60,17 @@ def flop_counter() -> Any:
                 super()._fw_post_hook(mod, input, output)
                 return
             self._get_pop_fn(self._get_mod_name(mod), False)()
+
+        def __enter__(self) -> Any:
+            self._holds_no_grads = counting_multi_grad_hooks(module_tracker)
+            self._holds_no_grads.__enter__()
+            return super().__enter__()
+
+        def __exit__(self, *args: Any) -> None:
+            try:
+                super().__exit__(*args)
+            finally:
+                self._holds_no_grads.__exit__(None, None, None)
 
     counter = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flop_formulas())
     counter.mod_tracker = RecomputeSafeTracker()
