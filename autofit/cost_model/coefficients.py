@@ -42,6 +42,10 @@ class Coefficients:
     runtime_overhead_bytes: int = 0
     """Memory the runtime holds beyond tensors once training runs (allocator arenas, thread pools,
     communicator buffers); the CUDA context is counted separately from the hardware preset."""
+    runtime_16bit_extra_bytes: int = 0
+    """What the runtime holds beyond ``runtime_overhead_bytes`` when the model computes in 16 bits (bf16,
+    fp16): on the CPU their matmuls run through oneDNN's JIT kernels instead of MKL's, with their own
+    primitives, scratch and code pages; appears with the first forward, like the rest of the overhead."""
     runtime_at_init_bytes: int = 0
     """The part of ``runtime_overhead_bytes`` already held while ``deepspeed.initialize`` runs (the
     communicator's buffers); the rest appears with the first forward and backward."""
@@ -95,6 +99,10 @@ class Coefficients:
             # measured on this project's CPU machine (benchmarks/memory_accuracy.py, fp32 rows):
             # oneDNN scratch, OpenMP pools and allocator arenas of a process that trains
             runtime_overhead_bytes=34 * MIB,
+            # the same config in bf16 and fp32 on the three examples (gpt, mlp, hf_bert; ZeRO 0, 1, 2;
+            # micro-batches 4 and 16): bf16's peak sits 4.4-8.7 MiB, median 6.0, further above its
+            # prediction than fp32's does, every tensor priced alike (benchmarks/memory_accuracy.py rows)
+            runtime_16bit_extra_bytes=6 * MIB,
             # resident memory once deepspeed.initialize returns (fp32, ZeRO-0) less the parameters' bytes:
             # gloo and DeepSpeed's CPU shared-memory communicator; 9.9-10.8 MiB on three models of
             # 4.8 M to 57 M parameters (ViT, GQA-LLaMA, Qwen2: independent of the model)

@@ -385,7 +385,8 @@ def memory_phases(
 ) -> dict[str, MemoryBreakdown]:
     """The bytes held at the worst moment of each phase (``init``, ``backward``, ``step``; module docstring)."""
     states = model_states(config, facts, world_size, hardware.kind)
-    runtime = int(hardware.context_bytes + coefficients.runtime_overhead_bytes + facts.buffer_bytes)
+    runtime = int(hardware.context_bytes + coefficients.runtime_overhead_bytes + facts.buffer_bytes
+                  + (coefficients.runtime_16bit_extra_bytes if config.precision != "fp32" else 0))
     runtime_at_init = int(hardware.context_bytes + min(coefficients.runtime_at_init_bytes,
                                                         coefficients.runtime_overhead_bytes) + facts.buffer_bytes)
     # plain autograd keeps each gradient where it is produced (ZeRO 0; ZeRO-1, which reduces them only after
