@@ -39,7 +39,7 @@ def test_each_rung_adds_its_technique_to_the_one_before() -> None:
         3, "cpu", "cpu", "bf16", 1.0)
 
 
-def test_ladder_json_gives_predicted_peaks_that_do_not_rise_down_the_ladder() -> None:
+def test_ladder_json_gives_predicted_peaks_that_fall_with_every_rung_but_mixed_precision() -> None:
     document = ladder_json("--gpus", "2")
     rows = document["rungs"]
     assert [row["name"] for row in rows] == [rung.name for rung in rungs("bf16", 2)]
@@ -48,8 +48,12 @@ def test_ladder_json_gives_predicted_peaks_that_do_not_rise_down_the_ladder() ->
     # ZeRO-3 + CPU offload cannot run when the device is the CPU: refused with the rule's reason, never "fits"
     assert rows[-1]["fits"] is False and "the device is the CPU" in rows[-1]["reason"]
     runnable = [row["predicted"]["peak_bytes"] for row in rows[:-1]]
-    assert runnable == sorted(runnable, reverse=True), runnable
-    assert runnable[0] > runnable[-1]
+    # mixed precision adds the fp32 master and, on a CPU, oneDNN's 16-bit runtime: on a model this small and
+    # fully checkpointed it saves less than that (the README's ladder shows the same at micro-batch 1)
+    falls = [later <= earlier for earlier, later, row in zip(runnable, runnable[1:], rows[1:], strict=False)
+             if row["name"] != "+ mixed precision"]
+    assert all(falls) and len(falls) == len(runnable) - 2, runnable
+    assert runnable[0] == max(runnable) > runnable[-1]
     assert all(row["fits"] and row["measured"] is None for row in rows[:-1])
 
 
