@@ -426,9 +426,11 @@ def memory_phases(
             activations=int(activations + fp8_cast_bytes(config, facts)),
             other=runtime,
         ),
-        # ZeRO-3's last gradient bucket is reduced after the activations are freed
+        # ZeRO-3's last gradient bucket is reduced when backward is over (stage3.py
+        # independent_gradient_partition_epilogue): the activations are freed and so are the gathered
+        # parameters, each module's after its own backward (parameter_offload.py post_sub_module_backward_function)
         "reduce": MemoryBreakdown(
-            params=int(states.params + states.gathered_params),
+            params=int(states.params),
             grads=int(states.grads_resident + held_grads + states.reduce_scratch),
             optimizer=int(states.master + states.optimizer),
             activations=0,
