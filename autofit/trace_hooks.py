@@ -5,7 +5,7 @@ tensor of ``tensors`` has its gradient, and keeps each gradient that arrives unt
 PyTorch's module trackers (``torch.utils.module_tracker.ModuleTracker``, which ``FlopCounterMode`` uses,
 and ``torch.distributed._tools.mod_tracker.ModTracker``) register one on the inputs and outputs of every
 module call to learn where its backward ends. Where an input is shared by many layers (a T5 decoder's
-``encoder_hidden_states``, each stack's ``position_bias``; a MoE model's), its gradient is complete only
+``encoder_hidden_states``, each stack's ``position_bias``), its gradient is complete only
 at the end of the whole backward, and each layer's other input gradients were held till then: bytes no
 training run holds (T5 at micro-batch 16 in fp32, every block checkpointed: 122.7 MiB traced, 102.6
 measured by resident memory without the trackers; 103.7 with ModTracker alone, 126.2 with the FLOP
@@ -14,20 +14,16 @@ counter). The trackers' callbacks take no gradients, so the trace runs them with
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, Literal
 
 
-@contextlib.contextmanager
-def counting_multi_grad_hooks(tracker_module: ModuleType) -> Iterator[None]:
-    """While it runs, ``tracker_module`` (a tracker's module, which imports ``register_multi_grad_hook`` by
-    name) registers :func:`counting_multi_grad_hook` instead."""
+def counting_multi_grad_hooks(tracker_module: ModuleType) -> Any:
+    """A patch (a context manager, or ``start()`` / ``stop()``) under which ``tracker_module`` (a tracker's
+    module, which imports ``register_multi_grad_hook`` by name) registers :func:`counting_multi_grad_hook`."""
     from unittest import mock
 
-    with mock.patch.object(tracker_module, "register_multi_grad_hook", counting_multi_grad_hook):
-        yield
+    return mock.patch.object(tracker_module, "register_multi_grad_hook", counting_multi_grad_hook)
 
 
 def counting_multi_grad_hook(tensors: Any, fn: Any, *, mode: Literal["all", "any"] = "all") -> Any:

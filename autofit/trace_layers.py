@@ -199,4 +199,3 @@ class SegmentMarks:
             if enabled:
                 gc.enable()
             gc.unfreeze()
-

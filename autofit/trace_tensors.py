@@ -63,14 +63,14 @@ def flop_counter() -> Any:
 
         def __enter__(self) -> Any:
             self._holds_no_grads = counting_multi_grad_hooks(module_tracker)
-            self._holds_no_grads.__enter__()
+            self._holds_no_grads.start()
             return super().__enter__()
 
         def __exit__(self, *args: Any) -> None:
             try:
                 super().__exit__(*args)
             finally:
-                self._holds_no_grads.__exit__(None, None, None)
+                self._holds_no_grads.stop()
 
     counter = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flop_formulas())
     counter.mod_tracker = RecomputeSafeTracker()
