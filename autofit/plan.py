@@ -9,6 +9,7 @@ run`` prices it again after every probe with the calibrated ones. Both go throug
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -78,6 +79,7 @@ class Plan:
             checkpoints_attention=_checkpoints_attention(workload, space, fixed),
         )
         configs = tuple(enumeration.candidates)
+        facts = facts or trace_for(workload, configs)
         return cls(
             entry=entry,
             name=workload.name or entry,
@@ -88,7 +90,7 @@ class Plan:
             fixed=fixed,
             candidates=configs,
             rejected=tuple(enumeration.rejected),
-            facts=facts or trace_for(workload, configs),
+            facts=with_kernel_footprints(facts, entry, configs) if hardware.kind == "cpu" else facts,
             coefficients=coefficients or Coefficients.for_hardware(hardware),
         )
 
@@ -138,3 +140,18 @@ def trace_for(workload: Workload, configs: tuple[Config, ...] | list[Config]) ->
     return trace_workload(workload, precisions=precisions, attentions=attentions, checkpoint_ratios=ratios,
                           optimizers=optimizers, checkpoint_granularities=granularities,
                           micro_batches=trace_micro_batches(largest))
+
+
+def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
+    """``facts`` with the model's kernel footprint measured for every precision the configs compute in, on a CPU
+    device (:mod:`autofit.probe.footprint`, a few seconds each). A model too large to run here, or one whose
+    measurement fails, keeps the cost model's default."""
+    from autofit.probe.footprint import footprints_for
+    from autofit.trace import REAL_TRACE_LIMIT_BYTES
+
+    needed = tuple(sorted({c.trace_dtype for c in configs} - set(facts.kernel_footprint_bytes)))
+    if not needed or 4 * facts.n_params > REAL_TRACE_LIMIT_BYTES:
+        return facts
+    attention = Counter(c.attention for c in configs).most_common(1)[0][0]
+    measured = footprints_for(entry, needed, attention)
+    return replace(facts, kernel_footprint_bytes={**facts.kernel_footprint_bytes, **measured}) if measured else facts

@@ -42,7 +42,7 @@ from autofit.config import CONFIG_KEYS, Config  # noqa: E402
 from autofit.cost_model import predict  # noqa: E402
 from autofit.cost_model.memory import model_states  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
-from autofit.plan import trace_for  # noqa: E402
+from autofit.plan import trace_for, with_kernel_footprints  # noqa: E402
 from autofit.probe import run_probe  # noqa: E402
 from autofit.probe.ops import prepare_ops  # noqa: E402
 from autofit.workload import load_workload  # noqa: E402
@@ -166,7 +166,7 @@ def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[st
     hardware = get_hardware("cpu")
     workload = load_workload(entry)
     configs = runnable(configs, workload)
-    facts = trace_for(workload, configs)
+    facts = with_kernel_footprints(trace_for(workload, configs), entry, configs)
     prepare_ops(configs, hardware)  # an op built inside a probe would be measured with it
     rows = []
     for config in configs:
@@ -198,7 +198,7 @@ def reprice(rows: list[dict[str, Any]], entries: list[str]) -> list[dict[str, An
             raise SystemExit(f"memory_accuracy: no entry among --models makes the model {name!r}")
         mine = [row for row in rows if row["model"] == name]
         configs = [Config.from_dict(row["config"]) for row in mine]
-        facts = trace_for(load_workload(by_name[name]), configs)
+        facts = with_kernel_footprints(trace_for(load_workload(by_name[name]), configs), by_name[name], configs)
         for row, config in zip(mine, configs, strict=True):
             out.append(row | priced(config, facts, hardware, row["measured"]) | {"priced_on": commit})
             print(row_line(out[-1]), flush=True)

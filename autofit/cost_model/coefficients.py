@@ -40,12 +40,15 @@ class Coefficients:
     offload_efficiency: float = 0.7
     """Achieved / nominal PCIe or NVMe bandwidth for offload traffic."""
     runtime_overhead_bytes: int = 0
-    """Memory the runtime holds beyond tensors once training runs (allocator arenas, thread pools,
-    communicator buffers); the CUDA context is counted separately from the hardware preset."""
+    """Memory the training runtime holds beyond tensors and beyond the model's own kernels once training runs
+    (DeepSpeed's engine and communicator, the optimizer's kernels, thread pools); the CUDA context is counted
+    separately from the hardware preset."""
+    kernel_footprint_bytes: int = 0
+    """What the model's own kernels leave resident when the model's is not measured (CPU: code pages, oneDNN
+    primitives; :mod:`autofit.probe.footprint` measures the model's own, which replaces this)."""
     runtime_16bit_extra_bytes: int = 0
-    """What the runtime holds beyond ``runtime_overhead_bytes`` when the model computes in 16 bits (bf16,
-    fp16): on the CPU their matmuls run through oneDNN's JIT kernels instead of MKL's, with their own
-    primitives, scratch and code pages; appears with the first forward, like the rest of the overhead."""
+    """What ``kernel_footprint_bytes`` gains when the model computes in 16 bits (bf16, fp16): on the CPU their
+    matmuls run through oneDNN's JIT kernels instead of MKL's, with their own primitives and code pages."""
     runtime_at_init_bytes: int = 0
     """The part of ``runtime_overhead_bytes`` already held while ``deepspeed.initialize`` runs (the
     communicator's buffers); the rest appears with the first forward and backward."""
@@ -96,12 +99,17 @@ class Coefficients:
             micro_batch_overhead_s=0.002,
             step_overhead_s=0.005,
             optimizer_bytes_per_s=0.25 * hardware.memory_bandwidth_bytes_per_s,
-            # measured on this project's CPU machine (benchmarks/memory_accuracy.py, fp32 rows):
-            # oneDNN scratch, OpenMP pools and allocator arenas of a process that trains
-            runtime_overhead_bytes=34 * MIB,
+            # the examples' rows (benchmarks/memory_accuracy.py --quick on gpt, hf_bert, mlp; 18 rows, ZeRO 0-3,
+            # fp32 and bf16): measured peak less the priced tensors less the model's measured kernel footprint,
+            # 8.5-16.1 MiB, median 12.2: DeepSpeed's engine, the optimizer's kernels, allocator arenas
+            runtime_overhead_bytes=12 * MIB,
+            # where the model's own is not measured: the examples' fp32 footprints (autofit.probe.footprint:
+            # gpt 20.0, hf_bert 18.4, mlp 15.2 MiB), the median
+            kernel_footprint_bytes=18 * MIB,
             # the same config in bf16 and fp32 on the three examples (gpt, mlp, hf_bert; ZeRO 0, 1, 2;
             # micro-batches 4 and 16): bf16's peak sits 4.4-8.7 MiB, median 6.0, further above its
-            # prediction than fp32's does, every tensor priced alike (benchmarks/memory_accuracy.py rows)
+            # prediction than fp32's does, every tensor priced alike (benchmarks/memory_accuracy.py rows); their
+            # measured footprints agree (bf16 less fp32: gpt 6.8, hf_bert 8.1, mlp 4.5 MiB)
             runtime_16bit_extra_bytes=6 * MIB,
             # resident memory once deepspeed.initialize returns (fp32, ZeRO-0) less the parameters' bytes:
             # gloo and DeepSpeed's CPU shared-memory communicator; 9.9-10.8 MiB on three models of

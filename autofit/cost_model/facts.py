@@ -114,6 +114,10 @@ class ModelFacts:
     """Traced activation profiles by :meth:`ActivationProfile.key`."""
     attention_traces: dict[str, str] = field(default_factory=dict)
     """How a searched kernel was traced where not as itself: ``{"flash": "flash-attn" | "sdpa flash backend"}``."""
+    kernel_footprint_bytes: dict[str, int] = field(default_factory=dict)
+    """CPU only: what running the model leaves resident in a fresh process beyond its tensors (kernel code,
+    oneDNN's primitives, allocator arenas), by traced dtype (``fp32``, ``bf16``): measured, not traced
+    (:mod:`autofit.probe.footprint`); empty where not measured."""
     trace_mode: str = "fake"
     """``fake`` (shapes only), ``fake-scaled`` (shapes only, the model cut to 2 and 3 of its alike
     layers and extrapolated: :mod:`autofit.layer_scaling`) or ``real`` (data-dependent models, traced

@@ -397,6 +397,18 @@ def predict_memory(
     return _scaled(peak, coefficients.memory_scale) if coefficients.memory_scale != 1.0 else peak
 
 
+def kernel_footprint_bytes(config: Config, facts: ModelFacts, hardware: Hardware, coefficients: Coefficients) -> int:
+    """What the model's kernels hold resident on a CPU device (code pages, oneDNN primitives): the model's own,
+    measured (:mod:`autofit.probe.footprint`), else the coefficients' default; nothing on a GPU, whose memory
+    holds no code (its context is :attr:`Hardware.context_bytes`)."""
+    if hardware.kind != "cpu":
+        return 0
+    measured = facts.kernel_footprint_bytes.get(config.trace_dtype)
+    if measured is not None:
+        return measured
+    return coefficients.kernel_footprint_bytes + (coefficients.runtime_16bit_extra_bytes if config.precision != "fp32" else 0)
+
+
 def memory_phases(
     config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, coefficients: Coefficients
 ) -> dict[str, MemoryBreakdown]:
@@ -404,7 +416,7 @@ def memory_phases(
     docstring)."""
     states = model_states(config, facts, world_size, hardware.kind)
     runtime = int(hardware.context_bytes + coefficients.runtime_overhead_bytes + facts.buffer_bytes
-                  + (coefficients.runtime_16bit_extra_bytes if config.precision != "fp32" else 0))
+                  + kernel_footprint_bytes(config, facts, hardware, coefficients))
     runtime_at_init = int(hardware.context_bytes + min(coefficients.runtime_at_init_bytes,
                                                         coefficients.runtime_overhead_bytes) + facts.buffer_bytes)
     # plain autograd keeps each gradient where it is produced (ZeRO 0; ZeRO-1, which reduces them only after

@@ -99,7 +99,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
 
     config = Config.from_dict(spec["config"])
     ds = spec["deepspeed"]
-    workload = _import_workload(spec, config, torch)
+    workload = import_workload(spec["entry"], config.attention, torch)
     phases["imports_s"] = time.time() - t0
 
     def on_exceeded(used: int) -> None:
@@ -151,7 +151,7 @@ def untrained_message(loss: float) -> str:
             "build it with from_config, autofit.apply.build_context)")
 
 
-def _import_workload(spec: dict[str, Any], config: Any, torch: Any) -> Any:
+def import_workload(entry: str, attention: str, torch: Any) -> Any:
     """Load the workload and everything the probe imports, before the memory baseline is taken."""
     try:  # part of the baseline when installed (DESIGN.md: ~120 MB of RSS on import)
         import bitsandbytes  # noqa: F401
@@ -160,11 +160,11 @@ def _import_workload(spec: dict[str, Any], config: Any, torch: Any) -> Any:
     from autofit.apply import hf_deepspeed_config_class
     from autofit.workload import load_workload
 
-    workload = load_workload(spec["entry"])
+    workload = load_workload(entry)
     # building once on the meta device imports what the model's code imports lazily
     # (transformers loads its modeling modules on first use): imports, not training memory
     with torch.device("meta"):
-        workload.build_model(attention=config.attention)
+        workload.build_model(attention=attention)
     hf_deepspeed_config_class()  # what build_context imports for a ZeRO-3 build
     return workload
 
