@@ -146,6 +146,12 @@ def _use_nvme_path(path: str | None) -> None:
         detect_software.cache_clear()
 
 
+def _announce_trace(setup: Setup) -> None:
+    """The plan's step on stderr: the trace, and on a CPU device the kernels' footprint (autofit.probe.footprint)."""
+    measured = " and measuring what its kernels hold on this CPU" if setup.hardware.kind == "cpu" else ""
+    click.echo(f"autofit: tracing {setup.loaded_workload.name or setup.entry_point}{measured}", err=True)
+
+
 def _prepare_ops(configs: list[Any], hardware: Any) -> None:
     """Build or load the DeepSpeed ops the configs need, as its own step (not in a probe's time)."""
     from autofit.probe.ops import prepare_ops
@@ -235,7 +241,7 @@ def ladder(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int,
     if measure and setup.hardware.kind == "cuda" and not _cuda_devices_here():
         raise AutofitError(f"--measure on {setup.hardware.name} needs a CUDA device and none is visible here; "
                            "without --measure the ladder is predicted only")
-    click.echo(f"autofit: tracing {setup.loaded_workload.name or entry}", err=True)
+    _announce_trace(setup)
     plan = ladder_plan(setup.entry_point, setup.loaded_workload, setup.hardware, world_size=setup.world_size,
                        global_batch=global_batch, fixed=setup.fixed)
     result = price_ladder(plan)
@@ -308,7 +314,7 @@ def run(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, gl
 
             plan, prober = script_plan_and_prober(setup, script, stack)
         else:
-            click.echo(f"autofit: tracing {setup.loaded_workload.name or entry}", err=True)
+            _announce_trace(setup)
             plan, prober = setup.plan(), None
         click.echo(f"autofit: {len(plan.candidates)} candidates", err=True)
         with progress_display(trials) as on_event:
