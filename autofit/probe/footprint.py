@@ -5,10 +5,10 @@ peak holds, beside its tensors, every page of code and every kernel cache its op
 since the imports: libtorch's and oneDNN's code (a first convolution forward and backward maps
 ~10 MiB of it, a first fp32 matmul ~7), oneDNN's JIT kernels and primitives (a 16-bit matmul of a
 new shape ~1.7 MiB, up to the primitive cache's capacity), the allocator's arenas. Which pages,
-and how many, depends on the model's operators, not on the config's tensors: measured on this
-project's CPU after two forward and backward passes at micro-batch 1, 15.6 MiB (a residual MLP)
-to 24.3 MiB (a ResNet) in fp32, 26.6 to 35.4 MiB in bf16. No formula over the traced operators
-predicted it: the trace runs on fake tensors, which touch no kernel.
+and how many, depends on the model's operators, not on the config's tensors: measured here on this
+project's CPU, 15.4 MiB (a residual MLP) to 24.1 MiB (a ResNet) in fp32, 19.9 to 36.0 MiB (a ViT)
+in bf16, over eight architectures. No count of the traced operators predicted it, and the trace
+runs on fake tensors, which touch no kernel.
 
 So on a CPU device autofit measures it: ``python -m autofit.probe.footprint ENTRY PRECISION
 ATTENTION OUT`` imports what a probe imports (:func:`autofit.probe.worker.import_workload`), takes
