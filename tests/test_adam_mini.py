@@ -122,3 +122,38 @@ def test_a_model_adam_mini_cannot_step_on_is_priced_as_not_fitting_with_why() ->
     assert "IndexError" in facts.adam_mini_error
     prediction = predict(Config(optimizer="adam_mini"), facts, get_hardware("cpu"), 1)
     assert not prediction.fits and "adam-mini cannot step on this model" in prediction.reason
+
+
+_STEP_SCRATCH = """
+import gc, json, sys, torch
+from adam_mini import Adam_mini
+from autofit.probe.memory import hwm_bytes, reset_peak, rss_bytes
+embedding = torch.nn.Embedding({rows}, {dim})
+opt = Adam_mini(named_parameters=[("embed_tokens.weight", embedding.weight)], lr=1e-3, dim={dim}, n_heads=8)
+peaks = []
+for _ in range(3):
+    embedding.weight.grad = torch.randn_like(embedding.weight)
+    gc.collect()
+    before = rss_bytes()
+    reset_peak()
+    opt.step()
+    peaks.append(hwm_bytes() - before)
+print(json.dumps(peaks))
+"""
+
+
+@pytest.mark.slow
+def test_an_adam_mini_step_holds_the_scratch_the_cost_model_prices() -> None:
+    """A real Adam-mini step on an embedding (one second-moment value per row), in a fresh process: from the
+    second step on (the states exist) it holds what ``optimizer_scratch_bytes`` prices beyond its states, the
+    update and its negation."""
+    from autofit.cost_model.memory import optimizer_scratch_bytes
+
+    rows, dim = 8192, 512
+    code = _STEP_SCRATCH.format(rows=rows, dim=dim)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=os.environ | {"PYTHONPATH": str(TESTS.parent)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    steady = json.loads(run.stdout.strip().splitlines()[-1])[1:]
+    priced = optimizer_scratch_bytes("adam_mini", "cpu", rows * dim, flat=False)
+    assert all(abs(peak - priced) <= 0.05 * priced for peak in steady), (steady, priced)
