@@ -125,7 +125,7 @@ def test_a_model_adam_mini_cannot_step_on_is_priced_as_not_fitting_with_why() ->
 
 
 _STEP_SCRATCH = """
-import gc, json, sys, torch
+import gc, json, torch
 from adam_mini import Adam_mini
 from autofit.probe.memory import hwm_bytes, reset_peak, rss_bytes
 embedding = torch.nn.Embedding({rows}, {dim})

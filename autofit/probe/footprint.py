@@ -28,8 +28,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
+from autofit.emit import write_json_atomic
 from autofit.probe.launch import free_port, rank_env
 
 #: forward and backward passes measured: the first touches the kernels, the second their caches' reuse
@@ -39,7 +39,7 @@ FOOTPRINT_TIMEOUT_S = 300.0
 
 
 @functools.cache
-def kernel_footprint_bytes(entry: str, precision: str, attention: str) -> int | None:
+def measured_footprint_bytes(entry: str, precision: str, attention: str) -> int | None:
     """Bytes a fresh process holds after ``entry``'s model ran in ``precision`` (``fp32``, ``bf16``), beyond
     its imports and with the model freed; None when the measurement fails (the caller keeps its default)."""
     env = rank_env(dict(os.environ), 0, 1, free_port(), "cpu")
@@ -81,17 +81,17 @@ def measure(entry: str, precision: str, attention: str) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) != 5:
+        print("usage: python -m autofit.probe.footprint ENTRY PRECISION ATTENTION OUT", file=sys.stderr)
+        return 2
     entry, precision, attention, out = argv[1:5]
-    held = measure(entry, precision, attention)
-    tmp = Path(out).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"bytes": held}))
-    os.replace(tmp, out)
+    write_json_atomic(Path(out), {"bytes": measure(entry, precision, attention)})
     return 0
 
 
-def footprints_for(entry: str, precisions: tuple[str, ...], attention: str) -> dict[str, Any]:
+def footprints_for(entry: str, precisions: tuple[str, ...], attention: str) -> dict[str, int]:
     """``{precision: bytes}`` for the precisions measured; those that failed are left out."""
-    measured = {p: kernel_footprint_bytes(entry, p, attention) for p in precisions}
+    measured = {p: measured_footprint_bytes(entry, p, attention) for p in precisions}
     return {p: b for p, b in measured.items() if b is not None}
 
 

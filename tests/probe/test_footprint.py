@@ -11,7 +11,7 @@ import pytest
 from autofit.cost_model import Coefficients, predict
 from autofit.hardware import get_hardware
 from autofit.plan import Plan, with_kernel_footprints
-from autofit.probe.footprint import kernel_footprint_bytes
+from autofit.probe.footprint import measured_footprint_bytes
 from autofit.space import space_from_dict
 from autofit.workload import load_workload
 
@@ -31,8 +31,8 @@ def fp32_sgd_space() -> dict:
 
 
 def test_a_convolution_leaves_more_kernel_code_resident_than_a_multilayer_perceptron() -> None:
-    mlp = kernel_footprint_bytes(entry("tiny"), "fp32", "sdpa")
-    convnet = kernel_footprint_bytes(entry("convnet"), "fp32", "sdpa")
+    mlp = measured_footprint_bytes(entry("tiny"), "fp32", "sdpa")
+    convnet = measured_footprint_bytes(entry("convnet"), "fp32", "sdpa")
     assert mlp is not None and convnet is not None
     # a first matmul forward and backward maps MiBs of MKL's and libtorch's code; oneDNN's convolutions more
     assert mlp > MIB
@@ -59,5 +59,5 @@ def test_a_gpu_plan_measures_no_footprint_and_a_failed_measurement_keeps_the_def
     gpu_plan = Plan.make(entry("tiny"), workload, get_hardware("h100-80gb"), space)
     assert gpu_plan.facts.kernel_footprint_bytes == {}
     # an entry point that cannot load: the measurement fails, and the facts stay as they were
-    assert kernel_footprint_bytes(entry("broken"), "fp32", "sdpa") is None
+    assert measured_footprint_bytes(entry("broken"), "fp32", "sdpa") is None
     assert with_kernel_footprints(gpu_plan.facts, entry("broken"), list(gpu_plan.candidates)) == gpu_plan.facts
