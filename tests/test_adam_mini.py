@@ -144,15 +144,17 @@ print(json.dumps(peaks))
 
 @pytest.mark.slow
 def test_an_adam_mini_step_holds_the_scratch_the_cost_model_prices() -> None:
-    """A real Adam-mini step on an embedding (one second-moment value per row), in a fresh process: from the
-    second step on (the states exist) it holds what ``optimizer_scratch_bytes`` prices beyond its states, the
-    update and its negation."""
+    """A real Adam-mini step on an embedding (one second-moment value per row), in a fresh process with the
+    probe's allocator setting (RSS tracks live tensors; without it glibc may serve the update from a block the
+    last step freed): from the second step on (the states exist) it holds what ``optimizer_scratch_bytes``
+    prices beyond its states, the update and its negation."""
     from autofit.cost_model.memory import optimizer_scratch_bytes
+    from autofit.probe.launch import MMAP_THRESHOLD_BYTES
 
     rows, dim = 8192, 512
     code = _STEP_SCRATCH.format(rows=rows, dim=dim)
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env=os.environ | {"PYTHONPATH": str(TESTS.parent)})
+    env = os.environ | {"PYTHONPATH": str(TESTS.parent), "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     steady = json.loads(run.stdout.strip().splitlines()[-1])[1:]
     priced = optimizer_scratch_bytes("adam_mini", "cpu", rows * dim, flat=False)
