@@ -99,10 +99,12 @@ def test_bad_input_is_one_line_and_exit_1(args: list[str], message: str) -> None
 @pytest.mark.slow
 def test_measure_probes_exactly_the_rungs_that_fit() -> None:
     full = ladder_json()["rungs"]
-    # a budget between rung 1 and rung 2: the fp32 rungs do not fit, the 16-bit ones do
-    budget = (full[1]["predicted"]["peak_bytes"] + full[2]["predicted"]["peak_bytes"]) // 2
+    # a budget between the baseline and checkpointing (~89 and ~50 MiB here): only the baseline does not fit. Not
+    # between checkpointing and mixed precision: on this tiny model they differ by less than the measured kernel
+    # footprint varies from one process to the next (0.2 MiB against ~0.4), and CI's run priced them the other way
+    budget = (full[0]["predicted"]["peak_bytes"] + full[1]["predicted"]["peak_bytes"]) // 2
     rows = ladder_json("--memory", str(budget), "--measure", "--steps", "1")["rungs"]
-    assert [row["fits"] for row in rows] == [False, False, True, True, True, False]
+    assert [row["fits"] for row in rows] == [False, True, True, True, True, False]
     for row in rows:
         measured = row["measured"]
         if not row["fits"]:
