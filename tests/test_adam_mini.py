@@ -149,11 +149,11 @@ def test_an_adam_mini_step_holds_the_scratch_the_cost_model_prices() -> None:
     last step freed): from the second step on (the states exist) it holds what ``optimizer_scratch_bytes``
     prices beyond its states, the update and its negation."""
     from autofit.cost_model.memory import optimizer_scratch_bytes
-    from autofit.probe.launch import MMAP_THRESHOLD_BYTES
+    from autofit.probe.launch import free_port, rank_env
 
     rows, dim = 8192, 512
     code = _STEP_SCRATCH.format(rows=rows, dim=dim)
-    env = os.environ | {"PYTHONPATH": str(TESTS.parent), "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
+    env = rank_env(dict(os.environ), 0, 1, free_port(), "cpu")  # a probe's environment, its allocator setting included
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     steady = json.loads(run.stdout.strip().splitlines()[-1])[1:]
