@@ -120,7 +120,7 @@ class ModelFacts:
     (:mod:`autofit.probe.footprint`); empty where not measured."""
     trace_mode: str = "fake"
     """``fake`` (shapes only), ``fake-scaled`` (shapes only, the model cut to 2 and 3 of its alike
-    layers and extrapolated: :mod:`autofit.layer_scaling`) or ``real`` (data-dependent models, traced
+    layers and extrapolated: :mod:`autofit.trace.scaling`) or ``real`` (data-dependent models, traced
     on CPU tensors)."""
     trace_seconds: float = 0.0
     """How long tracing took."""

@@ -125,7 +125,7 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, 
 #: Adam-mini (adam_mini.py 1.1.1, ``step``) builds ``update = (state["m"] * stepsize).view(p.size())`` and then
 #: ``p.add_(-update)``, a second copy beside it (a bias's ``v.sqrt() / bias_correction_2_sqrt`` the same): 8 B an
 #: element on any device, measured 7.99-8.00 on a 16.4 M-element embedding from the second step on
-#: (tests/test_adam_mini.py).
+#: (tests/cost_model/test_adam_mini.py).
 #: CUDA: fused kernels (FusedAdam, FusedLion, bitsandbytes' CUDA kernels) update in place.
 TRANSIENT_BYTES_PER_ELEMENT = {
     "cpu": {"adamw": 0.0, "adamw8bit": 20.0, "lion": 4.0, "adafactor": 4.0, "sgd": 4.0, "adam_mini": 8.0},

@@ -63,7 +63,7 @@ def measure(entry: str, precision: str, attention: str) -> int:
 
     from autofit.probe.memory import rss_bytes
     from autofit.probe.worker import import_workload
-    from autofit.trace_tensors import cast_batch, to_dtype
+    from autofit.trace.tensors import cast_batch, to_dtype
 
     workload = import_workload(entry, attention, torch)
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16

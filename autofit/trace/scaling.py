@@ -1,6 +1,6 @@
 """The facts of an L-layer model from traces of the same model cut to its first k and k + 1 repeated layers.
 
-Pure (no torch): :mod:`autofit.trace_layers` cuts the model and records the traces, this module
+Pure (no torch): :mod:`autofit.trace.layers` cuts the model and records the traces, this module
 extrapolates them.
 
 Why: a forward+backward on fake tensors costs time in proportion to the layers it runs (LLaMA-2-70B,

@@ -9,13 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from autofit.layer_scaling import CannotScale, CutTrace, fit_kind
-from autofit.trace import SCALE_MIN_LAYERS, TRACE_MICRO_BATCHES, _Tracer, middle_checkpointed_layers, trace_workload
-from autofit.trace_layers import cut_workload, layers_alike
-from autofit.trace_structure import model_structure
+from autofit.trace import SCALE_MIN_LAYERS, TRACE_MICRO_BATCHES, middle_checkpointed_layers, trace_workload
+from autofit.trace.layers import cut_workload, layers_alike
+from autofit.trace.scaling import CannotScale, CutTrace, fit_kind
+from autofit.trace.structure import model_structure
+from autofit.trace.tracer import _Tracer
 from autofit.workload import Workload
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import gpt  # noqa: E402
 
 N_LAYERS = 12

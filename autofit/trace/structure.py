@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofit.ds_constants import STAGE3_PERSISTENCE_THRESHOLD
-from autofit.trace_layers import layers_alike
+from autofit.trace.layers import layers_alike
 from autofit.workload import Workload
 
 

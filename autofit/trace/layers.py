@@ -1,7 +1,7 @@
 """Cut a model to its first few repeated layers, and record live bytes per segment of the step.
 
 What :func:`autofit.trace.trace_workload` uses to trace a many-layer model at the cost of 2 and 3 of
-its layers (:mod:`autofit.layer_scaling` extrapolates). Only layers that are alike are cut: one class,
+its layers (:mod:`autofit.trace.scaling` extrapolates). Only layers that are alike are cut: one class,
 the same parameter and buffer shapes, the same settings (plain attributes of every submodule; an
 integer that counts up with the layer, such as Hugging Face's ``layer_idx``, is its position, not a
 setting). Layers that differ (a CNN's stages, alternating sliding/global attention) are traced whole.
@@ -11,12 +11,7 @@ tracker ``mem_tracker`` is built on): its forward hooks and its multi-grad hooks
 inputs and outputs mark where a layer's forward and backward begin and end; a checkpointed layer's
 recompute runs inside its backward.
 
-ModTracker learns that a layer's backward ended from ``register_multi_grad_hook(inputs, mode="all")``, which
-keeps each input's gradient until the last one arrives. Where an input is shared by every layer (a T5
-decoder's ``encoder_hidden_states``, its stacks' ``position_bias``) that is the end of the whole backward,
-and every layer's input gradient is held till then: a cost no real run pays (T5 at micro-batch 16, every
-block checkpointed, the FLOP counter's tracker did the same: 122.7 MiB traced, 102.6 measured). Both trackers
-run with :func:`autofit.trace_hooks.counting_multi_grad_hooks`, which keeps the count and not the gradients.
+Both trackers run with :func:`autofit.trace.hooks.counting_multi_grad_hooks` (why: :mod:`autofit.trace`).
 
 Garbage collection: a checkpointed layer's recompute leaves reference cycles (``torch.utils.checkpoint``'s
 non-reentrant recompute; seen on real tensors too, the source not pinned down), whose storages die only
@@ -36,8 +31,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from autofit.layer_scaling import CannotScale, Segment
-from autofit.trace_hooks import counting_multi_grad_hooks
+from autofit.trace.hooks import counting_multi_grad_hooks
+from autofit.trace.scaling import CannotScale, Segment
 from autofit.workload import Workload
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -146,7 +141,7 @@ def _emptied(model: Any) -> Any:
 
 
 class SegmentMarks:
-    """Which segment of the step runs now (:data:`autofit.layer_scaling.LAYER_PHASES`), from ModTracker's hooks."""
+    """Which segment of the step runs now (:data:`autofit.trace.scaling.LAYER_PHASES`), from ModTracker's hooks."""
 
     def __init__(self, layers: list[Any], on_change: Any) -> None:
         self.index = {id(layer): i for i, layer in enumerate(layers)}

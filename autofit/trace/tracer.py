@@ -1,27 +1,5 @@
-"""Measure the model itself: run one training step's forward and backward on fake tensors.
-
-What the cost model needs and cannot guess for an architecture it has never
-seen comes from here: parameter counts and shapes, the peak of live
-activation bytes during forward+backward (with and without the gradients held),
-the FLOPs of forward+backward (recompute included), per-layer activation bytes
-and the largest layer.
-
-How: the model is built and run under ``FakeTensorMode`` (shapes and dtypes
-only, no memory, so a 7B model traces on a laptop). A ``TorchDispatchMode``
-adds each new storage's bytes when an op creates it and subtracts them when the
-storage dies (a weak reference on the untyped storage, which PyTorch keeps
-alive exactly as long as the storage) -- the method of
-``torch.distributed._tools.mem_tracker``. ``torch.utils.flop_counter`` counts
-FLOPs. Models whose shapes depend on data (mixture-of-experts routing) cannot
-run on fake tensors; they are traced on real CPU tensors instead when small
-enough.
-
-Each (precision, attention, checkpointing) is traced at micro-batch sizes 1 and
-4; the cost model interpolates (and extrapolates) linearly in the micro-batch.
-The peak is convex in the micro-batch (it moves from the gradient-heavy end of
-backward to the activation-heavy start as the batch grows), so interpolating
-between 1 and 4 errs on the high side and beyond 4 follows the activation slope.
-"""
+"""Trace a workload's step on fake (or, for data-dependent models, real) tensors: live bytes, FLOPs, per-layer
+segments, at each traced micro-batch, precision, attention kernel and checkpoint layout (the story: :mod:`autofit.trace`)."""
 
 from __future__ import annotations
 
@@ -35,14 +13,13 @@ from typing import Any
 from autofit.config import Config, trace_dtype_of
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.errors import AutofitError
-from autofit.layer_scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, scaled_point
-from autofit.trace_attention import SDPA_FLASH, flash_attn_installed, flash_trace_plan, kernel_context
-from autofit.trace_layers import SegmentMarks, cut_workload
-from autofit.trace_structure import fp8_linear_flops, model_structure
-from autofit.trace_tensors import (
+from autofit.trace.attention import SDPA_FLASH, flash_attn_installed, flash_trace_plan, kernel_context
+from autofit.trace.layers import SegmentMarks, cut_workload
+from autofit.trace.scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, scaled_point
+from autofit.trace.structure import fp8_linear_flops, model_structure
+from autofit.trace.tensors import (
     batch_tensors,
     cast_batch,
-    cpu_sdpa_flop_formulas,
     first_line,
     flop_counter,
     kernel_workspace_bytes,
@@ -50,15 +27,12 @@ from autofit.trace_tensors import (
 )
 from autofit.workload import Workload
 
-__all__ = ["cpu_sdpa_flop_formulas", "middle_checkpointed_layers", "parameter_facts", "trace_config", "trace_micro_batches",
-           "trace_workload"]
-
 #: the micro-batches every profile is traced at; a space with larger ones adds its largest
 #: (:func:`trace_micro_batches`)
 TRACE_MICRO_BATCHES = (1, 4)
 #: largest model (fp32 parameter bytes) traced on real tensors when fake tensors cannot run it
 REAL_TRACE_LIMIT_BYTES = 2 * 2**30
-#: alike repeated layers from which a model is traced cut to a few of them (:mod:`autofit.layer_scaling`)
+#: alike repeated layers from which a model is traced cut to a few of them (:mod:`autofit.trace.scaling`)
 SCALE_MIN_LAYERS = 12
 
 
@@ -83,7 +57,7 @@ def trace_workload(
     layers is traced too: how much checkpointing part of the stack saves depends on which layers
     hold the activations, which a straight line between none and all cannot know. A model of at
     least :data:`SCALE_MIN_LAYERS` alike repeated layers is traced cut to a few of them and extrapolated
-    (:mod:`autofit.layer_scaling`; the partial ratio composed); if that cannot fit, it is traced whole.
+    (:mod:`autofit.trace.scaling`; the partial ratio composed); if that cannot fit, it is traced whole.
     """
     started = time.perf_counter()
     dtype_names = tuple(sorted({trace_dtype_of(p) for p in precisions}))
@@ -224,7 +198,7 @@ class _Tracer:
     """Runs trace steps on fake tensors, or on real CPU tensors once fake ones have failed; each run once.
 
     ``cut_layers`` > 0: the workload is cut to that many layers, and each step's live bytes are kept per
-    segment (:mod:`autofit.layer_scaling`); such a tracer never falls back to real tensors.
+    segment (:mod:`autofit.trace.scaling`); such a tracer never falls back to real tensors.
     """
 
     def __init__(self, workload: Workload, structure: dict[str, Any], cut_layers: int = 0) -> None:
@@ -236,7 +210,7 @@ class _Tracer:
         self.segments: dict[tuple[Any, ...], tuple[dict[tuple[str, int], tuple[int, int]], ...]] = {}
         self._recorded: list[dict[tuple[str, int], tuple[int, int]]] = []
         self.attention_traces: dict[str, str] = {}
-        """How each searched kernel was traced where it is not itself (``flash``: :mod:`autofit.trace_attention`)."""
+        """How each searched kernel was traced where it is not itself (``flash``: :mod:`autofit.trace.attention`)."""
 
     def points(self, dtype_name: str, attention: str, ratio: float, micro_batches: tuple[int, ...],
                granularity: str = "block") -> tuple[PeakPoint, ...]:

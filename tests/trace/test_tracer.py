@@ -9,10 +9,11 @@ import torch
 from torch import nn
 
 from autofit.config import Config
-from autofit.trace import _LiveBytes, _make_tracker, trace_config, trace_workload
+from autofit.trace import trace_config, trace_workload
+from autofit.trace.tracer import _LiveBytes, _make_tracker
 from autofit.workload import Workload, load_workload
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 WIDTH, TOKENS, N_LAYERS = 64, 32, 4
 
@@ -131,7 +132,7 @@ def test_sdpa_attention_flops_are_counted_on_the_cpu() -> None:
 
 def test_flash_is_traced_through_sdpas_flash_backend_and_labelled_so() -> None:
     """Without flash-attn (this machine), flash is SDPA forced to its flash backend; the facts say so."""
-    from autofit.trace_attention import FLASH_ATTN, SDPA_FLASH, flash_attn_installed, flash_trace_plan
+    from autofit.trace.attention import FLASH_ATTN, SDPA_FLASH, flash_attn_installed, flash_trace_plan
 
     assert flash_trace_plan(True) == [("flash", FLASH_ATTN), ("sdpa", SDPA_FLASH)]
     assert flash_trace_plan(False) == [("sdpa", SDPA_FLASH)]
@@ -190,9 +191,9 @@ def test_counting_flops_keeps_no_checkpointed_recompute_alive(monkeypatch: pytes
     count the same FLOPs as torch's and leave the live bytes as they are without any counter."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    import autofit.trace as trace
-    from autofit.trace import _trace_step
-    from autofit.trace_tensors import cpu_sdpa_flop_formulas
+    import autofit.trace.tracer as trace
+    from autofit.trace.tensors import cpu_sdpa_flop_formulas
+    from autofit.trace.tracer import _trace_step
 
     gpt = load_workload(f"{EXAMPLES}/gpt.py:workload")
     counted = _trace_step(gpt, 4, "fp32", "sdpa", (1.0, "block"), "fake")
@@ -234,9 +235,9 @@ def test_the_trackers_hold_no_gradient_of_a_layer_whose_input_is_shared(monkeypa
     """torch's multi-grad hooks (the module trackers' way to see a layer's backward end) keep each input's gradient
     until every input has one; an input shared by all layers has its gradient only at the end of backward (T5 mb16,
     every block checkpointed: 122.7 MiB traced where 102.6 were measured). The trace's trackers count instead."""
-    import autofit.trace as trace
-    import autofit.trace_hooks as trace_hooks
-    from autofit.trace import _trace_step
+    import autofit.trace.hooks as trace_hooks
+    import autofit.trace.tracer as trace
+    from autofit.trace.tracer import _trace_step
 
     shared = Workload(model=SharedInput, batch=lambda n: torch.randn(n, TOKENS, WIDTH), name="shared")
     counted = _trace_step(shared, 8, "fp32", "sdpa", (1.0, "block"), "fake")
@@ -249,7 +250,7 @@ def test_the_trackers_hold_no_gradient_of_a_layer_whose_input_is_shared(monkeypa
 
 
 def test_a_counting_multi_grad_hook_fires_once_every_reached_tensor_has_its_gradient() -> None:
-    from autofit.trace_hooks import counting_multi_grad_hook
+    from autofit.trace.hooks import counting_multi_grad_hook
 
     a, b, unused = (torch.ones(3, requires_grad=True) for _ in range(3))
     calls: list[list[None]] = []
@@ -276,7 +277,7 @@ for _ in range(3):
     workload.compute_loss(net, batch).backward()
 print(hwm_bytes() - base)
 """
-CONVNET = f"{Path(__file__).resolve().parent / 'probe' / 'probe_workloads.py'}:convnet"
+CONVNET = f"{Path(__file__).resolve().parents[1] / 'probe' / 'probe_workloads.py'}:convnet"
 
 
 @pytest.mark.slow

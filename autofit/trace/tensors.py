@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from autofit.trace_hooks import counting_multi_grad_hooks
+from autofit.trace.hooks import counting_multi_grad_hooks
 
 
 def cpu_sdpa_flop_formulas() -> dict[Any, Any]:
@@ -42,7 +42,7 @@ def flop_counter() -> Any:
     bf16, micro-batch 16, counted 243 MiB live at its peak, 64 MiB without the FLOP counter (the probe's
     measured peak, 186.5 MiB, agrees with the latter within the runtime's share). The recompute's FLOPs are
     still counted, and still attributed to the modules that run them. Its multi-grad hooks keep no gradient
-    (:mod:`autofit.trace_hooks`).
+    (:mod:`autofit.trace.hooks`).
     """
     from torch.utils import module_tracker
     from torch.utils.flop_counter import FlopCounterMode

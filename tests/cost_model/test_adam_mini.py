@@ -26,7 +26,7 @@ from autofit.trace import trace_workload
 
 pytest.importorskip("adam_mini")
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _free_port() -> int:
