@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def common_options(command: Callable[..., Any], entry_required: bool = True) -> Callable[..., Any]:
-    """The options every command shares (DESIGN.md, CLI)."""
+    """The options every command shares (docs/design.md, "CLI")."""
     options = [
         click.argument("entry", required=entry_required),
         click.option("--hardware", default="auto", show_default=True,

@@ -1,4 +1,4 @@
-"""One training configuration: the canonical keys of DESIGN.md's config table.
+"""One training configuration: the canonical keys of docs/design.md ("Config keys").
 
 A :class:`Config` is what the search space enumerates, what the cost model
 prices, what a probe runs and what ``emit`` turns into a DeepSpeed JSON.

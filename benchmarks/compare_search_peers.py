@@ -5,7 +5,7 @@ DeepSpeed's autotuner.
 child process per model, budget and mode: a ``LightningModule`` around the workload's model (fp32,
 ``torch.optim.AdamW``, checkpointing off), one OpenMP thread, default ``init_val``/``max_val``/
 ``steps_per_trial``. A CPU has no device to run out of, so the budget is imposed the way autofit's probe
-and the oracle measure a CPU device (DESIGN.md): the process starts with ``MALLOC_MMAP_THRESHOLD_=65536``
+and the oracle measure a CPU device (docs/design.md, "Memory, measured"): the process starts with ``MALLOC_MMAP_THRESHOLD_=65536``
 (freed tensors go back to the OS), its RSS after the imports is the baseline, the high-water mark is reset
 before each step, and a callback raises the error a CPU allocator raises (``RuntimeError("DefaultCPUAllocator:
 can't allocate memory: ...")``, which Lightning's ``is_oom_error`` recognises) after any step whose

@@ -7,7 +7,7 @@
 One command, unchanged on an H100 or H200: the world size is the number of GPUs present, the
 hardware is detected (``--hardware auto``), fp8 rows run where the device and torchao have it (else
 they are listed as pruned, with the reason). Each row is one config through a real probe (5 timed
-steps after 2 warm-up): the measured peak is NVML's per-process figure (DESIGN.md), shown beside
+steps after 2 warm-up): the measured peak is NVML's per-process figure (docs/design.md, "Memory, measured"), shown beside
 ``max_memory_reserved`` + the CUDA context; throughput is samples/s of the slowest rank. Predictions
 are the uncalibrated cost model's (``Coefficients.for_hardware``). Writes ``cuda_accuracy.md``
 (the table) and ``cuda_accuracy.json`` (every row, with the device's name) into ``--out``.

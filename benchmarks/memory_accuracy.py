@@ -1,4 +1,4 @@
-"""Predicted peak memory vs a real probe (DESIGN.md's measurement), on several architectures.
+"""Predicted peak memory vs a real probe (docs/design.md, "Memory, measured"), on several architectures.
 
     python benchmarks/memory_accuracy.py --json benchmarks/results/memory_accuracy.json   # every row
     python benchmarks/memory_accuracy.py --quick                                           # 6 rows a model

@@ -3,7 +3,7 @@
     python benchmarks/zero_scaling.py [--model examples/gpt.py:workload] [--micro-batch 2]
 
 World size 2 runs two gloo ranks on loopback (real sharding and communication); each
-rank's peak is measured as DESIGN.md says. Prints a markdown table.
+rank's peak is measured as docs/design.md ("Memory, measured") says. Prints a markdown table.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Peak memory of one training process: model states, activations and runtime buffers.
 
-The peak is the largest of four phases (DESIGN.md measures from model
+The peak is the largest of four phases (docs/design.md, "Memory, measured": from model
 construction through the measured steps):
 
 * **init** -- the model as built on the device, plus what ``deepspeed.initialize``
@@ -30,8 +30,11 @@ sec. 3 and 5: 2Psi + 2Psi + K*Psi with K = 12 for mixed-precision Adam, the
 optimizer part divided by N_d under P_os, gradients too under P_os+g, and
 everything under P_os+g+p). DeepSpeed's concrete buffers on top of the paper are
 named where they are added; their sources are deepspeed/runtime/zero/stage_1_and_2.py,
-stage3.py and fp16/fused_optimizer.py, and benchmarks/deepspeed_states.py
-measures each of them.
+stage3.py and fp16/fused_optimizer.py. Each was measured by reading a probe's resident
+memory phase by phase (build, ``initialize``, forward, backward, step) against
+:func:`memory_phases`, on the rows of benchmarks/memory_accuracy.py: docs/results/memory.md
+("What changed") gives each reading, and tests/probe/test_probe.py checks the init and
+ZeRO-3 reduce phases against a probe.
 """
 
 from __future__ import annotations
@@ -113,7 +116,9 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, 
 
 
 #: scratch bytes per element of the tensor an optimizer step works on, beyond its states.
-#: CPU values: measured on DeepSpeed 0.19 / bitsandbytes 0.50 / torch 2.13 (benchmarks/deepspeed_states.py);
+#: CPU values: measured on DeepSpeed 0.19 / bitsandbytes 0.50 / torch 2.13 as the resident memory one optimizer step adds
+#: on flat tensors (no script reruns these readings; docs/results/memory.md, "What changed", records them, and
+#: tests/cost_model/test_adam_mini.py measures Adam-mini's);
 #: bitsandbytes' CPU AdamW (backends/cpu/ops.py ``_optimizer_update_8bit_blockwise_cpu``) dequantizes both
 #: states to fp32 (8), scales the gradient out of place (4) and builds ``state2.sqrt() / correction2`` (4 + 4):
 #: 20 B an element at that moment, as measured (19.7-20.0 on flat tensors of 0.26-16.8 M elements). SGD with weight decay

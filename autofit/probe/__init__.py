@@ -4,7 +4,7 @@
 :mod:`autofit.probe.worker`, each of which builds the workload's model, applies
 the candidate (:mod:`autofit.apply`), calls ``deepspeed.initialize`` with the
 candidate's own JSON (:func:`autofit.emit.deepspeed_config`) and times warm-up and
-measured steps. Memory is measured as DESIGN.md defines it. ``mode="fake"`` runs
+measured steps. Memory is measured as docs/design.md ("Memory, measured") defines it. ``mode="fake"`` runs
 the model under ``FakeTensorMode`` at full size instead and reports the peak a
 real device would see (:mod:`autofit.probe.fake`), without time.
 
@@ -31,7 +31,7 @@ _STATUS_RANK = {"oom": 3, "timeout": 2, "error": 1, "ok": 0}
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What one probe measured; ``to_dict`` is DESIGN.md's ``autofit probe`` JSON."""
+    """What one probe measured; ``to_dict`` is the ``autofit probe`` JSON of docs/design.md."""
 
     config: Config
     """The candidate that ran."""

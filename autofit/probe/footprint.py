@@ -1,6 +1,6 @@
 """What a model's kernels leave resident on a CPU device: measured once, in a fresh process.
 
-On a CPU the device is the process (DESIGN.md: peak RSS less RSS after the imports), so a step's
+On a CPU the device is the process (docs/design.md: peak RSS less RSS after the imports), so a step's
 peak holds, beside its tensors, every page of code and every kernel cache its operators touched
 since the imports: libtorch's and oneDNN's code (a first convolution forward and backward maps
 ~10 MiB of it, a first fp32 matmul ~7), oneDNN's JIT kernels and primitives (a 16-bit matmul of a

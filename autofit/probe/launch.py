@@ -27,7 +27,7 @@ from autofit.probe.failure import classify_exit, oom_kill_count, read_kernel_log
 #: seconds the other ranks get to report once one rank has finished with a failure
 FAILURE_GRACE_S = 5.0
 #: ``MALLOC_MMAP_THRESHOLD_``: glibc serves allocations above this many bytes with mmap,
-#: so a freed tensor returns to the OS and RSS tracks live memory (DESIGN.md)
+#: so a freed tensor returns to the OS and RSS tracks live memory (docs/design.md, "Memory, measured")
 MMAP_THRESHOLD_BYTES = 65536
 #: oneDNN's primitive caches on a CPU rank (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, and ideep's
 #: ``LRU_CACHE_CAPACITY`` in PyTorch's mkldnn ops), 1024 primitives each by default. A bf16 matmul of a new

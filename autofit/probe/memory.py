@@ -1,4 +1,4 @@
-"""Process memory on Linux, as DESIGN.md's "Memory, measured" defines it for the CPU.
+"""Process memory on Linux, as docs/design.md's "Memory, measured" defines it for the CPU.
 
 The CPU is the device and the process is what holds memory on it:
 ``peak_bytes = VmHWM - VmRSS(after imports)``, with the high-water mark reset
@@ -47,7 +47,7 @@ _GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20
 def use_default_allocator() -> bool:
     """Let glibc keep freed blocks for reuse again, as a training process does without the probe's setting.
 
-    The probe starts with ``MALLOC_MMAP_THRESHOLD_=65536`` so that RSS tracks live tensors (DESIGN.md);
+    The probe starts with ``MALLOC_MMAP_THRESHOLD_=65536`` so that RSS tracks live tensors (docs/design.md, "Memory, measured");
     that maps and unmaps every tensor over 64 KiB, and the page faults that follow nearly doubled a CPU
     step (ViT, 82 -> 150 ms) and made it noisy. Once the peak is read, this sets what glibc's dynamic
     threshold settles at in a long run (blocks up to 32 MiB from the heap, trimmed past twice that), so

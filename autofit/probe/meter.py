@@ -1,4 +1,4 @@
-"""Memory metering of one probe rank, as DESIGN.md's "Memory, measured" defines it.
+"""Memory metering of one probe rank, as docs/design.md's "Memory, measured" defines it.
 
 CPU (the process is the device): ``VmHWM - VmRSS`` after the imports, the high-water
 mark reset after them, and a watchdog that ends the process with ``oom`` once RSS

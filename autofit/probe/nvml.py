@@ -1,6 +1,6 @@
 """Device memory as the device sees it: NVML's per-process figure for a rank, sampled in a thread.
 
-DESIGN.md's CUDA memory contract: ``peak_bytes`` is the most device memory NVML reports for the
+docs/design.md's CUDA memory contract ("Memory, measured"): ``peak_bytes`` is the most device memory NVML reports for the
 rank's pid (``nvmlDeviceGetComputeRunningProcesses``) on the rank's own device, sampled from just
 after the CUDA context exists through the measured steps: the context, NCCL's buffers, cuBLAS
 workspaces and the caching allocator's reservations together. The device is found by UUID (torch's

@@ -5,7 +5,7 @@ Seed 001 ("Memory Debugging") records the allocator's history with
 ``torch.cuda.memory._dump_snapshot("memory.pickle")``; the pickle opens in PyTorch's viewer
 (https://pytorch.org/memory_viz: every allocation over time, with the stack that made it). A probe
 asked for a snapshot (``run_probe(..., memory_snapshot=PATH)``) records from just before the model is
-built through the measured steps, so the picture covers DESIGN.md's measured span.
+built through the measured steps, so the picture covers docs/design.md's measured span.
 
 Fragmentation (seeds 001 and 003) shows as memory the caching allocator reserved but no tensor
 used at the peak: ``max_memory_reserved`` far above ``max_memory_allocated``. Then the advice is

@@ -54,7 +54,7 @@ def train_step(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: i
 
 
 def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: int, meter: Meter, spec: dict) -> StepTimes:
-    """``warmup_steps`` steps, then ``steps`` timed ones; the peak is read as DESIGN.md says.
+    """``warmup_steps`` steps, then ``steps`` timed ones; the peak is read as docs/design.md ("Memory, measured") says.
 
     CPU: one more step after warm-up runs under the probe's allocator setting and the peak is
     read after it; then glibc goes back to reusing freed blocks and one more step refills its heap

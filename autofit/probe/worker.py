@@ -6,7 +6,7 @@ workload, builds the model, runs warm-up and measured DeepSpeed steps, and write
 ``rank<R>.json`` (status, peak, step times, phase times) into the spec's
 ``result_dir``. It never prints its result on stdout: DeepSpeed logs there.
 
-Memory is metered by :mod:`autofit.probe.meter` (DESIGN.md), steps are timed by
+Memory is metered by :mod:`autofit.probe.meter` (docs/design.md, "Memory, measured"), steps are timed by
 :mod:`autofit.probe.steps`; this module is the driver.
 """
 
@@ -87,7 +87,7 @@ def expected_parent_pid(env: dict[str, str], ppid_at_start: int) -> int:
 
 
 def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Path) -> dict[str, Any]:
-    """Import, meter, build, initialize, step: the probe of one rank (DESIGN.md's phases)."""
+    """Import, meter, build, initialize, step: the probe of one rank (docs/design.md, "Memory, measured")."""
     t0 = time.time()
     import deepspeed
     import torch
@@ -153,7 +153,7 @@ def untrained_message(loss: float) -> str:
 
 def import_workload(entry: str, attention: str, torch: Any) -> Any:
     """Load the workload and everything the probe imports, before the memory baseline is taken."""
-    try:  # part of the baseline when installed (DESIGN.md: ~120 MB of RSS on import)
+    try:  # part of the baseline when installed (~120 MB of RSS on import; docs/design.md's baseline)
         import bitsandbytes  # noqa: F401
     except ImportError:
         pass

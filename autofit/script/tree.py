@@ -6,7 +6,7 @@ sampled from this process every ``interval_s``:
 - CPU: the rank's ``VmHWM`` (its own high-water mark, which also catches what falls between two
   samples) plus the ``VmRSS`` of everything it started (DataLoader workers, compile workers), read
   from ``/proc`` through psutil. The RSS a bare ``import torch, deepspeed`` holds is subtracted
-  (:func:`import_baseline_bytes`), as DESIGN.md subtracts the RSS after imports.
+  (:func:`import_baseline_bytes`), as docs/design.md subtracts the RSS after imports.
 - CUDA: the device memory NVML reports for each process of the tree
   (``nvmlDeviceGetComputeRunningProcesses``, every device: a rank's context, its caching allocator's
   reservations, NCCL's buffers), summed.

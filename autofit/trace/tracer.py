@@ -401,7 +401,7 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckp
                 apply_checkpointing(model, layers, ckpt[0], ckpt[1], workload.attention_of)
             batch = cast_batch(workload.batch(n), dtype)
             # layer marks whenever layers are cut or checkpointed: they also collect the checkpointed recompute's
-            # reference cycles as each layer ends (autofit/trace_layers.py), which a whole trace counted too
+            # reference cycles as each layer ends (autofit/trace/layers.py), which a whole trace counted too
             marked = segments is not None or bool(ckpt[0] and layers)
             counter: _LiveBytes = _LiveBytes(marks=SegmentMarks(layers, lambda: counter.note()) if marked else None)
             _ignore_existing(counter, [*model.parameters(), *model.buffers(), *batch_tensors(batch)])

@@ -1,4 +1,4 @@
-"""Tiny workloads the probe tests load by path (``tests/probe/workloads.py:tiny``)."""
+"""Tiny workloads the probe tests load by path (``tests/probe/probe_workloads.py:tiny``)."""
 
 from __future__ import annotations
 

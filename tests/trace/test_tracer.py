@@ -262,7 +262,7 @@ def test_a_counting_multi_grad_hook_fires_once_every_reached_tensor_has_its_grad
 
 
 #: one plain forward and backward of the probe tests' conv net, its resident peak (the third, after the kernels'
-#: first-use allocations), in a process that returns freed tensors to the OS (DESIGN.md's measurement)
+#: first-use allocations), in a process that returns freed tensors to the OS (docs/design.md, "Memory, measured")
 CONV_STEP = """
 import sys, torch
 from autofit.probe.memory import hwm_bytes, reset_peak, rss_bytes
