@@ -7,9 +7,9 @@
 (``python train.py`` works too: with no launcher it sets the single-process rendezvous variables.)
 
 The JSON goes to ``TrainingArguments(deepspeed=...)`` as it is; the Trainer checks that its own
-arguments match the JSON (micro-batch, accumulation, clipping, learning rate, precision), so they
-are read from the JSON. What DeepSpeed's JSON cannot say is in its ``"autofit"`` section, applied
-the way the Trainer expects:
+arguments match the JSON (micro-batch, accumulation, clipping, learning rate, precision), so
+:func:`autofit.launchers.trainer_arguments` derives them from the JSON. What DeepSpeed's JSON cannot
+say is in its ``"autofit"`` section, applied the way the Trainer expects:
 
 * ``attention`` -> ``attn_implementation`` when the model is built;
 * ``checkpoint_ratio`` 1.0 -> ``gradient_checkpointing=True`` (non-reentrant; transformers 5 calls it
@@ -40,42 +40,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from model import build_model, make_batch  # noqa: E402
 
-#: a client optimizer class in the JSON -> the Trainer's ``optim`` name for the same optimizer
-TRAINER_OPTIM = {"bitsandbytes.optim.AdamW8bit": "adamw_bnb_8bit"}
+from autofit import launchers  # noqa: E402
+from autofit.launchers import TRAINER_OPTIM  # noqa: E402
 
 
 def trainer_arguments(ds: dict[str, Any], output_dir: str, max_steps: int) -> dict[str, Any]:
-    """``TrainingArguments`` keywords that agree with the DeepSpeed JSON ``ds`` (the Trainer checks them)."""
-    section = ds.get("autofit", {})
-    kwargs: dict[str, Any] = {
-        "output_dir": output_dir,
-        "max_steps": max_steps,
-        "per_device_train_batch_size": ds["train_micro_batch_size_per_gpu"],
-        "gradient_accumulation_steps": ds["gradient_accumulation_steps"],
-        "max_grad_norm": ds.get("gradient_clipping", 1.0),
-        "bf16": bool(ds.get("bf16", {}).get("enabled", False)),
-        # without a GPU the Trainer refuses bf16 unless told it trains on the CPU ("Your setup doesn't support
-        # bf16/gpu. You need to assign use_cpu"), and autofit emits bf16 where a CPU measured it fastest
-        "use_cpu": not torch.cuda.is_available(),
-        "fp16": bool(ds.get("fp16", {}).get("enabled", False)),
-        # the Trainer's own checkpointing wraps whole layers: attention-only goes through autofit.apply instead
-        "gradient_checkpointing": float(section.get("checkpoint_ratio", 0.0)) == 1.0
-        and section.get("checkpoint_granularity", "block") == "block",
-        "gradient_checkpointing_kwargs": {"use_reentrant": False},
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "report_to": "none",
-        "dataloader_num_workers": 0,
-    }
-    params = ds.get("optimizer", section.get("client_optimizer", {})).get("params", {})
+    """``TrainingArguments`` keywords that agree with the DeepSpeed JSON ``ds`` (the Trainer checks them):
+    :func:`autofit.launchers.trainer_arguments` with this example's run settings and recipe."""
+    params = ds.get("optimizer", ds.get("autofit", {}).get("client_optimizer", {})).get("params", {})
+    recipe: dict[str, Any] = {}
     if "lr" in params:
-        kwargs["learning_rate"] = params["lr"]
+        recipe["learning_rate"] = params["lr"]
     if "weight_decay" in params:
-        kwargs["weight_decay"] = params["weight_decay"]
-    client = section.get("client_optimizer")
-    if "optimizer" not in ds and client and client["class"] in TRAINER_OPTIM:
-        kwargs["optim"] = TRAINER_OPTIM[client["class"]]
-    return kwargs
+        recipe["weight_decay"] = params["weight_decay"]
+    return launchers.trainer_arguments(ds, output_dir=output_dir, max_steps=max_steps, logging_steps=1,
+                                       save_strategy="no", report_to="none", dataloader_num_workers=0, **recipe)
 
 
 def prepare_model(ds: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
@@ -125,10 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     ds = json.loads(Path(args.deepspeed).read_text())
     model, optimizer = prepare_model(ds)
     kwargs = trainer_arguments(ds, args.output_dir, args.max_steps)
-    if "activation_checkpointing" in TrainingArguments.__dataclass_fields__:  # the name from transformers 5.x on
-        kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
-        kwargs["activation_checkpointing_kwargs"] = kwargs.pop("gradient_checkpointing_kwargs")
-    training_args = TrainingArguments(deepspeed=args.deepspeed, **kwargs)
+    training_args = TrainingArguments(**(kwargs | {"deepspeed": args.deepspeed}))
     n_samples = training_args.world_size * ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
     trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(n_samples * args.max_steps),
                       optimizers=(optimizer, None))

@@ -14,13 +14,18 @@ import pytest
 from autofit.config import Config
 from autofit.emit import deepspeed_config
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "hf_trainer"
 _spec = importlib.util.spec_from_file_location("hf_trainer_train", EXAMPLE / "train.py")
 assert _spec is not None and _spec.loader is not None
 train = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(train)
+
+
+#: the Trainer's own checkpointing keyword (transformers 5 renamed ``gradient_checkpointing``)
+CHECKPOINTING = ("activation_checkpointing" if "activation_checkpointing" in transformers.TrainingArguments.__dataclass_fields__
+                 else "gradient_checkpointing")
 
 
 def _config(**changes: object) -> Config:
@@ -39,7 +44,7 @@ def test_partial_ratio_wraps_the_first_layers_and_the_trainer_checkpoints_none()
     assert model.config._attn_implementation == "eager"
     assert optimizer is None  # the JSON names AdamW: DeepSpeed builds it
     kwargs = train.trainer_arguments(ds, "out", 3)
-    assert kwargs["gradient_checkpointing"] is False
+    assert kwargs[CHECKPOINTING] is False
     assert (kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"]) == (2, 2)
     assert kwargs["learning_rate"] == ds["optimizer"]["params"]["lr"]
 
@@ -50,7 +55,7 @@ def test_full_ratio_is_the_trainers_own_checkpointing() -> None:
     ds = deepspeed_config(_config(checkpoint_ratio=1.0, attention="sdpa"), 1, "cpu")
     model, _ = train.prepare_model(ds)
     assert not any(is_checkpointed(layer) for layer in model.model.layers)
-    assert train.trainer_arguments(ds, "out", 3)["gradient_checkpointing"] is True
+    assert train.trainer_arguments(ds, "out", 3)[CHECKPOINTING] is True
     assert model.config._attn_implementation == "sdpa"
 
 

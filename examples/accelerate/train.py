@@ -1,0 +1,91 @@
+"""Train an autofit workload with Hugging Face Accelerate, DeepSpeed run from the JSON autofit emitted.
+
+    autofit run examples/mlp.py:workload --hardware cpu --memory 1GiB --global-batch 8 --space cpu --out ds_config.json
+    python -c "from autofit.launchers import accelerate_config, write_accelerate_config; import json; \\
+        write_accelerate_config('accelerate.yaml', accelerate_config(json.load(open('ds_config.json')), 'ds_config.json'))"
+    DS_ACCELERATOR=cpu accelerate launch --config_file accelerate.yaml examples/accelerate/train.py \\
+        examples/mlp.py:workload --deepspeed ds_config.json --max-steps 3
+
+``accelerate launch`` reads the YAML :func:`autofit.launchers.accelerate_config` wrote: ``distributed_type:
+DEEPSPEED`` and the JSON's path, which the DeepSpeed plugin reads (``ACCELERATE_DEEPSPEED_CONFIG_FILE``);
+this script reads the same JSON for what DeepSpeed's JSON cannot say (its ``"autofit"`` section: attention,
+checkpointing, fp8, a client optimizer), as :mod:`autofit.apply` describes. Where the JSON has an
+``optimizer`` section DeepSpeed builds the optimizer and the script hands ``accelerator.prepare`` a
+``DummyOptim`` (accelerate refuses a real one beside the section), whose learning rate and weight decay
+fill the JSON's ``"auto"`` values (the user's recipe); a number in the JSON is DeepSpeed's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class Samples(torch.utils.data.Dataset):
+    """``n`` samples of the workload's batch, one at a time, so a ``DataLoader`` re-batches them by the micro-batch."""
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        first = next(iter(self.batch.values())) if isinstance(self.batch, dict) else self.batch
+        return len(first[0] if isinstance(first, (tuple, list)) else first)
+
+    def __getitem__(self, i: int) -> Any:
+        if isinstance(self.batch, dict):
+            return {key: value[i] for key, value in self.batch.items()}
+        if isinstance(self.batch, (tuple, list)):
+            return tuple(value[i] for value in self.batch)
+        return self.batch[i]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("entry", help="An autofit entry point, path/to/file.py:function.")
+    parser.add_argument("--deepspeed", default="ds_config.json", help="The DeepSpeed JSON autofit wrote.")
+    parser.add_argument("--max-steps", type=int, default=3, help="Optimizer steps.")
+    parser.add_argument("--learning-rate", type=float, default=1e-4, help="Fills the JSON's \"auto\" lr.")
+    parser.add_argument("--weight-decay", type=float, default=0.01, help="Fills the JSON's \"auto\" weight_decay.")
+    args = parser.parse_args(argv)
+    from accelerate import Accelerator
+    from accelerate.utils import DummyOptim
+
+    from autofit.apply import apply_to_model, build_context, client_optimizer
+    from autofit.workload import load_workload
+
+    ds = json.loads(Path(args.deepspeed).read_text())
+    workload = load_workload(args.entry)
+    accumulation = int(ds["gradient_accumulation_steps"])
+    # the DeepSpeed plugin comes from `accelerate launch` (the YAML's deepspeed_config); accelerate learns the JSON's
+    # accumulation only in prepare(), so it is given here too: the loop's boundaries follow it from the first batch
+    accelerator = Accelerator(gradient_accumulation_steps=accumulation)
+    with build_context(ds):
+        model = workload.build_model(ds.get("autofit", {}).get("attention"))
+    apply_to_model(model, ds, workload.repeated_layers(model), workload.attention_of)
+    optimizer = client_optimizer(model, ds)
+    if optimizer is None:
+        optimizer = DummyOptim(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    micro = int(ds["train_micro_batch_size_per_gpu"])
+    n_micro = args.max_steps * accumulation
+    loader = torch.utils.data.DataLoader(Samples(workload.batch(micro * n_micro)), batch_size=micro)
+    engine, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses = []
+    for batch in loader:
+        with accelerator.accumulate(engine):
+            loss = workload.compute_loss(engine, batch)
+            accelerator.backward(loss)  # DeepSpeed's backward and, at the accumulation boundary, its step
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    if accelerator.is_main_process:
+        print(json.dumps({"global_step": engine.global_steps, "micro_batches": len(losses),
+                          "gradient_accumulation_steps": accelerator.gradient_accumulation_steps,
+                          "first_loss": losses[0], "last_loss": losses[-1]}))
+
+
+if __name__ == "__main__":
+    main()
