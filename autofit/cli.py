@@ -1,8 +1,12 @@
 """The ``autofit`` command: thin click commands over the library.
 
-Every command takes the same device and space options. ``--json`` prints one
-JSON document on stdout; progress and logs go to stderr. A user's mistake is one
-line on stderr and exit status 1 (a traceback only with ``--debug``).
+Every command takes the same device and space options: the fields of
+:class:`autofit.target.Target`, made into click options once (:func:`shared_options`)
+and handed to the command as one :class:`Shared`. A command parses, calls the library
+(:func:`autofit.target.prepare`, then the estimate, the probe, the ladder or the
+search) and prints. ``--json`` prints one JSON document on stdout; progress and logs
+go to stderr. A user's mistake is one line on stderr and exit status 1 (a traceback
+only with ``--debug``).
 """
 
 from __future__ import annotations
@@ -11,77 +15,109 @@ import contextlib
 import dataclasses
 import functools
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
 from autofit.errors import AutofitError
-
-if TYPE_CHECKING:
-    from autofit.workload import Workload
+from autofit.target import CLI_OPTION, Setup, Target, cli_fields, prepare
 
 
-def common_options(command: Callable[..., Any], entry_required: bool = True) -> Callable[..., Any]:
-    """The options every command shares (docs/design.md, "CLI")."""
-    options = [
-        click.argument("entry", required=entry_required),
-        click.option("--hardware", default="auto", show_default=True,
-                      help="Preset (h100-80gb, h200, a100-40gb, a100-80gb, l4, rtx4090), cpu, or auto."),
-        click.option("--memory", default=None, help="Device memory budget, e.g. 2GiB, 1.5GiB, 800MiB."),
-        click.option("--gpus", default=1, show_default=True, type=click.IntRange(min=1), help="Devices per node."),
-        click.option("--nodes", default=1, show_default=True, type=click.IntRange(min=1), help="Nodes."),
-        click.option("--global-batch", "global_batch", default=None, type=click.IntRange(min=1),
-                     help="Samples per optimizer step over all devices."),
-        click.option("--space", default=None, help="Search space: a name in search_spaces/ or a YAML file."),
-        click.option("--set", "set_values", multiple=True, metavar="KEY=VALUE",
-                     help="Fix a dimension, e.g. --set zero_stage=2 (repeatable)."),
-        click.option("--nvme-path", default=None, expose_value=False, callback=_remember("nvme_path"),
-                     help="A writable directory on an NVMe drive: NVMe offload swaps there (else it is pruned)."),
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout."),
-        click.option("--debug", is_flag=True, help="Show tracebacks."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+@dataclass(frozen=True)
+class Shared:
+    """What every command's shared options give it: the request, and how to answer."""
+
+    target: Target
+    """Which model, on what device, with which space and fixed values (:class:`autofit.target.Target`)."""
+    as_json: bool
+    """``--json``: one JSON document on stdout, progress and logs on stderr."""
+    debug: bool
+    """``--debug``: a traceback instead of the one-line error."""
 
 
-def _remember(key: str) -> Callable[[click.Context, Any, Any], None]:
-    """A callback keeping an option's value in the context (read by :class:`Setup`, not a command argument)."""
+#: the shared options that are not part of the request: how the command answers
+ANSWER_OPTIONS = (
+    click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout."),
+    click.option("--debug", is_flag=True, help="Show tracebacks."),
+)
 
-    def callback(ctx: click.Context, param: Any, value: Any) -> None:
-        ctx.meta[f"autofit.{key}"] = value
 
-    return callback
+def _click_param(target_field: dataclasses.Field[Any], entry_required: bool) -> Callable[..., Any]:
+    """The click argument or option of one :class:`Target` field, from its :func:`autofit.target.option`."""
+    spec = target_field.metadata[CLI_OPTION]
+    if not spec["flags"]:
+        return click.argument(target_field.name, required=entry_required)
+    settings: dict[str, Any] = {"default": target_field.default, "help": spec["help"],
+                                "show_default": spec["show_default"], "multiple": spec["multiple"]}
+    if spec["minimum"] is not None:
+        settings["type"] = click.IntRange(min=spec["minimum"])
+    if spec["metavar"] is not None:
+        settings["metavar"] = spec["metavar"]
+    return click.option(*spec["flags"], target_field.name, **settings)
+
+
+def shared_options(entry_required: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options every command shares (docs/design.md, "CLI"), written once: the fields of :class:`Target` (a new
+    shared option is a new field there), then ``--json`` and ``--debug``. The command gets them as one
+    :class:`Shared` (its first argument) and its own options as keywords; a :class:`AutofitError`, in the
+    target's own checks or the command, is one line and exit 1 (:func:`one_line_errors`)."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        names = [f.name for f in cli_fields()]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            as_json, debug = kwargs.pop("as_json"), kwargs.pop("debug")
+            values = {name: kwargs.pop(name) for name in names}
+            with one_line_errors(debug):
+                return command(Shared(Target(**values), as_json, debug), **kwargs)
+
+        params = [_click_param(f, entry_required) for f in cli_fields()] + list(ANSWER_OPTIONS)
+        for param in reversed(params):
+            wrapper = param(wrapper)
+        return wrapper
+
+    return decorate
+
+
+@contextmanager
+def one_line_errors(debug: bool) -> Iterator[None]:
+    """AutofitError (and any other failure) -> one line on stderr, exit 1; traceback with --debug."""
+    try:
+        yield
+    except AutofitError as exc:
+        if debug:
+            raise
+        click.echo(f"autofit: error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("autofit: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug or an environment problem: still one line without --debug
+        if debug:
+            raise
+        click.echo(f"autofit: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
+        sys.exit(1)
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """AutofitError (and any other failure) -> one line on stderr, exit 1; traceback with --debug."""
+    """:func:`one_line_errors` for a command without the shared options (its own ``--debug``)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        debug = kwargs.get("debug", False)
-        try:
+        with one_line_errors(kwargs.get("debug", False)):
             return command(*args, **kwargs)
-        except AutofitError as exc:
-            if debug:
-                raise
-            click.echo(f"autofit: error: {exc}", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt:
-            click.echo("autofit: interrupted", err=True)
-            sys.exit(130)
-        except Exception as exc:  # a bug or an environment problem: still one line without --debug
-            if debug:
-                raise
-            click.echo(f"autofit: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
-            sys.exit(1)
 
     return wrapper
+
+
+def say(line: str) -> None:
+    """A progress line on stderr (stdout stays clean for ``--json``): what the library's ``say`` gets."""
+    click.echo(line, err=True)
 
 
 @click.group()
@@ -90,91 +126,30 @@ def main() -> None:
     """Find the fastest training configuration that fits a device."""
 
 
-class Setup:
-    """The parsed common options: workload, hardware, space, world size, fixed values."""
-
-    def __init__(self, entry: str | None, hardware: str, memory: str | None, gpus: int, nodes: int,
-                 global_batch: int | None, space: str | None, set_values: tuple[str, ...]) -> None:
-        from autofit.config import parse_set
-        from autofit.hardware import get_hardware
-        from autofit.space import load_space
-        from autofit.units import parse_bytes
-        from autofit.workload import load_workload
-
-        self.entry = entry
-        self.fixed = parse_set(set_values)
-        self.hardware = get_hardware(hardware, parse_bytes(memory) if memory is not None else None)
-        if self.hardware.kind == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        self.space = load_space(space)
-        _use_nvme_path(click.get_current_context().meta.get("autofit.nvme_path"))
-        self.world_size = gpus * nodes
-        self.nodes = nodes
-        # --gpus ranks share each node's host memory and links (cost_model.host, cost_model.time)
-        self.hardware = dataclasses.replace(self.hardware, devices_per_node=gpus)
-        self.global_batch = global_batch
-        self.workload: Workload | None = load_workload(entry) if entry is not None else None  # None: script mode
-
-    @property
-    def entry_point(self) -> str:
-        """ENTRY; an :class:`AutofitError` in script mode, which has none."""
-        if self.entry is None:
-            raise AutofitError("this needs an ENTRY (a model entry point); script mode (--script) has none")
-        return self.entry
-
-    @property
-    def loaded_workload(self) -> Workload:
-        """ENTRY's workload; an :class:`AutofitError` in script mode, which has none."""
-        if self.workload is None:
-            raise AutofitError("this needs an ENTRY (a model entry point); script mode (--script) has none")
-        return self.workload
-
-    def plan(self) -> Any:
-        """Trace the workload and enumerate the space's candidates (:class:`autofit.plan.Plan`)."""
-        from autofit.plan import Plan
-
-        return Plan.make(self.entry_point, self.loaded_workload, self.hardware, self.space, world_size=self.world_size,
-                         global_batch=self.global_batch, fixed=self.fixed)
-
-
-def _use_nvme_path(path: str | None) -> None:
-    """Check ``--nvme-path`` and hand it to the search, the emitted JSON and the probes (their environment)."""
-    from autofit.software import NVME_PATH_ENV, check_nvme_path, detect_software
-
-    if path is not None:
-        os.environ[NVME_PATH_ENV] = check_nvme_path(path)
-        detect_software.cache_clear()
-
-
-def _announce_trace(setup: Setup) -> None:
-    """The plan's step on stderr: the trace, and on a CPU device the kernels' footprint (autofit.probe.footprint)."""
-    measured = " and measuring what its kernels hold on this CPU" if setup.hardware.kind == "cpu" else ""
-    click.echo(f"autofit: tracing {setup.loaded_workload.name or setup.entry_point}{measured}", err=True)
-
-
-def _prepare_ops(configs: list[Any], hardware: Any) -> None:
+def _prepare_ops(configs: list[Any], setup: Setup) -> None:
     """Build or load the DeepSpeed ops the configs need, as its own step (not in a probe's time)."""
     from autofit.probe.ops import prepare_ops
 
-    report = prepare_ops(configs, hardware)
-    for lock in report.cleared_locks:
-        click.echo(f"removed a stale build lock: {lock}", err=True)
-    if report.ops:
-        states = ", ".join(f"{op} {state}" for op, state in report.loaded.items())
-        click.echo(f"DeepSpeed ops: {states} ({report.seconds:.1f} s)", err=True)
+    for line in prepare_ops(configs, setup.hardware, setup.software).lines():
+        say(line)
+
+
+def _say_fragmentation(measured: Any) -> None:
+    from autofit.probe.snapshot import fragmentation_advice
+
+    advice = fragmentation_advice(measured.device_memory)
+    if advice:
+        say(f"autofit: {advice}")
 
 
 @main.command()
-@common_options
-@user_errors
-def estimate(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
-             space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool) -> None:
+@shared_options()
+def estimate(shared: Shared) -> None:
     """Cost model only: rank the space's candidates by predicted step time; no training step runs."""
     from autofit.estimate import estimate as run_estimate
 
-    setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
-    result = run_estimate(setup.plan())
-    if as_json:
+    result = run_estimate(prepare(shared.target).plan())
+    if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
         return
     from autofit.tables import print_estimate
@@ -183,7 +158,7 @@ def estimate(entry: str, hardware: str, memory: str | None, gpus: int, nodes: in
 
 
 @main.command()
-@common_options
+@shared_options()
 @click.option("--mode", type=click.Choice(["real", "fake"]), default="real", show_default=True,
               help="real: DeepSpeed steps on the device; fake: FakeTensorMode at full size, memory only.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Measured steps.")
@@ -191,25 +166,23 @@ def estimate(entry: str, hardware: str, memory: str | None, gpus: int, nodes: in
 @click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float, help="Seconds for the probe.")
 @click.option("--memory-snapshot", "snapshot_path", default=None, metavar="PATH",
               help="CUDA: record the allocator's history into this pickle (open it at https://pytorch.org/memory_viz).")
-@user_errors
-def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
-          space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, mode: str, steps: int,
-          warmup: int, timeout_s: float, snapshot_path: str | None) -> None:
+def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, snapshot_path: str | None) -> None:
     """Run one candidate (the fastest predicted that fits, after --set) for a few real steps."""
     from autofit.estimate import estimate as run_estimate
     from autofit.probe import run_probe
 
-    setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
+    setup = prepare(shared.target)
     result = run_estimate(setup.plan())
     chosen = (result.fitting or result.candidates)[0]
     if mode == "real":
-        _prepare_ops([chosen.config], setup.hardware)
-    click.echo(f"probing {chosen.config.label()} ({mode})", err=True)
+        _prepare_ops([chosen.config], setup)
+    say(f"probing {chosen.config.label()} ({mode})")
     measured = run_probe(setup.entry_point, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,
-                         warmup_steps=warmup, timeout_s=timeout_s, memory_snapshot=snapshot_path)
+                         warmup_steps=warmup, timeout_s=timeout_s, memory_snapshot=snapshot_path,
+                         software=setup.software)
     _say_fragmentation(measured)
     document = measured.to_dict() | {"predicted": chosen.prediction.to_dict()}
-    if as_json:
+    if shared.as_json:
         click.echo(json.dumps(document, indent=1))
     else:
         from autofit.tables import print_probe
@@ -220,34 +193,18 @@ def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, 
 
 
 @main.command()
-@common_options
+@shared_options()
 @click.option("--measure", is_flag=True, help="Probe every rung predicted to fit and add the measured columns.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Measured steps per probe.")
 @click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float, help="Seconds for each probe.")
-@user_errors
-def ladder(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
-           space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, measure: bool, steps: int,
-           timeout_s: float) -> None:
-    """Seed 004's build-along table: from fp32 + AdamW + ZeRO-0, one memory technique added per rung, each priced
-    (peak, fits, samples/s) and, with --measure, probed."""
-    from autofit.ladder import check_fixed, ladder_plan, price_ladder
+def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
+    """The build-along table of memory techniques: from fp32 + AdamW + ZeRO-0, one technique added per rung,
+    each priced (peak, fits, samples/s) and, with --measure, probed."""
+    from autofit.ladder import check_target, run_ladder
 
-    if space is not None:
-        raise AutofitError("autofit ladder takes no --space: its rungs are fixed (autofit/ladder.py)")
-    if global_batch is None:
-        raise AutofitError("autofit ladder needs --global-batch N (samples per optimizer step; seed 004 uses 16)")
-    setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
-    check_fixed(setup.fixed)
-    if measure and setup.hardware.kind == "cuda" and not _cuda_devices_here():
-        raise AutofitError(f"--measure on {setup.hardware.name} needs a CUDA device and none is visible here; "
-                           "without --measure the ladder is predicted only")
-    _announce_trace(setup)
-    plan = ladder_plan(setup.entry_point, setup.loaded_workload, setup.hardware, world_size=setup.world_size,
-                       global_batch=global_batch, fixed=setup.fixed)
-    result = price_ladder(plan)
-    if measure:
-        result = _measure_ladder(result, setup, steps, timeout_s)
-    if as_json:
+    check_target(shared.target)
+    result = run_ladder(prepare(shared.target), measure=measure, steps=steps, timeout_s=timeout_s, say=say)
+    if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
         return
     from autofit.tables import print_ladder
@@ -255,37 +212,8 @@ def ladder(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int,
     print_ladder(result)
 
 
-def _measure_ladder(ladder: Any, setup: Setup, steps: int, timeout_s: float) -> Any:
-    """Probe each rung predicted to fit (its own subprocess probe, as ``autofit probe``); the ladder with the results."""
-    from autofit.probe import run_probe
-
-    fitting = [row for row in ladder.rows if row.fits]
-    if not fitting:
-        click.echo("autofit: no rung is predicted to fit: nothing to probe", err=True)
-        return ladder
-    _prepare_ops([row.config for row in fitting], setup.hardware)
-    measured = {}
-    for row in fitting:
-        click.echo(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}", err=True)
-        probed = run_probe(setup.entry_point, row.config, setup.hardware, setup.world_size, steps=steps, timeout_s=timeout_s)
-        measured[row.index] = probed.to_dict()
-    return ladder.with_measured(measured)
-
-
-def _cuda_devices_here() -> int:
-    """CUDA devices this process may use: NVML's count (or ``CUDA_VISIBLE_DEVICES``), else torch's."""
-    from autofit.probe import visible_cuda_devices
-
-    visible = visible_cuda_devices()
-    if visible is not None:
-        return visible
-    import torch
-
-    return torch.cuda.device_count()
-
-
 @main.command()
-@functools.partial(common_options, entry_required=False)
+@shared_options(entry_required=False)
 @click.option("--script", default=None, metavar="CMD",
               help='Script mode instead of ENTRY: an unmodified DeepSpeed script, "python train.py --deepspeed_config {config}".')
 @click.option("--trials", default=20, show_default=True, type=click.IntRange(min=1), help="Most probes to run.")
@@ -296,58 +224,38 @@ def _cuda_devices_here() -> int:
 @click.option("--report", "report_dir", default=None, help="Write a report (HTML + PNG) to this folder.")
 @click.option("--margin", default=0.10, show_default=True, type=click.FloatRange(0.0, 0.9),
               help="Fraction of the device memory the verified winner must leave free.")
-@user_errors
-def run(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
-        space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, trials: int,
-        timeout_s: float | None, storage: str | None, study_name: str | None, out_path: str,
-        report_dir: str | None, margin: float, script: str | None) -> None:
+def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | None, study_name: str | None,
+        out_path: str, report_dir: str | None, margin: float, script: str | None) -> None:
     """The search: probe the most promising candidates and write the fastest that fits as DeepSpeed JSON."""
     from autofit.search import SearchSettings, run_search
 
-    if (entry is None) == (script is None):
+    if (shared.target.entry is None) == (script is None):
         raise AutofitError('autofit run takes an ENTRY or --script "CMD ... {config}", exactly one of them')
     settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=margin)
-    setup = Setup(entry, hardware, memory, gpus, nodes, global_batch, space, set_values)
+    setup = prepare(shared.target)
     with contextlib.ExitStack() as stack:
         if script is not None:
             from autofit.script.cli import script_plan_and_prober
 
             plan, prober = script_plan_and_prober(setup, script, stack)
         else:
-            _announce_trace(setup)
+            say(f"autofit: {setup.tracing_note()}")
             plan, prober = setup.plan(), None
-        click.echo(f"autofit: {len(plan.candidates)} candidates", err=True)
+        say(f"autofit: {len(plan.candidates)} candidates")
         with progress_display(trials) as on_event:
             result = run_search(plan, settings, out_path=out_path, storage=storage, study_name=study_name,
                                 prober=prober, on_event=on_event)
     if report_dir is not None:
+        from autofit.probe.snapshot import winner_snapshot
         from autofit.report import write_report
 
-        snapshot = _winner_snapshot(setup, result, report_dir) if setup.hardware.kind == "cuda" and script is None else None
+        snapshot = (winner_snapshot(setup.entry_point, result, report_dir, software=setup.software, say=say)
+                    if setup.hardware.kind == "cuda" and script is None else None)
         write_report(result, report_dir, ladder=_report_ladder(setup, result) if script is None else None, snapshot=snapshot)
-    if as_json:
+    if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
-        click.echo(f"wrote {out_path}", err=True)
-
-
-def _winner_snapshot(setup: Setup, result: Any, report_dir: str) -> Any:
-    """The winner probed once more with the CUDA allocator's history recorded into the report's folder."""
-    from autofit.probe import run_probe
-
-    path = Path(report_dir) / "memory_snapshot.pickle"
-    click.echo(f"autofit: recording the winner's CUDA memory snapshot into {path}", err=True)
-    measured = run_probe(setup.entry_point, result.config, setup.hardware, setup.world_size, steps=1, memory_snapshot=str(path))
-    _say_fragmentation(measured)
-    return measured
-
-
-def _say_fragmentation(measured: Any) -> None:
-    from autofit.probe.snapshot import fragmentation_advice
-
-    advice = fragmentation_advice(measured.device_memory)
-    if advice:
-        click.echo(f"autofit: {advice}", err=True)
+        say(f"wrote {out_path}")
 
 
 def _report_ladder(setup: Setup, result: Any) -> Any:
@@ -357,7 +265,7 @@ def _report_ladder(setup: Setup, result: Any) -> Any:
     try:
         return search_ladder(setup.entry_point, setup.loaded_workload, result, setup.fixed)
     except AutofitError as exc:
-        click.echo(f"autofit: the report has no ladder: {exc}", err=True)
+        say(f"autofit: the report has no ladder: {exc}")
         return None
 
 
@@ -391,14 +299,11 @@ def schedule() -> None:
 
 
 @schedule.command("add")
-@common_options
+@shared_options()
 @click.option("--trials", default=20, show_default=True, type=click.IntRange(min=1), help="Most probes of the search.")
 @click.option("--storage", required=True, envvar="AUTOFIT_STORAGE",
               help="Optuna storage URL shared with the workers (sqlite:///FILE, postgresql://USER@HOST:PORT/DB).")
-@user_errors
-def schedule_add(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, global_batch: int | None,
-                 space: str | None, set_values: tuple[str, ...], as_json: bool, debug: bool, trials: int,
-                 storage: str) -> None:
+def schedule_add(shared: Shared, trials: int, storage: str) -> None:
     """Queue one search of ENTRY on --hardware (a preset or cpu) and print its id.
 
     ENTRY is loaded again by the workers where they run: it must be importable there (a path on a
@@ -406,18 +311,18 @@ def schedule_add(entry: str, hardware: str, memory: str | None, gpus: int, nodes
     already done for the same model, space, request and machine returns its stored winner at once.
     """
     from autofit.schedule.submit import absolute_entry, make_request, submit
-    from autofit.units import parse_bytes
 
-    setup = Setup(absolute_entry(entry), hardware, memory, gpus, nodes, global_batch, space, set_values)
-    request = make_request(setup.entry_point, setup.hardware, gpus=gpus, nodes=nodes, global_batch=global_batch,
-                           space=setup.space, fixed=setup.fixed, trials=trials,
-                           memory_bytes=parse_bytes(memory) if memory is not None else None)
+    target = dataclasses.replace(shared.target, entry=absolute_entry(shared.target.entry or ""))
+    setup = prepare(target)
+    request = make_request(setup.entry_point, setup.hardware, gpus=target.gpus, nodes=target.nodes,
+                           global_batch=target.global_batch, space=setup.space, fixed=setup.fixed, trials=trials,
+                           memory_bytes=target.memory_bytes())
     added = submit(storage, setup.plan(), setup.workload, request)
-    if as_json:
+    if shared.as_json:
         click.echo(json.dumps(added.to_dict()))
         return
     click.echo(added.id)
-    click.echo(f"autofit: {added.state}{' (cached)' if added.cached else ''}", err=True)
+    say(f"autofit: {added.state}{' (cached)' if added.cached else ''}")
 
 
 @schedule.command("list")
@@ -455,8 +360,6 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
     from autofit.schedule.worker import Worker
 
     device = get_hardware(hardware)
-    if device.kind == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     machine = detect_machine(device, gpus)
     Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s).serve()
 

@@ -66,7 +66,8 @@ def rank(candidates: list[Candidate]) -> list[Candidate]:
 def estimate(plan: Plan) -> EstimateResult:
     """Price every candidate of ``plan`` with its prior coefficients, attach each one's DeepSpeed JSON; ranked."""
     candidates = [
-        Candidate(config=config, prediction=prediction, deepspeed=deepspeed_config(config, plan.world_size, plan.hardware.kind))
+        Candidate(config=config, prediction=prediction,
+                  deepspeed=deepspeed_config(config, plan.world_size, plan.hardware.kind, plan.software))
         for config, prediction in plan.price()
     ]
     return EstimateResult(

@@ -16,10 +16,14 @@ and adds one technique at a time, recording what each buys. :func:`rungs` are th
 The rungs are priced through :class:`autofit.plan.Plan` (the same ``Plan.predict`` as ``autofit
 estimate`` and the search), against the device's whole memory; a rung a rule of the device refuses
 (offload when the device is the CPU) carries that rule's reason and is never probed.
+
+:func:`run_ladder` is ``autofit ladder`` as a function of a :class:`autofit.target.Setup`;
+:func:`measure_ladder` probes a priced ladder's fitting rungs (``--measure``), from a notebook as well.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +38,8 @@ from autofit.workload import Workload
 
 if TYPE_CHECKING:
     from autofit.search.records import SearchResult
+    from autofit.software import Software
+    from autofit.target import Setup, Target
 
 #: the baseline's value of every key the ladder steps through
 BASELINE: dict[str, Any] = {
@@ -113,16 +119,48 @@ def check_fixed(fixed: dict[str, Any]) -> None:
                            f"{', '.join(LADDER_KEYS)}")
 
 
+def check_target(target: Target) -> int:
+    """The ladder's own demands on the request: no ``--space`` (its rungs are its space) and a global batch
+    (the micro-batch of every rung is ``global_batch / world_size``), which it returns."""
+    if target.space is not None:
+        raise AutofitError("autofit ladder takes no --space: its rungs are fixed (autofit/ladder.py)")
+    if target.global_batch is None:
+        raise AutofitError("autofit ladder needs --global-batch N (samples per optimizer step; the build-along "
+                           "table of memory techniques uses 16)")
+    return target.global_batch
+
+
+def check_can_measure(hardware: Hardware) -> None:
+    """Probing rungs on a CUDA device needs one visible here; the CPU is always here."""
+    if hardware.kind == "cuda" and not _cuda_devices_here():
+        raise AutofitError(f"--measure on {hardware.name} needs a CUDA device and none is visible here; "
+                           "without --measure the ladder is predicted only")
+
+
+def _cuda_devices_here() -> int:
+    """CUDA devices this process may use: NVML's count (or ``CUDA_VISIBLE_DEVICES``), else torch's."""
+    from autofit.probe import visible_cuda_devices
+
+    visible = visible_cuda_devices()
+    if visible is not None:
+        return visible
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def ladder_plan(entry: str, workload: Workload, hardware: Hardware, *, world_size: int, global_batch: int,
-                fixed: dict[str, Any] | None = None, facts: ModelFacts | None = None) -> Plan:
+                fixed: dict[str, Any] | None = None, facts: ModelFacts | None = None,
+                software: Software | None = None) -> Plan:
     """The plan of the ladder's space: enumerated under the rules, traced once (``facts``: a trace made earlier,
-    used where it covers every rung)."""
+    used where it covers every rung; ``software``: what the machine runs, this one's by default)."""
     fixed = dict(fixed or {})
     check_fixed(fixed)
     ladder = rungs(mixed_precision(hardware), world_size)
     space = ladder_space(ladder, max(1, global_batch // world_size))
     plan = Plan.make(entry, workload, hardware, space, world_size=world_size, global_batch=global_batch,
-                     fixed=fixed, facts=facts if facts is not None and covers(facts, space) else None)
+                     fixed=fixed, facts=facts if facts is not None and covers(facts, space) else None,
+                     software=software)
     return plan
 
 
@@ -211,6 +249,58 @@ def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
     )
     return Ladder(name=plan.name, n_params=plan.facts.n_params, hardware=plan.hardware, world_size=plan.world_size,
                   global_batch=first.samples_per_step(plan.world_size), rows=rows)
+
+
+def _quiet(line: str) -> None:
+    """The default ``say``: progress goes nowhere."""
+
+
+def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: float = 600.0,
+                   software: Software | None = None, say: Callable[[str], None] = _quiet) -> Ladder:
+    """Probe each rung of ``ladder`` predicted to fit, one subprocess probe each (:func:`autofit.probe.run_probe`,
+    as ``autofit probe``: ``steps`` measured steps, ``timeout_s`` seconds a probe), on the ladder's device and
+    world size; the ladder with each probe's JSON as its rung's ``measured``. A rung that does not fit is never
+    probed. The DeepSpeed ops the rungs need are built or loaded first, as their own step
+    (:func:`autofit.probe.ops.prepare_ops`), so a JIT build is in no probe's time. ``entry``: the workload's
+    entry point, what each probe loads; ``software``: what the machine runs (``--nvme-path``), this one's by
+    default; ``say``: one progress line at a time (the CLI prints them on stderr)."""
+    from autofit.probe import run_probe
+    from autofit.probe.ops import prepare_ops
+
+    check_can_measure(ladder.hardware)
+    fitting = [row for row in ladder.rows if row.fits]
+    if not fitting:
+        say("autofit: no rung is predicted to fit: nothing to probe")
+        return ladder
+    for line in prepare_ops([row.config for row in fitting], ladder.hardware, software).lines():
+        say(line)
+    measured = {}
+    for row in fitting:
+        say(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}")
+        probed = run_probe(entry, row.config, ladder.hardware, ladder.world_size, steps=steps, timeout_s=timeout_s,
+                           software=software)
+        measured[row.index] = probed.to_dict()
+    return ladder.with_measured(measured)
+
+
+def run_ladder(setup: Setup, *, measure: bool = False, steps: int = 3, timeout_s: float = 600.0,
+               say: Callable[[str], None] = _quiet) -> Ladder:
+    """``autofit ladder`` as a function: the ladder of ``setup``'s workload on its device and world size at its
+    global batch, priced, and with ``measure`` each rung that fits probed (:func:`measure_ladder`). Bad input
+    (a ``--space``, no global batch, ``--set`` of a key the ladder steps through, ``measure`` of a CUDA device
+    not here) is an :class:`AutofitError` before anything is traced."""
+    global_batch = check_target(setup.target)
+    check_fixed(setup.fixed)
+    if measure:
+        check_can_measure(setup.hardware)
+    say(f"autofit: {setup.tracing_note()}")
+    plan = ladder_plan(setup.entry_point, setup.loaded_workload, setup.hardware, world_size=setup.world_size,
+                       global_batch=global_batch, fixed=setup.fixed, software=setup.software)
+    ladder = price_ladder(plan)
+    if measure:
+        ladder = measure_ladder(ladder, setup.entry_point, steps=steps, timeout_s=timeout_s, software=setup.software,
+                                say=say)
+    return ladder
 
 
 def rule_reason(config: Config, rejected: tuple[tuple[dict[str, Any], str], ...]) -> str | None:

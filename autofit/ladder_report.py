@@ -94,9 +94,10 @@ def ladder_section(ladder: Ladder, result: SearchResult) -> tuple[str, str, list
     rows.append(["*", "winner", "the search's verified pick", result.config.label(),
                  format_bytes(int(predicted.get("peak_bytes") or 0)), f"{predicted.get('samples_per_s', 0):.3g}", "yes",
                  "", *_measured_cells(result.measured)])
-    text = (f"Seed 004's build-along for this model: {ladder_title(ladder)}. Each rung adds one memory technique to "
-            "the rung before; predictions are the search's calibrated ones, measurements the search's own probes of "
-            f"that config where it made one. {winner_place(ladder, result.config, predicted.get('samples_per_s', 0.0))}")
+    text = (f"The build-along table of memory techniques for this model: {ladder_title(ladder)}. Each rung adds one "
+            "memory technique to the rung before; predictions are the search's calibrated ones, measurements the "
+            "search's own probes of that config where it made one. "
+            f"{winner_place(ladder, result.config, predicted.get('samples_per_s', 0.0))}")
     return "Ladder", text, HEADER + MEASURED_HEADER, rows
 
 

@@ -10,13 +10,14 @@ run`` prices it again after every probe with the calibrated ones. Both go throug
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autofit.config import Config
 from autofit.cost_model import Coefficients, ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration
 from autofit.hardware import Hardware
+from autofit.software import Software, detect_software
 from autofit.space import SearchSpace, enumerate_candidates
 from autofit.workload import Workload
 
@@ -47,6 +48,9 @@ class Plan:
     """The model as traced on fake tensors."""
     coefficients: Coefficients
     """The cost model's prior for this device, before any probe."""
+    software: Software = field(default_factory=detect_software)
+    """What the machine runs, ``--nvme-path`` included: the rules prune by it and every DeepSpeed JSON of
+    this plan (estimate, probe, winner) is written with it (:func:`autofit.emit.deepspeed_config`)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -65,10 +69,13 @@ class Plan:
         fixed: dict[str, Any] | None = None,
         coefficients: Coefficients | None = None,
         facts: ModelFacts | None = None,
+        software: Software | None = None,
     ) -> Plan:
         """Enumerate the space under its rules and trace the workload once for every candidate's needs
-        (``coefficients``: the prior, the device's own by default; ``facts``: a trace made earlier)."""
+        (``coefficients``: the prior, the device's own by default; ``facts``: a trace made earlier;
+        ``software``: what the machine runs, this one's by default, :func:`autofit.software.detect_software`)."""
         fixed = dict(fixed or {})
+        software = software if software is not None else detect_software()
         enumeration = enumerate_candidates(
             space,
             hardware=hardware,
@@ -77,6 +84,7 @@ class Plan:
             fixed=fixed,
             searches_attention=workload.searches_attention,
             checkpoints_attention=_checkpoints_attention(workload, space, fixed),
+            software=software,
         )
         configs = tuple(enumeration.candidates)
         facts = facts or trace_for(workload, configs)
@@ -92,6 +100,7 @@ class Plan:
             rejected=tuple(enumeration.rejected),
             facts=with_kernel_footprints(facts, entry, configs) if hardware.kind == "cpu" else facts,
             coefficients=coefficients or Coefficients.for_hardware(hardware),
+            software=software,
         )
 
     def with_memory(self, memory_bytes: int) -> Plan:

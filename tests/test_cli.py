@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from autofit.cli import main
 from autofit.config import CONFIG_KEYS
+from autofit.target import cli_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = f"{ROOT}/examples/mlp.py:workload"
@@ -95,3 +97,47 @@ def test_entry_that_returns_the_wrong_type(tmp_path: Path) -> None:
     result = invoke("estimate", f"{bad}:workload", "--hardware", "cpu")
     assert result.exit_code == 1
     assert "must return an autofit.Workload" in result.stderr
+
+
+def _shared_commands() -> dict[str, click.Command]:
+    """Every command that takes the shared options, by its name on the command line."""
+    schedule = main.commands["schedule"]
+    assert isinstance(schedule, click.Group)
+    return {"estimate": main.commands["estimate"], "probe": main.commands["probe"], "ladder": main.commands["ladder"],
+            "run": main.commands["run"], "schedule add": schedule.commands["add"]}
+
+
+def _describe(param: click.Parameter) -> tuple[object, ...]:
+    """What a user sees of one parameter: its spelling, default, type, repeatability and help."""
+    return (tuple(param.opts), param.default, repr(param.type), param.multiple, getattr(param, "help", None),
+            getattr(param, "show_default", None), param.metavar)
+
+
+def test_the_shared_options_are_on_every_command_with_the_same_defaults() -> None:
+    shared = [f.name for f in cli_fields()] + ["as_json", "debug"]
+    described = {}
+    for name, command in _shared_commands().items():
+        params = {param.name: param for param in command.params}
+        assert set(shared) <= set(params), (name, set(shared) - set(params))
+        # the command's own options come after the shared ones, which keep the order of the Target's fields
+        assert [param.name for param in command.params[: len(shared)]] == shared, name
+        described[name] = {key: _describe(params[key]) for key in shared}
+    first = described.pop("estimate")
+    for name, options in described.items():
+        assert options == first, name
+    # the Target's defaults are the command line's, so a notebook and the CLI ask for the same thing
+    defaults = {f.name: f.default for f in cli_fields()}
+    estimate = {param.name: param.default for param in main.commands["estimate"].params}
+    assert {key: estimate[key] for key in defaults if key != "entry"} == {
+        "hardware": "auto", "memory": None, "gpus": 1, "nodes": 1, "global_batch": None, "space": None,
+        "set_values": (), "nvme_path": None,
+    } == {key: value for key, value in defaults.items() if key != "entry"}
+    assert main.commands["run"].params[0].required is False  # script mode: ENTRY or --script
+    assert main.commands["estimate"].params[0].required is True
+
+
+def test_no_help_cites_internal_documents() -> None:
+    runner = CliRunner()
+    for name in _shared_commands():
+        text = runner.invoke(main, [*name.split(), "--help"]).output
+        assert "seed" not in text.lower(), name

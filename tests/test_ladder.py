@@ -1,8 +1,9 @@
-"""``autofit ladder``: seed 004's build-along table, priced through the plan and probed with --measure."""
+"""``autofit ladder``: the build-along table of memory techniques, priced through the plan and probed with --measure."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from click.testing import CliRunner
 from autofit.cli import main
 from autofit.config import Config
 from autofit.hardware import get_hardware
-from autofit.ladder import BASELINE, ladder_plan, price_ladder, rung_configs, rungs
+from autofit.ladder import BASELINE, ladder_plan, measure_ladder, price_ladder, rung_configs, rungs
 from autofit.plan import Plan
 from autofit.probe import STATUSES
 from autofit.workload import load_workload
@@ -75,6 +76,26 @@ def test_a_budget_below_a_rung_says_it_does_not_fit(plan: Plan) -> None:
     rows = price_ladder(plan.with_memory(budget)).rows
     assert not rows[0].fits and rows[0].why_not is not None and rows[0].why_not.startswith("needs")
     assert rows[2].fits and rows[2].why_not is None
+
+
+def test_measure_ladder_probes_nothing_when_no_rung_fits(plan: Plan) -> None:
+    ladder = price_ladder(plan.with_memory(2**20))
+    said: list[str] = []
+    assert measure_ladder(ladder, TINY, steps=1, say=said.append) == ladder
+    assert said == ["autofit: no rung is predicted to fit: nothing to probe"]
+
+
+@pytest.mark.slow
+def test_measure_ladder_probes_each_fitting_rung_it_is_given(plan: Plan) -> None:
+    ladder = price_ladder(plan)
+    one = replace(ladder, rows=ladder.rows[1:2])  # checkpointing alone: one probe
+    said: list[str] = []
+    measured = measure_ladder(one, TINY, steps=1, say=said.append)
+    (row,) = measured.rows
+    assert row.measured is not None and row.measured["config"] == row.config.to_dict()
+    assert row.measured["status"] in STATUSES and row.measured["peak_bytes"] > 0
+    assert row.measured["world_size"] == 2
+    assert any(line.startswith("autofit: probing rung 1 (+ activation checkpointing)") for line in said)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from typing import Any
 from autofit.config import Config
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
+from autofit.software import Software
 
 STATUSES = ("ok", "oom", "timeout", "error")
 MODES = ("real", "fake")
@@ -129,6 +130,7 @@ def run_probe(
     warmup_steps: int = 1,
     timeout_s: float = 300.0,
     memory_snapshot: str | None = None,
+    software: Software | None = None,
 ) -> ProbeResult:
     """Run ``config`` of the workload at ``entry`` on ``world_size`` ranks of ``hardware`` and measure it.
 
@@ -149,7 +151,7 @@ def run_probe(
         raise AutofitError(f"world_size must be >= 1, but got {world_size!r}")
     if steps < 1 or warmup_steps < 0:
         raise AutofitError(f"probe needs steps >= 1 and warmup_steps >= 0, but got {steps=}, {warmup_steps=}")
-    spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps)
+    spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps, software)
     if memory_snapshot is not None:
         spec["memory_snapshot"] = str(Path(memory_snapshot).resolve())
     ranks_per_node, n_nodes = hardware.ranks_on_a_node(world_size), hardware.n_nodes(world_size)
@@ -178,7 +180,8 @@ def visible_cuda_devices() -> int | None:
 
 
 def _spec(
-    entry: str, config: Config, hardware: Hardware, world_size: int, mode: str, steps: int, warmup_steps: int
+    entry: str, config: Config, hardware: Hardware, world_size: int, mode: str, steps: int, warmup_steps: int,
+    software: Software | None = None,
 ) -> dict[str, Any]:
     """What the worker reads: the workload, the config and its DeepSpeed JSON, the steps and the device."""
     from autofit.emit import deepspeed_config
@@ -186,7 +189,7 @@ def _spec(
     return {
         "entry": entry,
         "config": config.to_dict(),
-        "deepspeed": deepspeed_config(config, world_size, hardware.kind),
+        "deepspeed": deepspeed_config(config, world_size, hardware.kind, software),
         "world_size": world_size,
         "mode": mode,
         "steps": steps,

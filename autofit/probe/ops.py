@@ -48,6 +48,14 @@ class OpsReport:
     seconds: float = 0.0
     """Wall seconds of the whole step."""
 
+    def lines(self) -> list[str]:
+        """What it did, one progress line each: the locks removed, then each op's state."""
+        said = [f"removed a stale build lock: {lock}" for lock in self.cleared_locks]
+        if self.ops:
+            states = ", ".join(f"{op} {state}" for op, state in self.loaded.items())
+            said.append(f"DeepSpeed ops: {states} ({self.seconds:.1f} s)")
+        return said
+
 
 def extensions_roots(env: dict[str, str] | None = None) -> tuple[Path, ...]:
     """Where torch builds extensions: ``TORCH_EXTENSIONS_DIR``, else its per-user cache (``torch_extensions``)."""

@@ -15,8 +15,14 @@ place instead of leaving split blocks behind), or seed 003's ``max_split_size_mb
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autofit.probe import ProbeResult
+    from autofit.search.records import SearchResult
+    from autofit.software import Software
 
 #: allocation events the history keeps (PyTorch's example value); older ones are dropped
 MAX_ENTRIES = 100_000
@@ -25,6 +31,8 @@ FRAGMENTED_SHARE = 0.2
 #: ... and in bytes: a small device or a small model wastes a few MiB to block rounding, which is no news
 FRAGMENTED_MIN_BYTES = 512 * 2**20
 ALLOC_CONF_ADVICE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+#: the snapshot's file name in a report's folder
+SNAPSHOT_NAME = "memory_snapshot.pickle"
 
 
 def start_recording(torch: Any) -> None:
@@ -58,3 +66,27 @@ def fragmentation_advice(device_memory: dict[str, Any]) -> str | None:
         f"({unused / int(reserved):.0%} fragmented): set {ALLOC_CONF_ADVICE} (or max_split_size_mb:128) "
         f"and probe again"
     )
+
+
+def _quiet(line: str) -> None:
+    """The default ``say``: progress goes nowhere."""
+
+
+def winner_snapshot(entry: str, result: SearchResult, report_dir: str | Path, *, software: Software | None = None,
+                    say: Callable[[str], None] = _quiet) -> ProbeResult:
+    """Probe the search's winner once more (one measured step, its own subprocess) with the CUDA allocator's
+    history recorded into ``report_dir``/:data:`SNAPSHOT_NAME`, on the search's device and world size; the
+    probe's result, whose ``device_memory`` the report shows. ``entry``: the workload's entry point;
+    ``software``: what the machine runs (``--nvme-path``), this one's by default; ``say``: progress lines,
+    the fragmentation advice (:func:`fragmentation_advice`) among them. On a CPU device nothing is recorded
+    (``run_probe`` ignores the snapshot there): callers ask for it on CUDA only."""
+    from autofit.probe import run_probe
+
+    path = Path(report_dir) / SNAPSHOT_NAME
+    say(f"autofit: recording the winner's CUDA memory snapshot into {path}")
+    measured = run_probe(entry, result.config, result.hardware, result.world_size, steps=1,
+                         memory_snapshot=str(path), software=software)
+    advice = fragmentation_advice(measured.device_memory)
+    if advice:
+        say(f"autofit: {advice}")
+    return measured

@@ -23,6 +23,7 @@ def script_plan_and_prober(setup: Any, script: str, stack: contextlib.ExitStack)
     workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="autofit-script-")))
     click.echo(f"autofit: profiling {command.name} (DeepSpeed's model-info profile, then one metric run)", err=True)
     plan = script_plan(command, setup.hardware, setup.space, world_size=setup.world_size,
-                       global_batch=setup.global_batch, fixed=setup.fixed, workdir=workdir / "profile")
+                       global_batch=setup.global_batch, fixed=setup.fixed, workdir=workdir / "profile",
+                       software=setup.software)
     click.echo(f"autofit: {plan.facts.n_params:,} parameters", err=True)
-    return plan, script_prober(command, setup.hardware, setup.world_size, workdir / "probes")
+    return plan, script_prober(command, setup.hardware, setup.world_size, workdir / "probes", software=setup.software)

@@ -23,29 +23,32 @@ from autofit.probe.failure import oom_location
 from autofit.script.command import ScriptCommand, with_metric
 from autofit.script.runner import ScriptRun, run_script
 from autofit.search.driver import Prober
+from autofit.software import Software
 
 #: DeepSpeed's timer means are in microseconds (utils/timer.py ``get_mean``: milliseconds x 1000)
 US = 1e-6
 
 
 def script_prober(command: ScriptCommand, hardware: Hardware, world_size: int, workdir: Path,
-                  warmup_steps: int = 1) -> Prober:
-    """A prober for :func:`autofit.search.run_search` that runs ``command`` once per candidate."""
+                  warmup_steps: int = 1, software: Software | None = None) -> Prober:
+    """A prober for :func:`autofit.search.run_search` that runs ``command`` once per candidate (``software``:
+    what the machine runs, for the candidates' JSON; this one's by default)."""
 
     def probe(config: Config, steps: int, timeout_s: float) -> ProbeResult:
         return probe_script(command, config, hardware, world_size, workdir, steps=steps, warmup_steps=warmup_steps,
-                            timeout_s=timeout_s)
+                            timeout_s=timeout_s, software=software)
 
     return probe
 
 
 def probe_script(command: ScriptCommand, config: Config, hardware: Hardware, world_size: int, workdir: Path, *,
-                 steps: int = 3, warmup_steps: int = 1, timeout_s: float = 600.0) -> ProbeResult:
+                 steps: int = 3, warmup_steps: int = 1, timeout_s: float = 600.0,
+                 software: Software | None = None) -> ProbeResult:
     """Run ``config`` through the script for ``warmup_steps + steps`` optimizer steps and measure it."""
     workdir.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=re.sub(r"[^A-Za-z0-9.]+", "-", config.label()) + "-", dir=workdir))
     metric_path = run_dir / "metric.json"
-    ds = with_metric(deepspeed_config(config, world_size, hardware.kind), metric_path, warmup_steps, steps)
+    ds = with_metric(deepspeed_config(config, world_size, hardware.kind, software), metric_path, warmup_steps, steps)
     config_path = run_dir / "ds_config.json"
     config_path.write_text(json.dumps(ds, indent=2))
     budget = hardware.memory_bytes if hardware.kind == "cpu" else None

@@ -32,6 +32,7 @@ from autofit.plan import Plan
 from autofit.script.command import ScriptCommand, with_metric, with_model_info_profile
 from autofit.script.prober import US, read_json
 from autofit.script.runner import run_script
+from autofit.software import Software, detect_software
 from autofit.space import SearchSpace, enumerate_candidates
 
 #: the attention kernel a script's facts are filed under (a script's model takes no attention keyword)
@@ -72,21 +73,23 @@ class ScriptProfile:
 
 
 def profile_script(command: ScriptCommand, candidates: list[Config] | tuple[Config, ...], hardware: Hardware,
-                   world_size: int, workdir: Path, timeout_s: float = 600.0) -> ScriptProfile:
-    """Run the script's model-info profile for each activation dtype the candidates use, and one metric run."""
+                   world_size: int, workdir: Path, timeout_s: float = 600.0,
+                   software: Software | None = None) -> ScriptProfile:
+    """Run the script's model-info profile for each activation dtype the candidates use, and one metric run
+    (``software``: what the machine runs, for the JSONs; this one's by default)."""
     workdir.mkdir(parents=True, exist_ok=True)
     info: dict[str, Any] = {}
     activation: dict[str, int] = {}
     for dtype in sorted({c.trace_dtype for c in candidates}):
         base = profile_config(candidates, dtype)
         path = workdir / f"model_info_{dtype}.json"
-        _run(command, with_model_info_profile(deepspeed_config(base, world_size, hardware.kind), path), workdir,
+        _run(command, with_model_info_profile(deepspeed_config(base, world_size, hardware.kind, software), path), workdir,
              f"model_info_{dtype}", world_size, hardware, timeout_s)
         info = _read(path, "model-info profile")
         activation[dtype] = int(info["activation_mem_per_gpu"])
     base = profile_config(candidates, min(activation))
     path = workdir / "metric_profile.json"
-    _run(command, with_metric(deepspeed_config(base, world_size, hardware.kind), path, 1, 1), workdir, "metric",
+    _run(command, with_metric(deepspeed_config(base, world_size, hardware.kind, software), path, 1, 1), workdir, "metric",
          world_size, hardware, timeout_s)
     metric = _read(path, "metric")
     flops_per_micro = float(metric["FLOPS_per_gpu"]) * float(metric["latency"]) * US / base.grad_accum_steps
@@ -127,16 +130,19 @@ def _read(path: Path, what: str) -> dict[str, Any]:
 
 def script_plan(command: ScriptCommand, hardware: Hardware, space: SearchSpace, *, world_size: int = 1,
                 global_batch: int | None = None, fixed: dict[str, Any] | None = None, workdir: Path,
-                timeout_s: float = 600.0) -> Plan:
+                timeout_s: float = 600.0, software: Software | None = None) -> Plan:
     """The plan of a script search: what a DeepSpeed JSON alone can change, priced from the script's profile.
 
     The checkpoint ratio is fixed at 0 and client optimizers and fp8 are left out (a script that does not
     call :mod:`autofit.apply` ignores the JSON's ``autofit`` section), unless ``--set`` fixes them: then the
-    script is taken to read that section. The attention kernel is the script's own.
+    script is taken to read that section. The attention kernel is the script's own. ``software``: what the
+    machine runs (``--nvme-path`` included), this one's by default.
     """
     fixed = dict(fixed or {})
+    software = software if software is not None else detect_software()
     enumeration = enumerate_candidates(space, hardware=hardware, world_size=world_size, global_batch=global_batch,
-                                       fixed={"checkpoint_ratio": 0.0} | fixed, searches_attention=False)
+                                       fixed={"checkpoint_ratio": 0.0} | fixed, searches_attention=False,
+                                       software=software)
     candidates, rejected = [], list(enumeration.rejected)
     for config in enumeration.candidates:
         reason = script_cannot(config, hardware.kind, fixed)
@@ -146,10 +152,11 @@ def script_plan(command: ScriptCommand, hardware: Hardware, space: SearchSpace, 
             rejected.append((partial, reason))
     if not candidates:
         raise AutofitError(f"no config of search space {space.name!r} can be given to a script through its JSON alone")
-    facts = profile_script(command, candidates, hardware, world_size, workdir, timeout_s).facts(command.name)
+    facts = profile_script(command, candidates, hardware, world_size, workdir, timeout_s, software).facts(command.name)
     return Plan(entry=command.template, name=command.name, hardware=hardware, space=space, world_size=world_size,
                 global_batch=global_batch, fixed={"checkpoint_ratio": 0.0} | fixed, candidates=tuple(candidates),
-                rejected=tuple(rejected), facts=facts, coefficients=Coefficients.for_hardware(hardware))
+                rejected=tuple(rejected), facts=facts, coefficients=Coefficients.for_hardware(hardware),
+                software=software)
 
 
 def script_cannot(config: Config, device_kind: str, fixed: dict[str, Any]) -> str | None:

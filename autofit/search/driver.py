@@ -80,13 +80,14 @@ def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None
 
     if on_event is not None:
         on_event(SearchEvent(0, trials, "building or loading DeepSpeed ops", None))
-    report = prepare_ops(list(plan.candidates), plan.hardware)
+    report = prepare_ops(list(plan.candidates), plan.hardware, plan.software)
     if on_event is not None and report.ops:
         states = ", ".join(f"{op} {state}" for op, state in report.loaded.items())
         on_event(SearchEvent(0, trials, f"DeepSpeed ops: {states} ({report.seconds:.0f} s)", None))
 
     def probe(config: Config, steps: int, timeout_s: float) -> Any:
-        return run_probe(plan.entry, config, plan.hardware, plan.world_size, steps=steps, timeout_s=timeout_s)
+        return run_probe(plan.entry, config, plan.hardware, plan.world_size, steps=steps, timeout_s=timeout_s,
+                         software=plan.software)
 
     return probe
 
@@ -230,7 +231,7 @@ def run_search(
         raise AutofitError(
             nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
         )
-    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind)
+    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software)
     check_with_deepspeed(ds)
     result = search.result(winner, ds, stop_reason, storage, study_name, str(out_path), time.monotonic() - started)
     write_json_atomic(Path(out_path), ds)

@@ -1,0 +1,197 @@
+"""What to fit where: the request every command shares, and the setup made from it once.
+
+A :class:`Target` is the model entry point, the device, the world size, the global batch, the search space
+and the values fixed with ``--set``: the options (docs/design.md, "CLI") that every ``autofit`` command takes, as plain
+typed values (what a notebook passes as well as what the command line parsed). :func:`prepare` turns it
+into a :class:`Setup`: the workload loaded, the hardware resolved with the memory budget, the space read,
+``--set`` parsed and the machine's software detected (``--nvme-path`` included), each once. Nothing is
+passed through ``os.environ``: the setup carries every value to the plan, the probes and the JSON.
+
+Each field of :class:`Target` also says how the command line spells it (:func:`option`): ``autofit.cli``
+makes its shared options from these fields, so an option every command takes is added here, in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autofit.errors import AutofitError
+
+if TYPE_CHECKING:
+    from autofit.hardware import Hardware
+    from autofit.plan import Plan
+    from autofit.software import Software
+    from autofit.space import SearchSpace
+    from autofit.workload import Workload
+
+#: the key of a field's metadata that holds its command-line spelling (read by ``autofit.cli``)
+CLI_OPTION = "autofit.cli"
+
+
+def option(*flags: str, help: str, minimum: int | None = None, multiple: bool = False,
+           metavar: str | None = None, show_default: bool = False) -> dict[str, Any]:
+    """A field's metadata: the command-line option that sets it (``flags``; none: the positional argument)
+    and its help text. ``minimum``: the least an integer may be; ``multiple``: repeatable, a tuple of strings.
+    Kept free of click so the library does not import it; ``autofit.cli`` turns it into a click option."""
+    spec = {"flags": flags, "help": help, "minimum": minimum, "multiple": multiple, "metavar": metavar,
+            "show_default": show_default}
+    return {CLI_OPTION: spec}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One request: which model, on what device and how many of them, with which space and fixed values."""
+
+    entry: str | None = field(default=None, metadata=option(help="The model entry point, path.py:function."))
+    """``path/to/file.py:function`` or ``package.module:function`` returning an :class:`autofit.Workload`;
+    None in script mode (``autofit run --script``), which has no entry point."""
+    hardware: str = field(default="auto", metadata=option(
+        "--hardware", help="Preset (h100-80gb, h200, a100-40gb, a100-80gb, l4, rtx4090), cpu, or auto.",
+        show_default=True))
+    """A preset name (``h100-80gb``), ``cpu`` (this machine's CPU) or ``auto`` (detect):
+    :func:`autofit.hardware.get_hardware`."""
+    memory: str | int | None = field(default=None, metadata=option(
+        "--memory", help="Device memory budget, e.g. 2GiB, 1.5GiB, 800MiB."))
+    """The device memory budget, overriding the preset's: ``2GiB``, ``800MiB`` or bytes
+    (:func:`autofit.units.parse_bytes`); None: the device's own."""
+    gpus: int = field(default=1, metadata=option("--gpus", help="Devices per node.", minimum=1, show_default=True))
+    """Devices (ranks) per node."""
+    nodes: int = field(default=1, metadata=option("--nodes", help="Nodes.", minimum=1, show_default=True))
+    """Nodes; the world size is ``gpus x nodes``."""
+    global_batch: int | None = field(default=None, metadata=option(
+        "--global-batch", help="Samples per optimizer step over all devices.", minimum=1))
+    """Samples per optimizer step over all ranks; None: the space's own."""
+    space: str | None = field(default=None, metadata=option(
+        "--space", help="Search space: a name in search_spaces/ or a YAML file."))
+    """A space name in ``search_spaces/`` or a YAML file (:func:`autofit.space.load_space`); None: the default."""
+    set_values: tuple[str, ...] = field(default=(), metadata=option(
+        "--set", help="Fix a dimension, e.g. --set zero_stage=2 (repeatable).", multiple=True, metavar="KEY=VALUE"))
+    """``key=value`` pairs fixing config keys (:func:`autofit.config.parse_set`), as ``--set`` gives them."""
+    nvme_path: str | None = field(default=None, metadata=option(
+        "--nvme-path", help="A writable directory on an NVMe drive: NVMe offload swaps there (else it is pruned)."))
+    """A writable directory on an NVMe drive where NVMe offload swaps; None: ``AUTOFIT_NVME_PATH`` where the
+    user set it, else NVMe offload is pruned (:mod:`autofit.rules`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise AutofitError(f"{name} must be an integer >= 1, but got {name}={value!r}")
+        if self.global_batch is not None and (isinstance(self.global_batch, bool) or self.global_batch < 1):
+            raise AutofitError(f"global_batch must be an integer >= 1 or None, but got global_batch={self.global_batch!r}")
+        if isinstance(self.set_values, str):
+            raise AutofitError(f"set_values must be a tuple of key=value strings, but got {self.set_values!r}")
+        object.__setattr__(self, "set_values", tuple(self.set_values))
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel ranks: ``gpus x nodes``."""
+        return self.gpus * self.nodes
+
+    def memory_bytes(self) -> int | None:
+        """``memory`` in bytes (None: the device's own); an :class:`AutofitError` when it does not parse."""
+        from autofit.units import parse_bytes
+
+        return parse_bytes(self.memory) if self.memory is not None else None
+
+
+def cli_fields() -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of :class:`Target` in their command-line order (each with its :func:`option` metadata)."""
+    return tuple(f for f in dataclasses.fields(Target) if CLI_OPTION in f.metadata)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A :class:`Target` resolved once: workload, hardware, space, software and the fixed values."""
+
+    target: Target
+    """The request it was made from."""
+    hardware: Hardware
+    """The device with the memory budget, ``devices_per_node`` = ``target.gpus``."""
+    space: SearchSpace
+    """The search space, read and validated."""
+    software: Software
+    """What this machine runs, with ``--nvme-path`` checked (:func:`autofit.software.check_nvme_path`)."""
+    fixed: dict[str, Any]
+    """``--set``, parsed: config key to value."""
+    workload: Workload | None
+    """The entry point's workload; None in script mode."""
+
+    @property
+    def entry(self) -> str | None:
+        """The entry point as given; None in script mode."""
+        return self.target.entry
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel ranks: ``gpus x nodes``."""
+        return self.target.world_size
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the ranks span."""
+        return self.target.nodes
+
+    @property
+    def global_batch(self) -> int | None:
+        """Samples per optimizer step over all ranks; None: the space's own."""
+        return self.target.global_batch
+
+    @property
+    def entry_point(self) -> str:
+        """ENTRY; an :class:`AutofitError` in script mode, which has none."""
+        if self.target.entry is None:
+            raise AutofitError("this needs an ENTRY (a model entry point); script mode (--script) has none")
+        return self.target.entry
+
+    @property
+    def loaded_workload(self) -> Workload:
+        """ENTRY's workload; an :class:`AutofitError` in script mode, which has none."""
+        if self.workload is None:
+            raise AutofitError("this needs an ENTRY (a model entry point); script mode (--script) has none")
+        return self.workload
+
+    def tracing_note(self) -> str:
+        """What the plan's first step does, in words: the trace, and on a CPU device the kernels' footprint
+        (:mod:`autofit.probe.footprint`), which takes a few seconds a precision."""
+        measured = " and measuring what its kernels hold on this CPU" if self.hardware.kind == "cpu" else ""
+        return f"tracing {self.loaded_workload.name or self.entry_point}{measured}"
+
+    def plan(self) -> Plan:
+        """Trace the workload and enumerate the space's candidates (:meth:`autofit.plan.Plan.make`)."""
+        from autofit.plan import Plan
+
+        return Plan.make(self.entry_point, self.loaded_workload, self.hardware, self.space,
+                         world_size=self.world_size, global_batch=self.global_batch, fixed=self.fixed,
+                         software=self.software)
+
+
+def prepare(target: Target) -> Setup:
+    """Resolve ``target`` once: parse ``--set``, resolve the hardware and its budget, read the space, check
+    ``--nvme-path``, load the workload. Any bad value is one :class:`AutofitError` naming it."""
+    from autofit.config import parse_set
+    from autofit.hardware import get_hardware
+    from autofit.space import load_space
+    from autofit.workload import load_workload
+
+    fixed = parse_set(target.set_values)
+    hardware = get_hardware(target.hardware, target.memory_bytes())
+    space = load_space(target.space)
+    software = machine_software(target.nvme_path)
+    # --gpus ranks share each node's host memory and links (cost_model.host, cost_model.time)
+    hardware = dataclasses.replace(hardware, devices_per_node=target.gpus)
+    workload = load_workload(target.entry) if target.entry is not None else None
+    return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=workload)
+
+
+def machine_software(nvme_path: str | None) -> Software:
+    """This machine's software (:func:`autofit.software.detect_software`), with ``nvme_path`` checked and put in
+    where given: the rules, the DeepSpeed JSONs and the probes get it from the setup, not the environment."""
+    from autofit.software import check_nvme_path, detect_software
+
+    software = detect_software()
+    if nvme_path is None:
+        return software
+    return dataclasses.replace(software, nvme_path=check_nvme_path(nvme_path))

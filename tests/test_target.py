@@ -1,0 +1,52 @@
+"""The shared request and the setup made from it once: checked values, nothing passed through the environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from autofit.errors import AutofitError
+from autofit.target import Target, prepare
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = f"{ROOT}/examples/mlp.py:workload"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"gpus": 0}, "gpus must be an integer >= 1, but got gpus=0"),
+        ({"nodes": True}, "nodes must be an integer >= 1"),
+        ({"global_batch": 0}, "global_batch must be an integer >= 1 or None"),
+        ({"set_values": "zero_stage=2"}, "set_values must be a tuple"),
+    ],
+)
+def test_a_bad_value_names_its_field(values: dict[str, object], message: str) -> None:
+    with pytest.raises(AutofitError, match=message):
+        Target(entry=MLP, **values)  # type: ignore[arg-type]
+
+
+def test_prepare_resolves_the_request_once_and_writes_no_environment(tmp_path: Path) -> None:
+    before = dict(os.environ)
+    target = Target(entry=MLP, hardware="h100-80gb", memory="2GiB", gpus=2, nodes=2, global_batch=16,
+                    set_values=("zero_stage=1",), nvme_path=str(tmp_path))
+    setup = prepare(target)
+    assert dict(os.environ) == before
+    assert setup.hardware.memory_bytes == 2 * 2**30 and setup.hardware.devices_per_node == 2
+    assert setup.world_size == 4 and setup.fixed == {"zero_stage": 1}
+    assert setup.software.nvme_path == str(tmp_path.resolve())
+    plan = setup.plan()
+    assert plan.software == setup.software  # the rules and every JSON of the plan see --nvme-path
+    assert {c.zero_stage for c in plan.candidates} == {1} and plan.world_size == 4
+
+
+def test_prepare_refuses_an_nvme_path_that_is_not_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(AutofitError, match="--nvme-path .* is not an existing directory"):
+        prepare(Target(entry=MLP, hardware="h100-80gb", nvme_path=str(tmp_path / "missing")))
+
+
+def test_memory_that_does_not_parse_is_one_error() -> None:
+    with pytest.raises(AutofitError, match="cannot parse memory size 'lots'"):
+        prepare(Target(entry=MLP, hardware="cpu", memory="lots"))
