@@ -149,17 +149,27 @@ def hf_deepspeed_config_class() -> Any | None:
     return HfDeepSpeedConfig
 
 
-def client_optimizer(source: Any, ds: dict[str, Any]) -> Any | None:
+def client_optimizer(source: Any, ds: dict[str, Any], **hyperparameters: Any) -> Any | None:
     """The optimizer the training script must build itself, or None when DeepSpeed's JSON names one.
 
     Reads ``ds["autofit"]["client_optimizer"] = {"class": "pkg.mod.Class", "params": {...}}``
     (for ``adamw8bit``: ``bitsandbytes.optim.AdamW8bit``). ``source`` is the model (its trainable
     parameters are passed), or the parameters themselves for an optimizer that needs no names; one whose
     spec says ``"takes": "model"`` (``adam_mini``, which partitions by parameter name) gets the model.
+    ``hyperparameters`` (the script's own ``lr=...``, ``weight_decay=...``) fill the params the JSON leaves
+    ``"auto"`` (the user gave autofit none); one still ``"auto"`` is an :class:`AutofitError` naming it, never
+    a made-up value.
     """
     spec = ds.get("autofit", {}).get("client_optimizer")
     if spec is None or "optimizer" in ds:
         return None
+    params = {key: hyperparameters.get(key, value) if value == "auto" else value
+              for key, value in spec.get("params", {}).items()}
+    params = {key: tuple(v) if key == "betas" and isinstance(v, list) else v for key, v in params.items()}
+    unfilled = [key for key, value in params.items() if value == "auto"]
+    if unfilled:
+        raise AutofitError(f"client optimizer {spec['class']!r}: {unfilled[0]} is 'auto' in the JSON (no value was "
+                           f"given to autofit): pass the script's own, client_optimizer(model, ds, {unfilled[0]}=...)")
     module_name, _, class_name = spec["class"].rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
@@ -170,9 +180,9 @@ def client_optimizer(source: Any, ds: dict[str, Any]) -> Any | None:
         if not is_model:
             raise AutofitError(f"client optimizer {spec['class']!r} partitions by parameter name: pass the model, "
                                "client_optimizer(model, ds)")
-        return cls(source, **spec.get("params", {}))
+        return cls(source, **params)
     parameters = [p for p in source.parameters() if p.requires_grad] if is_model else list(source)
-    return cls(parameters, **spec.get("params", {}))
+    return cls(parameters, **params)
 
 
 def apply_fp8(model: Any, recipe: str) -> int:

@@ -26,10 +26,8 @@ from autofit.ds_constants import (
 )
 from autofit.errors import AutofitError
 from autofit.fp8 import FP8_RECIPE
+from autofit.recipe import AUTO_NOTE, Recipe, differences, measuring_params
 from autofit.software import Software, detect_software, uses_torch_adam
-
-LEARNING_RATE = 1e-4
-WEIGHT_DECAY = 0.01
 
 #: optimizer key -> DeepSpeed "optimizer.type"; DeepSpeed falls back to ``getattr(torch.optim, type)``
 #: for names outside its own list (deepspeed/runtime/engine.py, _configure_basic_optimizer)
@@ -47,9 +45,16 @@ MODEL_CLIENT_OPTIMIZERS = ("adam_mini",)
 
 
 def deepspeed_config(
-    config: Config, world_size: int = 1, device_kind: str = "cuda", software: Software | None = None
+    config: Config, world_size: int = 1, device_kind: str = "cuda", software: Software | None = None,
+    recipe: Recipe | None = None,
 ) -> dict[str, Any]:
     """The exact DeepSpeed config ``config`` runs with on ``world_size`` data-parallel ranks.
+
+    ``recipe``: the user's (:class:`autofit.recipe.Recipe`), for a JSON the user trains with: its
+    hyperparameters go into the optimizer's params (``"auto"`` where it gives none, which the Hugging Face
+    Trainer fills) and the ``autofit`` section says what ``config`` changes of it. None: a probe's JSON,
+    whose optimizer gets :data:`autofit.recipe.MEASURING_HYPERPARAMETERS` (memory and step time do not
+    depend on them) and which no user should train with.
 
     ``device_kind`` is ``cuda`` or ``cpu``: on the CPU DeepSpeed has no Lion kernel
     (FusedLion is CUDA-only) unless the optimizer is offloaded, so Lion goes as a client optimizer.
@@ -72,13 +77,13 @@ def deepspeed_config(
         ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     client = uses_client_optimizer(config, device_kind)
     if not client:
-        params = optimizer_params(config)
+        params = optimizer_params(config, recipe)
         if uses_torch_adam(config.optimizer, config.offload_optimizer, device_kind, software):
             params["torch_adam"] = True  # torch.optim.AdamW: no nvcc to build FusedAdam (engine.py, TORCH_ADAM_PARAM)
         ds["optimizer"] = {"type": DEEPSPEED_OPTIMIZER_TYPE[config.optimizer], "params": params}
     if config.zero_stage > 0 or client or config.optimizer not in ("adamw", "lion"):
         ds["zero_allow_untested_optimizer"] = True
-    ds["autofit"] = autofit_section(config, client)
+    ds["autofit"] = autofit_section(config, client, recipe)
     return ds
 
 
@@ -89,29 +94,36 @@ def uses_client_optimizer(config: Config, device_kind: str) -> bool:
     return config.optimizer == "lion" and device_kind == "cpu" and config.offload_optimizer == "none"
 
 
-def optimizer_params(config: Config) -> dict[str, Any]:
-    """Hyper-parameters written into the JSON (memory and speed do not depend on their values)."""
-    if config.optimizer == "sgd":
-        return {"lr": LEARNING_RATE, "momentum": 0.9, "weight_decay": WEIGHT_DECAY}
-    if config.optimizer == "adafactor":
-        return {"lr": 1e-2, "weight_decay": WEIGHT_DECAY}
-    if config.optimizer == "lion":
-        return {"lr": LEARNING_RATE, "weight_decay": WEIGHT_DECAY}
-    return {"lr": LEARNING_RATE, "weight_decay": WEIGHT_DECAY}
+def optimizer_params(config: Config, recipe: Recipe | None) -> dict[str, Any]:
+    """The optimizer's hyperparameters: the recipe's (``"auto"`` where it gives none), or a probe's measuring values
+    where ``recipe`` is None. A substitute (AdamW8bit, Adam-mini for AdamW) takes the recipe's own values."""
+    return measuring_params(config.optimizer) if recipe is None else recipe.optimizer_params(config.optimizer)
 
 
-def autofit_section(config: Config, client: bool) -> dict[str, Any]:
-    """What DeepSpeed's JSON cannot express; DeepSpeed ignores unknown top-level keys."""
+def autofit_section(config: Config, client: bool, recipe: Recipe | None = None) -> dict[str, Any]:
+    """What DeepSpeed's JSON cannot express; DeepSpeed ignores unknown top-level keys.
+
+    With the user's ``recipe``: the recipe, what ``config`` changes of it (``differs_from_recipe``, empty for the
+    exact recipe) and, where a hyperparameter is ``"auto"``, who fills it. Without: ``"hyperparameters":
+    "measuring"`` marks a probe's JSON."""
     section: dict[str, Any] = {
         "config": config.to_dict(),
         "checkpoint_ratio": config.checkpoint_ratio,
         "checkpoint_granularity": config.checkpoint_granularity,
         "attention": config.attention,
     }
+    params = optimizer_params(config, recipe)
+    if recipe is None:
+        section["hyperparameters"] = "measuring"
+    else:
+        section["recipe"] = recipe.to_dict()
+        section["differs_from_recipe"] = [d.to_dict() for d in differences(recipe, config)]
+        if "auto" in params.values():
+            section["hyperparameters"] = AUTO_NOTE
     if client:
         section["client_optimizer"] = {
             "class": CLIENT_OPTIMIZER_CLASS[config.optimizer],
-            "params": optimizer_params(config),
+            "params": params,
         }
         if config.optimizer in MODEL_CLIENT_OPTIMIZERS:
             section["client_optimizer"]["takes"] = "model"

@@ -14,6 +14,7 @@ from autofit.cost_model import ModelFacts, Prediction
 from autofit.emit import deepspeed_config
 from autofit.hardware import Hardware
 from autofit.plan import Plan
+from autofit.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class EstimateResult:
     candidates: list[Candidate]
     rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     facts: ModelFacts | None = None
+    recipe: Recipe | None = None
+    """The user's recipe the candidates were narrowed to (what each JSON's ``differs_from_recipe`` compares with)."""
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -55,6 +58,7 @@ class EstimateResult:
             "rejected": [{"config": partial, "reason": reason} for partial, reason in self.rejected],
             # how a kernel was traced where not as itself: {"flash": "flash-attn" | "sdpa flash backend"}
             "attention_traces": dict(self.facts.attention_traces) if self.facts is not None else {},
+            "recipe": self.recipe.to_dict() if self.recipe is not None else None,
         }
 
 
@@ -64,10 +68,13 @@ def rank(candidates: list[Candidate]) -> list[Candidate]:
 
 
 def estimate(plan: Plan) -> EstimateResult:
-    """Price every candidate of ``plan`` with its prior coefficients, attach each one's DeepSpeed JSON; ranked."""
+    """Price every candidate of ``plan`` with its prior coefficients, attach each one's DeepSpeed JSON (with the
+    plan's recipe: its hyperparameters, and what the candidate changes of it); ranked."""
+    recipe = plan.stated_recipe
     candidates = [
         Candidate(config=config, prediction=prediction,
-                  deepspeed=deepspeed_config(config, plan.world_size, plan.hardware.kind, plan.software))
+                  deepspeed=deepspeed_config(config, plan.world_size, plan.hardware.kind, plan.software,
+                                             recipe=recipe))
         for config, prediction in plan.price()
     ]
     return EstimateResult(
@@ -76,4 +83,5 @@ def estimate(plan: Plan) -> EstimateResult:
         candidates=rank(candidates),
         rejected=list(plan.rejected),
         facts=plan.facts,
+        recipe=recipe,
     )

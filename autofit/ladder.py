@@ -13,6 +13,10 @@ and adds one technique at a time, recording what each buys. :func:`rungs` are th
    optimizers (``autofit.rules.OFFLOADABLE_OPTIMIZERS``), so this rung goes back to AdamW, run by
    DeepSpeed's CPU Adam on the host.
 
+The rungs step through the optimizer and the precision, which are the user's recipe elsewhere
+(:mod:`autofit.recipe`): the ladder keeps its rungs and labels each row with what it changes of the
+recipe (``differs``), a substitute (8-bit states, mixed precision for an fp32 recipe) marked as such.
+
 The rungs are priced through :class:`autofit.plan.Plan` (the same ``Plan.predict`` as ``autofit
 estimate`` and the search), against the device's whole memory; a rung a rule of the device refuses
 (offload when the device is the CPU) carries that rule's reason and is never probed.
@@ -33,6 +37,7 @@ from autofit.cost_model.calibrate import Calibration
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.plan import Plan
+from autofit.recipe import Difference, Recipe, differences
 from autofit.space import DEFAULT_ATTENTION, SPACE_KEYS, SearchSpace
 from autofit.workload import Workload
 
@@ -151,16 +156,18 @@ def _cuda_devices_here() -> int:
 
 def ladder_plan(entry: str, workload: Workload, hardware: Hardware, *, world_size: int, global_batch: int,
                 fixed: dict[str, Any] | None = None, facts: ModelFacts | None = None,
-                software: Software | None = None) -> Plan:
+                software: Software | None = None, recipe: Recipe | None = None) -> Plan:
     """The plan of the ladder's space: enumerated under the rules, traced once (``facts``: a trace made earlier,
-    used where it covers every rung; ``software``: what the machine runs, this one's by default)."""
+    used where it covers every rung; ``software``: what the machine runs, this one's by default). ``recipe``
+    (default: the device's, :func:`autofit.plan.default_recipe`) does not narrow the rungs: it is what each row is
+    compared with."""
     fixed = dict(fixed or {})
     check_fixed(fixed)
     ladder = rungs(mixed_precision(hardware), world_size)
     space = ladder_space(ladder, max(1, global_batch // world_size))
     plan = Plan.make(entry, workload, hardware, space, world_size=world_size, global_batch=global_batch,
                      fixed=fixed, facts=facts if facts is not None and covers(facts, space) else None,
-                     software=software)
+                     software=software, recipe=recipe, narrow=False)
     return plan
 
 
@@ -188,6 +195,15 @@ class LadderRow:
     """Why a rule of the device refuses this rung (None: it can run here)."""
     measured: dict[str, Any] | None = None
     """The probe's JSON (``autofit probe``), where the rung was probed."""
+    differs: tuple[Difference, ...] = ()
+    """What this rung changes of the user's recipe (:func:`autofit.recipe.differences`); empty: the recipe's own."""
+
+    @property
+    def recipe_label(self) -> str:
+        """``recipe``, or what differs (``substitute: adamw8bit for adamw``; ``not the recipe: fp32 for bf16``)."""
+        if not self.differs:
+            return "recipe"
+        return "; ".join(f"{'substitute' if d.substitute else 'not the recipe'}: {d.label()}" for d in self.differs)
 
     @property
     def fits(self) -> bool:
@@ -209,6 +225,7 @@ class LadderRow:
             "fits": self.fits,
             "reason": self.why_not,
             "measured": self.measured,
+            "differs_from_recipe": [d.to_dict() for d in self.differs],
         }
 
 
@@ -242,9 +259,10 @@ def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
     ladder = rungs(mixed_precision(plan.hardware), plan.world_size)
     first = plan.candidates[0]  # every candidate shares the micro-batch, accumulation and attention
     base = first.with_(**BASELINE)
+    recipe = plan.stated_recipe
     rows = tuple(
         LadderRow(index=i, rung=rung, config=config, prediction=plan.predict(config, calibration),
-                  rule=rule_reason(config, plan.rejected))
+                  rule=rule_reason(config, plan.rejected), differs=differences(recipe, config))
         for i, (rung, config) in enumerate(zip(ladder, rung_configs(base, ladder), strict=True))
     )
     return Ladder(name=plan.name, n_params=plan.facts.n_params, hardware=plan.hardware, world_size=plan.world_size,
@@ -295,12 +313,21 @@ def run_ladder(setup: Setup, *, measure: bool = False, steps: int = 3, timeout_s
         check_can_measure(setup.hardware)
     say(f"autofit: {setup.tracing_note()}")
     plan = ladder_plan(setup.entry_point, setup.loaded_workload, setup.hardware, world_size=setup.world_size,
-                       global_batch=global_batch, fixed=setup.fixed, software=setup.software)
+                       global_batch=global_batch, fixed=setup.fixed, software=setup.software,
+                       recipe=setup.recipe)
     ladder = price_ladder(plan)
     if measure:
         ladder = measure_ladder(ladder, setup.entry_point, steps=steps, timeout_s=timeout_s, software=setup.software,
                                 say=say)
     return ladder
+
+
+def recipe_of(result: SearchResult) -> Recipe | None:
+    """The recipe a search's winner JSON was written for (its ``autofit`` section), None where it has none."""
+    stated = result.deepspeed.get("autofit", {}).get("recipe")
+    if not isinstance(stated, dict):
+        return None
+    return Recipe.from_dict(stated)
 
 
 def rule_reason(config: Config, rejected: tuple[tuple[dict[str, Any], str], ...]) -> str | None:
@@ -320,5 +347,6 @@ def search_ladder(entry: str, workload: Workload, result: SearchResult, fixed: d
     kept = {key: value for key, value in fixed.items() if key not in LADDER_KEYS}
     kept |= {"micro_batch_size": winner.micro_batch_size, "grad_accum_steps": winner.grad_accum_steps}
     plan = ladder_plan(entry, workload, result.hardware, world_size=result.world_size,
-                       global_batch=winner.samples_per_step(result.world_size), fixed=kept, facts=result.facts)
+                       global_batch=winner.samples_per_step(result.world_size), fixed=kept, facts=result.facts,
+                       recipe=recipe_of(result))
     return price_ladder(plan, result.calibration)

@@ -17,7 +17,7 @@ from autofit.units import format_bytes
 if TYPE_CHECKING:
     from autofit.search.records import SearchResult
 
-HEADER = ["#", "rung", "changed", "config", "pred. peak", "pred. samples/s", "fits", "why not"]
+HEADER = ["#", "rung", "changed", "config", "vs recipe", "pred. peak", "pred. samples/s", "fits", "why not"]
 MEASURED_HEADER = ["probe", "meas. peak", "meas. samples/s"]
 COLORS = {"fits": "#2a9d8f", "too big": "#e63946", "cannot run": "#adb5bd", "winner": "#e9c46a"}
 
@@ -39,7 +39,8 @@ def ladder_rows(ladder: Ladder) -> tuple[list[str], list[list[str]]]:
     rows = []
     for row in ladder.rows:
         p = row.prediction
-        cells = [str(row.index), row.rung.name, row.rung.changed, row.config.label(), format_bytes(p.peak_bytes),
+        cells = [str(row.index), row.rung.name, row.rung.changed, row.config.label(), row.recipe_label,
+                 format_bytes(p.peak_bytes),
                  f"{p.samples_per_s:.3g}", fit_label(row), row.why_not or ""]
         if measured:
             cells += _measured_cells(row.measured)

@@ -16,7 +16,9 @@ from typing import Any
 from autofit.config import Config
 from autofit.cost_model import Coefficients, ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration
+from autofit.errors import AutofitError
 from autofit.hardware import Hardware
+from autofit.recipe import Recipe, narrow_space, recipe_for
 from autofit.software import Software, detect_software
 from autofit.space import SearchSpace, enumerate_candidates
 from autofit.workload import Workload
@@ -51,6 +53,9 @@ class Plan:
     software: Software = field(default_factory=detect_software)
     """What the machine runs, ``--nvme-path`` included: the rules prune by it and every DeepSpeed JSON of
     this plan (estimate, probe, winner) is written with it (:func:`autofit.emit.deepspeed_config`)."""
+    recipe: Recipe | None = None
+    """The user's training recipe (:mod:`autofit.recipe`): what the winner's JSON carries and is compared with.
+    None (a plan made by hand): :func:`default_recipe` of the device and ``fixed``."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -70,12 +75,27 @@ class Plan:
         coefficients: Coefficients | None = None,
         facts: ModelFacts | None = None,
         software: Software | None = None,
+        recipe: Recipe | None = None,
+        narrow: bool = True,
     ) -> Plan:
         """Enumerate the space under its rules and trace the workload once for every candidate's needs
         (``coefficients``: the prior, the device's own by default; ``facts``: a trace made earlier;
-        ``software``: what the machine runs, this one's by default, :func:`autofit.software.detect_software`)."""
+        ``software``: what the machine runs, this one's by default, :func:`autofit.software.detect_software`).
+
+        ``recipe``: the user's (default: :func:`default_recipe`, AdamW in the device's precision, or what ``fixed``
+        names); with ``narrow`` the space's optimizers and precisions are narrowed to it and its allowed
+        substitutes (:func:`autofit.recipe.narrow_space`). ``narrow=False`` keeps the space as written: the
+        ladder, whose rungs step through them and are labelled instead (and tests of the policy over several
+        optimizers); the emitted JSON still says what differs from the recipe."""
         fixed = dict(fixed or {})
         software = software if software is not None else detect_software()
+        recipe = recipe if recipe is not None else default_recipe(hardware, fixed)
+        for key in ("optimizer", "precision"):
+            if key in fixed and fixed[key] not in recipe.values(key):
+                raise AutofitError(f"--set {key}={fixed[key]} is neither the recipe's {key} "
+                                   f"{getattr(recipe, key)} nor a substitute it allows")
+        if narrow:
+            space = narrow_space(space, recipe)
         enumeration = enumerate_candidates(
             space,
             hardware=hardware,
@@ -101,7 +121,13 @@ class Plan:
             facts=with_kernel_footprints(facts, entry, configs) if hardware.kind == "cpu" else facts,
             coefficients=coefficients or Coefficients.for_hardware(hardware),
             software=software,
+            recipe=recipe,
         )
+
+    @property
+    def stated_recipe(self) -> Recipe:
+        """The recipe the plan was made for (:func:`default_recipe` where it was made by hand without one)."""
+        return self.recipe if self.recipe is not None else default_recipe(self.hardware, self.fixed)
 
     def with_memory(self, memory_bytes: int) -> Plan:
         """The same plan priced against another budget (the search's usable part of the device)."""
@@ -120,6 +146,12 @@ class Plan:
         priced = [(c, self.predict(c, calibration)) for c in self.candidates]
         priced.sort(key=lambda cp: -cp[1].samples_per_s)
         return priced
+
+
+def default_recipe(hardware: Hardware, fixed: dict[str, Any] | None = None) -> Recipe:
+    """The recipe where the user states none: the optimizer and precision ``fixed`` names (``--set`` names the
+    recipe), else AdamW in :func:`autofit.recipe.default_precision` of ``hardware``; no substitutes."""
+    return recipe_for(fixed or {}, hardware.kind, hardware.supports_precision("bf16"))
 
 
 def _checkpoints_attention(workload: Workload, space: SearchSpace, fixed: dict[str, Any]) -> bool:

@@ -90,6 +90,9 @@ def report_sections(result: SearchResult) -> list[tuple[str, str, list[str], lis
     pruned_rows = [[p["kind"], _partial_label(p["config"]), p["reason"]] for p in result.pruned]
     return [
         ("Winner", _winner_text(result), ["key", "value"], config_rows),
+        ("Recipe", recipe_text(result.deepspeed.get("autofit", {})), ["key", "recipe", "winner", "what it means"],
+         [[d["key"], d["recipe"], d["value"], d["meaning"]]
+          for d in result.deepspeed.get("autofit", {}).get("differs_from_recipe", [])]),
         ("Runner-ups", "Other configs measured within the usable budget, fastest first.",
          ["#", "config", "samples/s", "peak"], runner_rows),
         ("Predicted vs measured", "Every probe; the prediction is the calibrated one the search held when it chose it.",
@@ -98,6 +101,19 @@ def report_sections(result: SearchResult) -> list[tuple[str, str, list[str], lis
          ["coefficient", "value"], _calibration_rows(result)),
         ("Pruned", PRUNED_TEXT, ["kind", "config", "reason"], pruned_rows),
     ]
+
+
+def recipe_text(section: dict[str, Any]) -> str:
+    """What the winner keeps of the user's recipe (the JSON's ``autofit`` section), in words."""
+    recipe = section.get("recipe")
+    if not isinstance(recipe, dict):
+        return "The JSON states no recipe."
+    from autofit.recipe import recipe_line
+
+    differs = section.get("differs_from_recipe") or []
+    kept = ("The winner trains the recipe exactly: only what computes the same training was searched."
+            if not differs else "The winner differs from the recipe as the table says (substitutes allowed with --allow).")
+    return f"{recipe_line(recipe)}. {kept}"
 
 
 def snapshot_section(snapshot: ProbeResult) -> tuple[str, str, list[str], list[list[str]]]:
@@ -206,17 +222,15 @@ def _html(sections: list[tuple[str, str, list[str], list[list[str]]]], pictures:
           last: tuple[str, str, list[str], list[list[str]]] | None = None) -> str:
     e = html.escape
     body = ["<h1>autofit report</h1>"]
-    for title, text, header, rows in sections[:4]:
-        body.append(f"<h2>{e(title)}</h2><p>{e(text)}</p>")
-        body.append(_table(header, rows))
+    for title, text, header, rows in sections:
+        counted = f"{title} ({len(rows)})" if title == "Pruned" else title
+        body.append(f"<h2>{e(counted)}</h2><p>{e(text)}</p>")
+        body.append(_table(header, rows) if rows or title == "Pruned" else "")
         if title == "Runner-ups":
             body += [
                 f'<figure><img src="{e(name)}" alt="{e(cap)}"><figcaption>{e(cap)}</figcaption></figure>'
                 for name, cap in pictures.items()
             ]
-    title, text, header, rows = sections[4]
-    body.append(f"<h2>{e(title)} ({len(rows)})</h2><p>{e(text)}</p>")
-    body.append(_table(header, rows))
     if last is not None:
         title, text, header, rows = last
         body += [f"<h2>{e(title)}</h2><p>{e(text)}</p>", _table(header, rows)]

@@ -30,6 +30,10 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
             f"{p.step_time_s:.3g}", f"{p.samples_per_s:.3g}", "yes" if p.fits else f"no: {p.reason}",
         )
     console.print(table)
+    if result.recipe is not None:
+        from autofit.recipe import recipe_line
+
+        console.print(recipe_line(result.recipe.to_dict()), markup=False)
     if len(result.candidates) > max_rows:
         console.print(f"... {len(result.candidates) - max_rows} more (--json lists all)")
     traces = getattr(result.facts, "attention_traces", None) or {}
@@ -66,7 +70,7 @@ def print_ladder(ladder: Any) -> None:
     header, rows = ladder_rows(ladder)
     table = Table(title=ladder_title(ladder))
     for column in header:
-        table.add_column(column, justify="left" if column in ("rung", "changed", "config", "fits") else "right")
+        table.add_column(column, justify="left" if column in ("rung", "changed", "config", "vs recipe", "fits") else "right")
     for row in rows:
         table.add_row(*row)
     console.print(table)

@@ -22,6 +22,7 @@ from autofit.errors import AutofitError
 if TYPE_CHECKING:
     from autofit.hardware import Hardware
     from autofit.plan import Plan
+    from autofit.recipe import Recipe
     from autofit.software import Software
     from autofit.space import SearchSpace
     from autofit.workload import Workload
@@ -74,6 +75,30 @@ class Target:
     """A writable directory on an NVMe drive where NVMe offload swaps; None: ``AUTOFIT_NVME_PATH`` where the
     user set it, else NVMe offload is pruned (:mod:`autofit.rules`)."""
 
+    optimizer: str | None = field(default=None, metadata=option(
+        "--optimizer", help="The optimizer you train with (default adamw); the search never trades it away."))
+    """The recipe's optimizer (docs/recipe.md); None: AdamW, or what ``--set optimizer=`` names."""
+    precision: str | None = field(default=None, metadata=option(
+        "--precision", help="The precision you train in (default: bf16 on GPUs that have it, else fp16; fp32 on a CPU)."))
+    """The recipe's precision; None: the device's mixed precision (:func:`autofit.recipe.default_precision`)."""
+    allow: tuple[str, ...] = field(default=(), metadata=option(
+        "--allow", help="Substitutes the search may try: adamw8bit, adam_mini, fp8, fp16, bf16, or 'near' "
+        "(repeatable or comma-separated; docs/recipe.md).", multiple=True, metavar="NAMES"))
+    """Substitutes that change the numerics a little, allowed by name (:func:`autofit.recipe.expand_allow`)."""
+    lr: str | None = field(default=None, metadata=option("--lr", help="Learning rate for the JSON (default 'auto')."))
+    """The recipe's learning rate; None: ``"auto"`` in the JSON (the Hugging Face Trainer fills it)."""
+    weight_decay: str | None = field(default=None, metadata=option(
+        "--weight-decay", help="Weight decay for the JSON (default 'auto')."))
+    """The recipe's weight decay; None: ``"auto"``."""
+    betas: str | None = field(default=None, metadata=option(
+        "--betas", help="Adam/Lion betas for the JSON (default 'auto').", metavar="B1,B2"))
+    """The recipe's betas, ``B1,B2``; None: ``"auto"``."""
+    eps: str | None = field(default=None, metadata=option("--eps", help="Adam epsilon for the JSON (default 'auto')."))
+    """The recipe's epsilon; None: ``"auto"``."""
+    momentum: str | None = field(default=None, metadata=option(
+        "--momentum", help="SGD momentum for the JSON (default: torch's)."))
+    """The recipe's SGD momentum; None: left out (torch's default)."""
+
     def __post_init__(self) -> None:
         for name in ("gpus", "nodes"):
             value = getattr(self, name)
@@ -89,6 +114,12 @@ class Target:
     def world_size(self) -> int:
         """Data-parallel ranks: ``gpus x nodes``."""
         return self.gpus * self.nodes
+
+    def hyperparameter_pairs(self) -> tuple[str, ...]:
+        """The optimizer hyperparameters given, as ``key=value`` (:func:`autofit.recipe.parse_hyperparameters`)."""
+        given = {"lr": self.lr, "weight_decay": self.weight_decay, "betas": self.betas, "eps": self.eps,
+                 "momentum": self.momentum}
+        return tuple(f"{key}={value}" for key, value in given.items() if value is not None)
 
     def memory_bytes(self) -> int | None:
         """``memory`` in bytes (None: the device's own); an :class:`AutofitError` when it does not parse."""
@@ -118,6 +149,8 @@ class Setup:
     """``--set``, parsed: config key to value."""
     workload: Workload | None
     """The entry point's workload; None in script mode."""
+    recipe: Recipe
+    """The user's training recipe (:mod:`autofit.recipe`): what the search keeps and the JSON carries."""
 
     @property
     def entry(self) -> str | None:
@@ -165,7 +198,7 @@ class Setup:
 
         return Plan.make(self.entry_point, self.loaded_workload, self.hardware, self.space,
                          world_size=self.world_size, global_batch=self.global_batch, fixed=self.fixed,
-                         software=self.software)
+                         software=self.software, recipe=self.recipe)
 
 
 def prepare(target: Target) -> Setup:
@@ -173,6 +206,7 @@ def prepare(target: Target) -> Setup:
     ``--nvme-path``, load the workload. Any bad value is one :class:`AutofitError` naming it."""
     from autofit.config import parse_set
     from autofit.hardware import get_hardware
+    from autofit.recipe import parse_hyperparameters, recipe_for
     from autofit.space import load_space
     from autofit.workload import load_workload
 
@@ -182,8 +216,12 @@ def prepare(target: Target) -> Setup:
     software = machine_software(target.nvme_path)
     # --gpus ranks share each node's host memory and links (cost_model.host, cost_model.time)
     hardware = dataclasses.replace(hardware, devices_per_node=target.gpus)
+    recipe = recipe_for(fixed, hardware.kind, hardware.supports_precision("bf16"), optimizer=target.optimizer,
+                        precision=target.precision, allow=target.allow,
+                        hyperparameters=parse_hyperparameters(target.hyperparameter_pairs()))
     workload = load_workload(target.entry) if target.entry is not None else None
-    return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=workload)
+    return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=workload,
+                 recipe=recipe)
 
 
 def machine_software(nvme_path: str | None) -> Software:

@@ -130,7 +130,8 @@ def test_the_shared_options_are_on_every_command_with_the_same_defaults() -> Non
     estimate = {param.name: param.default for param in main.commands["estimate"].params}
     assert {key: estimate[key] for key in defaults if key != "entry"} == {
         "hardware": "auto", "memory": None, "gpus": 1, "nodes": 1, "global_batch": None, "space": None,
-        "set_values": (), "nvme_path": None,
+        "set_values": (), "nvme_path": None, "optimizer": None, "precision": None, "allow": (), "lr": None,
+        "weight_decay": None, "betas": None, "eps": None, "momentum": None,
     } == {key: value for key, value in defaults.items() if key != "entry"}
     assert main.commands["run"].params[0].required is False  # script mode: ENTRY or --script
     assert main.commands["estimate"].params[0].required is True

@@ -24,12 +24,14 @@ def absolute_entry(entry: str) -> str:
 
 
 def make_request(entry: str, hardware: Any, *, gpus: int, nodes: int, global_batch: int | None, space: Any,
-                 fixed: dict[str, Any], trials: int, memory_bytes: int | None) -> dict[str, Any]:
-    """The study's ``request`` attribute: all a worker needs to plan the search again."""
+                 fixed: dict[str, Any], trials: int, memory_bytes: int | None, recipe: Any = None) -> dict[str, Any]:
+    """The study's ``request`` attribute: all a worker needs to plan the search again (``recipe``: the user's
+    :class:`autofit.recipe.Recipe`; None: the worker's device default, :func:`autofit.plan.default_recipe`)."""
     return {
         "entry": entry, "hardware": check_device_name(device_name(hardware)), "gpus": gpus, "nodes": nodes,
         "global_batch": global_batch, "space": space.to_dict(), "space_name": space.name,
         "fixed": {k: fixed[k] for k in sorted(fixed)}, "trials": trials, "memory_bytes": memory_bytes,
+        "recipe": recipe.to_dict() if recipe is not None else None,
     }
 
 

@@ -122,6 +122,7 @@ class Worker:
 def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
     """The search's :class:`~autofit.plan.Plan` on this worker's device; the workload must be the one queued."""
     from autofit.plan import Plan
+    from autofit.recipe import Recipe
     from autofit.space import space_from_dict
     from autofit.workload import load_workload
 
@@ -134,7 +135,8 @@ def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
         hardware = hardware.with_memory(int(request["memory_bytes"]))
     space = space_from_dict(request["space"], name=request["space_name"])
     return Plan.make(request["entry"], workload, hardware, space, world_size=request["gpus"] * request["nodes"],
-                     global_batch=request["global_batch"], fixed=request["fixed"])
+                     global_batch=request["global_batch"], fixed=request["fixed"],
+                     recipe=Recipe.from_dict(request["recipe"]) if request.get("recipe") else None)
 
 
 def store_winner(url: str, search_id: str, result: Any, machine: MachineFingerprint, plan: Any) -> None:

@@ -24,6 +24,6 @@ def script_plan_and_prober(setup: Any, script: str, stack: contextlib.ExitStack)
     click.echo(f"autofit: profiling {command.name} (DeepSpeed's model-info profile, then one metric run)", err=True)
     plan = script_plan(command, setup.hardware, setup.space, world_size=setup.world_size,
                        global_batch=setup.global_batch, fixed=setup.fixed, workdir=workdir / "profile",
-                       software=setup.software)
+                       software=setup.software, recipe=setup.recipe)
     click.echo(f"autofit: {plan.facts.n_params:,} parameters", err=True)
     return plan, script_prober(command, setup.hardware, setup.world_size, workdir / "probes", software=setup.software)

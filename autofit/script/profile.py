@@ -28,7 +28,8 @@ from autofit.cost_model.facts import ActivationProfile, PeakPoint
 from autofit.emit import deepspeed_config, uses_client_optimizer
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
-from autofit.plan import Plan
+from autofit.plan import Plan, default_recipe
+from autofit.recipe import Recipe, narrow_space
 from autofit.script.command import ScriptCommand, with_metric, with_model_info_profile
 from autofit.script.prober import US, read_json
 from autofit.script.runner import run_script
@@ -130,16 +131,19 @@ def _read(path: Path, what: str) -> dict[str, Any]:
 
 def script_plan(command: ScriptCommand, hardware: Hardware, space: SearchSpace, *, world_size: int = 1,
                 global_batch: int | None = None, fixed: dict[str, Any] | None = None, workdir: Path,
-                timeout_s: float = 600.0, software: Software | None = None) -> Plan:
+                timeout_s: float = 600.0, software: Software | None = None, recipe: Recipe | None = None) -> Plan:
     """The plan of a script search: what a DeepSpeed JSON alone can change, priced from the script's profile.
 
     The checkpoint ratio is fixed at 0 and client optimizers and fp8 are left out (a script that does not
     call :mod:`autofit.apply` ignores the JSON's ``autofit`` section), unless ``--set`` fixes them: then the
     script is taken to read that section. The attention kernel is the script's own. ``software``: what the
-    machine runs (``--nvme-path`` included), this one's by default.
+    machine runs (``--nvme-path`` included), this one's by default. The optimizer and precision are the
+    ``recipe``'s (default: :func:`autofit.plan.default_recipe`) and its allowed substitutes.
     """
     fixed = dict(fixed or {})
     software = software if software is not None else detect_software()
+    recipe = recipe if recipe is not None else default_recipe(hardware, fixed)
+    space = narrow_space(space, recipe)
     enumeration = enumerate_candidates(space, hardware=hardware, world_size=world_size, global_batch=global_batch,
                                        fixed={"checkpoint_ratio": 0.0} | fixed, searches_attention=False,
                                        software=software)
@@ -156,7 +160,7 @@ def script_plan(command: ScriptCommand, hardware: Hardware, space: SearchSpace, 
     return Plan(entry=command.template, name=command.name, hardware=hardware, space=space, world_size=world_size,
                 global_batch=global_batch, fixed={"checkpoint_ratio": 0.0} | fixed, candidates=tuple(candidates),
                 rejected=tuple(rejected), facts=facts, coefficients=Coefficients.for_hardware(hardware),
-                software=software)
+                software=software, recipe=recipe)
 
 
 def script_cannot(config: Config, device_kind: str, fixed: dict[str, Any]) -> str | None:

@@ -231,7 +231,7 @@ def run_search(
         raise AutofitError(
             nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
         )
-    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software)
+    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe)
     check_with_deepspeed(ds)
     result = search.result(winner, ds, stop_reason, storage, study_name, str(out_path), time.monotonic() - started)
     write_json_atomic(Path(out_path), ds)

@@ -188,7 +188,8 @@ class SearchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "best": {"config": self.config.to_dict(), "measured": self.measured, "predicted": self.predicted},
+            "best": {"config": self.config.to_dict(), "measured": self.measured, "predicted": self.predicted,
+                     "differs_from_recipe": self.deepspeed.get("autofit", {}).get("differs_from_recipe", [])},
             "trials": [t.to_dict() for t in self.trials],
             "pruned": self.pruned,
             "search": {

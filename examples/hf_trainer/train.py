@@ -7,9 +7,12 @@
 (``python train.py`` works too: with no launcher it sets the single-process rendezvous variables.)
 
 The JSON goes to ``TrainingArguments(deepspeed=...)`` as it is; the Trainer checks that its own
-arguments match the JSON (micro-batch, accumulation, clipping, learning rate, precision), so
-:func:`autofit.launchers.trainer_arguments` derives them from the JSON. What DeepSpeed's JSON cannot
-say is in its ``"autofit"`` section, applied the way the Trainer expects:
+arguments match the JSON (micro-batch, accumulation, clipping, precision), so
+:func:`autofit.launchers.trainer_arguments` derives them from the JSON. The learning rate and weight decay
+are this script's own (``--learning-rate``, ``--weight-decay``): the JSON says ``"auto"`` for them unless they
+were given to autofit (``--lr``, ``--weight-decay``), and the Trainer fills ``"auto"`` from its arguments; a
+value the JSON does carry is the user's, and is used. What DeepSpeed's JSON cannot say is in its
+``"autofit"`` section, applied the way the Trainer expects:
 
 * ``attention`` -> ``attn_implementation`` when the model is built;
 * ``checkpoint_ratio`` 1.0 -> ``gradient_checkpointing=True`` (non-reentrant; transformers 5 calls it
@@ -44,22 +47,26 @@ from autofit import launchers  # noqa: E402
 from autofit.launchers import TRAINER_OPTIM  # noqa: E402
 
 
-def trainer_arguments(ds: dict[str, Any], output_dir: str, max_steps: int) -> dict[str, Any]:
+def trainer_arguments(ds: dict[str, Any], output_dir: str, max_steps: int, learning_rate: float = 5e-5,
+                      weight_decay: float = 0.0) -> dict[str, Any]:
     """``TrainingArguments`` keywords that agree with the DeepSpeed JSON ``ds`` (the Trainer checks them):
-    :func:`autofit.launchers.trainer_arguments` with this example's run settings and recipe."""
+    :func:`autofit.launchers.trainer_arguments` with this example's run settings.
+
+    ``learning_rate`` and ``weight_decay`` are the script's (defaults: TrainingArguments' own); a number the JSON
+    carries (given to autofit by the user) takes their place, an ``"auto"`` one is filled from them."""
     params = ds.get("optimizer", ds.get("autofit", {}).get("client_optimizer", {})).get("params", {})
-    recipe: dict[str, Any] = {}
-    if "lr" in params:
-        recipe["learning_rate"] = params["lr"]
-    if "weight_decay" in params:
-        recipe["weight_decay"] = params["weight_decay"]
+    recipe: dict[str, Any] = {"learning_rate": learning_rate, "weight_decay": weight_decay}
+    for json_key, trainer_key in (("lr", "learning_rate"), ("weight_decay", "weight_decay")):
+        if isinstance(params.get(json_key), (int, float)):  # the user's own value, given to autofit
+            recipe[trainer_key] = params[json_key]
     return launchers.trainer_arguments(ds, output_dir=output_dir, max_steps=max_steps, logging_steps=1,
                                        save_strategy="no", report_to="none", dataloader_num_workers=0, **recipe)
 
 
-def prepare_model(ds: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
+def prepare_model(ds: dict[str, Any], learning_rate: float = 5e-5, weight_decay: float = 0.0) -> tuple[torch.nn.Module, Any]:
     """The model with the JSON's attention kernel, partial checkpointing and fp8 applied, and the
-    optimizer the Trainer must be handed (None when DeepSpeed or ``optim`` builds it)."""
+    optimizer the Trainer must be handed (None when DeepSpeed or ``optim`` builds it; its ``"auto"``
+    hyperparameters are the script's ``learning_rate`` and ``weight_decay``)."""
     from autofit.apply import apply_checkpointing, apply_fp8, client_optimizer
 
     section = ds.get("autofit", {})
@@ -73,7 +80,7 @@ def prepare_model(ds: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
     client = section.get("client_optimizer")
     optimizer = None
     if "optimizer" not in ds and client and client["class"] not in TRAINER_OPTIM:
-        optimizer = client_optimizer(model, ds)
+        optimizer = client_optimizer(model, ds, lr=learning_rate, weight_decay=weight_decay)
     return model, optimizer
 
 
@@ -95,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deepspeed", default="ds_config.json", help="The DeepSpeed JSON autofit wrote.")
     parser.add_argument("--max-steps", type=int, default=3)
     parser.add_argument("--output-dir", default="hf-trainer-out")
+    parser.add_argument("--learning-rate", type=float, default=5e-5, help="Where the JSON says 'auto'.")
+    parser.add_argument("--weight-decay", type=float, default=0.0, help="Where the JSON says 'auto'.")
     args = parser.parse_args(argv)
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "LOCAL_RANK": "0",
                        "WORLD_SIZE": "1"}.items():
@@ -102,8 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import Trainer, TrainingArguments
 
     ds = json.loads(Path(args.deepspeed).read_text())
-    model, optimizer = prepare_model(ds)
-    kwargs = trainer_arguments(ds, args.output_dir, args.max_steps)
+    model, optimizer = prepare_model(ds, args.learning_rate, args.weight_decay)
+    kwargs = trainer_arguments(ds, args.output_dir, args.max_steps, args.learning_rate, args.weight_decay)
     training_args = TrainingArguments(**(kwargs | {"deepspeed": args.deepspeed}))
     n_samples = training_args.world_size * ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
     trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(n_samples * args.max_steps),

@@ -49,6 +49,18 @@ def test_partial_ratio_wraps_the_first_layers_and_the_trainer_checkpoints_none()
     assert kwargs["learning_rate"] == ds["optimizer"]["params"]["lr"]
 
 
+def test_the_trainer_keeps_the_scripts_learning_rate_unless_the_user_gave_autofit_one() -> None:
+    from autofit.recipe import Recipe
+
+    auto = deepspeed_config(_config(), 1, "cpu", recipe=Recipe("adamw", "fp32"))
+    assert auto["optimizer"]["params"]["lr"] == "auto"  # the Trainer fills it from its own arguments
+    kwargs = train.trainer_arguments(auto, "out", 3, learning_rate=3e-4, weight_decay=0.05)
+    assert (kwargs["learning_rate"], kwargs["weight_decay"]) == (3e-4, 0.05)
+    given = deepspeed_config(_config(), 1, "cpu", recipe=Recipe("adamw", "fp32", hyperparameters={"lr": 2e-5}))
+    kwargs = train.trainer_arguments(given, "out", 3, learning_rate=3e-4, weight_decay=0.05)
+    assert (kwargs["learning_rate"], kwargs["weight_decay"]) == (2e-5, 0.05)  # the user's, as given to autofit
+
+
 def test_full_ratio_is_the_trainers_own_checkpointing() -> None:
     from autofit.apply import is_checkpointed
 
@@ -78,7 +90,10 @@ def test_client_optimizers_go_the_trainers_way() -> None:
 def test_trainer_trains_three_steps_with_the_emitted_json(tmp_path: Path, ratio: float, precision: str,
                                                           optimizer: str) -> None:
     # bf16 on the CPU: what autofit emits where the CPU runs bf16 fastest (the Trainer needs use_cpu for it)
-    ds = deepspeed_config(_config(checkpoint_ratio=ratio, precision=precision, optimizer=optimizer), 1, "cpu")
+    from autofit.recipe import Recipe
+
+    ds = deepspeed_config(_config(checkpoint_ratio=ratio, precision=precision, optimizer=optimizer), 1, "cpu",
+                          recipe=Recipe(optimizer, precision))  # the JSON a user gets: 'auto' for the Trainer
     (tmp_path / "ds_config.json").write_text(json.dumps(ds))
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
                MASTER_ADDR="127.0.0.1", MASTER_PORT="29531", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")

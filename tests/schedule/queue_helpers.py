@@ -15,6 +15,7 @@ from autofit.config import Config  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
 from autofit.plan import Plan  # noqa: E402
 from autofit.probe import ProbeResult  # noqa: E402
+from autofit.recipe import Recipe  # noqa: E402
 from autofit.schedule.fingerprint import detect_machine  # noqa: E402
 from autofit.schedule.queue import Added  # noqa: E402
 from autofit.schedule.submit import make_request, submit  # noqa: E402
@@ -30,9 +31,10 @@ def queue_tiny(url: str, *, entry: str = ENTRY, micro_batches: tuple[int, ...] =
     device = get_hardware(hardware, memory_mib * MIB if memory_mib else None)
     workload = load_workload(entry)
     space = sgd_space(list(micro_batches))
+    recipe = Recipe("sgd", "fp32")
     request = make_request(entry, device, gpus=1, nodes=1, global_batch=global_batch, space=space, fixed={},
-                           trials=trials, memory_bytes=memory_mib * MIB if memory_mib else None)
-    plan = Plan.make(entry, workload, device, space, global_batch=global_batch)
+                           trials=trials, memory_bytes=memory_mib * MIB if memory_mib else None, recipe=recipe)
+    plan = Plan.make(entry, workload, device, space, global_batch=global_batch, recipe=recipe)
     return submit(url, plan, workload, request)
 
 

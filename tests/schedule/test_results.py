@@ -61,7 +61,7 @@ def test_schedule_add_prints_json_and_says_the_entry_must_be_importable_by_worke
     space = tmp_path / "space.yaml"
     space.write_text("micro_batch_size: [4, 8]\nprecision: [fp32]\noptimizer: [sgd]\nzero_stage: [0]\nattention: [sdpa]\n")
     args = ["schedule", "add", ENTRY, "--hardware", "cpu", "--memory", "1GiB", "--global-batch", "16", "--space",
-            str(space), "--trials", "2", "--storage", sqlite_url, "--json"]
+            str(space), "--set", "optimizer=sgd", "--trials", "2", "--storage", sqlite_url, "--json"]
     first = runner.invoke(main, args)
     assert first.exit_code == 0, first.output
     added = json.loads(first.stdout)

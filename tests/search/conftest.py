@@ -10,6 +10,7 @@ from tiny import ENTRY, sgd_space, tiny_workload
 
 from autofit.hardware import get_hardware
 from autofit.plan import Plan
+from autofit.recipe import Recipe
 
 MIB = 2**20
 
@@ -29,7 +30,8 @@ def tiny_plan() -> Callable[[int, list[int]], Plan]:
     def make(memory_mib: int, micro_batches: list[int]) -> Plan:
         hardware = get_hardware("cpu", memory_mib * MIB)
         key = tuple(micro_batches)
-        plan = Plan.make(ENTRY, workload, hardware, sgd_space(micro_batches), facts=facts.get(key))
+        plan = Plan.make(ENTRY, workload, hardware, sgd_space(micro_batches), facts=facts.get(key),
+                         recipe=Recipe(optimizer="sgd", precision="fp32"))
         facts[key] = plan.facts
         return plan
 

@@ -235,7 +235,8 @@ def test_a_prober_plugs_in_and_the_search_finds_that_devices_best(tmp_path: Path
         name="plug",
     )
     workload = tiny_workload()
-    unbounded = Plan.make(ENTRY, workload, get_hardware("cpu", 2**40), space)
+    # the space as written (two optimizer families to search), not narrowed to one recipe
+    unbounded = Plan.make(ENTRY, workload, get_hardware("cpu", 2**40), space, narrow=False)
     # the device is the cost model itself, so this host's measured kernel footprint is left out: it differs by host
     # (10 MiB on the development VM), and a large one (from ~70 MiB on) squeezes every peak into a few percent of the
     # budget, where eight trials cannot tell the configs apart
@@ -268,7 +269,8 @@ def test_ooms_in_one_family_leave_the_others_to_be_measured(tmp_path: Path, stor
          "precision": ["fp32"], "optimizer": ["sgd", "adamw", "lion"], "zero_stage": [0], "attention": ["sdpa"]},
         name="families",
     )
-    unbounded = Plan.make(ENTRY, tiny_workload(), get_hardware("cpu", 2**40), space)
+    # the policy over optimizer families: the space as written, not narrowed to one recipe
+    unbounded = Plan.make(ENTRY, tiny_workload(), get_hardware("cpu", 2**40), space, narrow=False)
     truth = unbounded.uncalibrated()
     peaks = sorted(truth.predict(c, unbounded.facts, unbounded.hardware, 1).peak_bytes for c in unbounded.candidates)
     plan = replace(unbounded, hardware=unbounded.hardware.with_memory(int(peaks[-1] / 0.9) + 1))  # all fit, as modelled
