@@ -222,3 +222,21 @@ def test_a_configs_own_code_runs_only_when_trusted(tmp_path: Path, monkeypatch: 
     config = load_config(str(folder), trust_remote_code=True)
     assert type(config).__name__ == "TinyRemoteConfig" and config.hidden_size == 64
     assert task_from_config(config, "remote") == "causal-lm"
+
+
+def test_a_queued_hf_entry_is_absolute_and_its_fingerprint_follows_its_config_json(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autofit.schedule.fingerprint import workload_fingerprint
+    from autofit.schedule.submit import absolute_entry
+
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    config = json.loads((CONFIGS / "llama_gqa" / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)
+    entry = absolute_entry("hf:llama?seq_len=16")
+    assert entry == f"hf:{folder}?seq_len=16"
+    before = workload_fingerprint(entry, load_workload(entry))
+    # a change the module tree does not show (the rotary base) is still another workload
+    (folder / "config.json").write_text(json.dumps({**config, "rope_theta": 500000.0}))
+    assert workload_fingerprint(entry, load_workload(entry)) != before
