@@ -240,3 +240,73 @@ def test_a_queued_hf_entry_is_absolute_and_its_fingerprint_follows_its_config_js
     # a change the module tree does not show (the rotary base) is still another workload
     (folder / "config.json").write_text(json.dumps({**config, "rope_theta": 500000.0}))
     assert workload_fingerprint(entry, load_workload(entry)) != before
+
+
+#: each shipped config as an entry, and its hand-written twin in benchmarks/ or examples/ (same model, same batch)
+ESTIMATED = {
+    "llama_gqa": ("seq_len=128", "benchmarks/models/gqa_llama.py:workload"),
+    "mixtral_moe": ("seq_len=128", "benchmarks/models/moe.py:workload"),
+    "t5_encdec": ("seq_len=128&target_len=64", "benchmarks/models/t5_encdec.py:workload"),
+    "bert": ("seq_len=128", "examples/hf_bert.py:workload"),
+    "vit": ("", "benchmarks/models/vit.py:workload"),
+    "mistral_sliding": ("seq_len=128", None),
+    "deepseek_v3_mla": ("seq_len=128", None),
+}
+#: one candidate with every key fixed: bf16, ZeRO-2, half the blocks checkpointed (the blocks matter)
+FIXED = {"micro_batch_size": 4, "checkpoint_ratio": 0.5, "checkpoint_granularity": "block", "precision": "bf16",
+         "optimizer": "adamw", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none",
+         "attention": "sdpa"}
+
+
+def _estimated_peak(entry: str, hardware: str = "h100-80gb") -> tuple[int, int]:
+    """What ``autofit estimate ENTRY --set ...`` predicts for :data:`FIXED`: the peak and the parameters."""
+    from autofit.estimate import estimate
+    from autofit.hardware import get_hardware
+    from autofit.plan import Plan
+    from autofit.space import load_space
+
+    plan = Plan.make(entry, load_workload(entry), get_hardware(hardware), load_space(None), world_size=2,
+                     global_batch=8, fixed=FIXED)
+    (candidate,) = estimate(plan).candidates
+    assert candidate.config.to_dict() == {**FIXED, "grad_accum_steps": 1}
+    assert candidate.prediction.fits, candidate.prediction.reason
+    return candidate.prediction.peak_bytes, plan.facts.n_params
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ESTIMATED)
+def test_each_family_estimates_through_hf_as_its_hand_written_twin(family: str) -> None:
+    options, twin = ESTIMATED[family]
+    entry = f"hf:{CONFIGS / family}" + (f"?{options}" if options else "")
+    peak, n_params = _estimated_peak(entry)
+    assert peak > 2 * n_params  # bf16 weights alone
+    if twin is not None:
+        twin_peak, twin_params = _estimated_peak(f"{ROOT / twin}")
+        assert n_params == twin_params
+        assert abs(peak - twin_peak) <= 0.02 * twin_peak, (peak, twin_peak)
+
+
+@pytest.mark.slow
+def test_a_cpu_plan_measures_the_hf_models_footprint_in_a_process_that_reloads_the_entry() -> None:
+    """The footprint runs in a fresh process given only the entry string: the options travel inside it."""
+    entry = f"hf:{CONFIGS / 'llama_gqa'}?seq_len=128"
+    peak, _ = _estimated_peak(entry, "cpu")
+    twin_peak, _ = _estimated_peak(f"{ROOT / 'benchmarks/models/gqa_llama.py:workload'}", "cpu")
+    # the two footprints are two measurements (0.4 % apart here), not one number
+    assert abs(peak - twin_peak) <= 0.02 * twin_peak, (peak, twin_peak)
+
+
+@pytest.mark.slow
+def test_an_hf_entry_probes_under_zero3_with_the_searched_kernel() -> None:
+    """A real probe: each rank re-loads the entry string, builds the model with from_config under zero.Init."""
+    from autofit.config import Config
+    from autofit.hardware import get_hardware
+    from autofit.probe import run_probe
+
+    entry = f"hf:{CONFIGS / 'mixtral_moe'}?seq_len=32"
+    config = Config(precision="bf16", zero_stage=3, micro_batch_size=2, checkpoint_ratio=0.5, attention="eager")
+    result = run_probe(entry, config, get_hardware("cpu"), world_size=2, steps=1, timeout_s=300)
+    assert result.status == "ok", result.message
+    assert result.tokens_per_s == pytest.approx(32 * result.samples_per_s)
+    # ZeRO-3: each of the two ranks holds half the 9.4 M parameters
+    assert result.per_rank_param_elements == [pytest.approx(9443584 / 2, rel=0.01)] * 2
