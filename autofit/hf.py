@@ -145,7 +145,7 @@ def with_hf_options(entry: str, *, seq_len: int | None = None, task: str | None 
         given = [name for name, value in (("--seq-len", seq_len), ("--task", task)) if value is not None]
         given += ["--trust-remote-code"] if trust_remote_code else []
         if given:
-            raise AutofitError(f"{', '.join(given)} apply to hf: entries only, but the entry is {entry!r}")
+            raise AutofitError(f"only an hf: entry takes {', '.join(given)}, but the entry is {entry!r}")
         return entry
     parsed = HfEntry.parse(entry)
     return parsed.with_options(seq_len=seq_len, task=task, trust_remote_code=trust_remote_code or None).to_entry()

@@ -70,7 +70,7 @@ def test_the_cli_options_fold_into_an_hf_entry_and_are_refused_for_any_other() -
     assert with_hf_options("examples/mlp.py:workload") == "examples/mlp.py:workload"
     with pytest.raises(AutofitError) as exc:
         with_hf_options("examples/mlp.py:workload", seq_len=128, trust_remote_code=True)
-    _one_line(exc, "--seq-len", "--trust-remote-code", "hf: entries only")
+    _one_line(exc, "only an hf: entry takes --seq-len, --trust-remote-code", "examples/mlp.py:workload")
 
 
 def test_a_local_folder_is_made_absolute_for_processes_started_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
