@@ -1,6 +1,7 @@
 """The entry-point contract: ``path/to/file.py:function`` or ``package.module:function``.
 
-The function takes no arguments and returns a :class:`Workload`. Loading never
+The function takes no arguments and returns a :class:`Workload`. An entry ``hf:ORG/NAME`` or ``hf:PATH`` is a
+Hugging Face model built from its config (:mod:`autofit.hf`). Loading never
 lets a user's mistake escape as a traceback: a missing file or function, an
 entry that raises, or one that returns the wrong type becomes one
 :class:`AutofitError` line.
@@ -138,7 +139,12 @@ def find_attention_modules(layer: Any) -> list[Any]:
 
 
 def load_workload(entry: str) -> Workload:
-    """Import ``ENTRY`` and call it. Every failure is one AutofitError line naming the entry."""
+    """Import ``ENTRY`` and call it (an ``hf:`` entry: :func:`autofit.hf.load_hf_entry`). Every failure is one
+    AutofitError line naming the entry."""
+    if entry.startswith("hf:"):
+        from autofit.hf import load_hf_entry
+
+        return load_hf_entry(entry)
     function = _resolve_entry(entry)
     try:
         workload = function()

@@ -33,7 +33,13 @@ def digest(value: Any) -> str:
 
 
 def entry_source(entry: str) -> Path | None:
-    """The source file ``entry`` (``path.py:fn`` or ``package.module:fn``) is defined in, if it has one."""
+    """The source file ``entry`` (``path.py:fn`` or ``package.module:fn``) is defined in, if it has one; an ``hf:``
+    entry's ``config.json`` where it is a local folder (a Hub model's config is its structure's)."""
+    if entry.startswith("hf:"):
+        from autofit.hf import HfEntry
+
+        config = Path(HfEntry.parse(entry).source).expanduser() / "config.json"
+        return config.resolve() if config.is_file() else None
     target = entry.rpartition(":")[0]
     if target.endswith(".py") or "/" in target:
         path = Path(target).resolve()

@@ -16,7 +16,12 @@ from autofit.schedule.fingerprint import check_device_name, device_name, workloa
 
 
 def absolute_entry(entry: str) -> str:
-    """``path.py:fn`` with the path made absolute (workers start elsewhere); ``package.module:fn`` as is."""
+    """``path.py:fn`` with the path made absolute (workers start elsewhere), an ``hf:`` entry's local folder too;
+    ``package.module:fn`` and a Hub name as they are."""
+    from autofit.hf import HfEntry, is_hf_entry
+
+    if is_hf_entry(entry):
+        return HfEntry.parse(entry).absolute().to_entry()
     target, sep, attr = entry.rpartition(":")
     if sep and (target.endswith(".py") or "/" in target):
         return f"{Path(target).resolve()}:{attr}"
