@@ -57,6 +57,10 @@ def _click_param(target_field: dataclasses.Field[Any], entry_required: bool) -> 
         settings["type"] = click.IntRange(min=spec["minimum"])
     if spec["metavar"] is not None:
         settings["metavar"] = spec["metavar"]
+    if spec["choices"] is not None:
+        settings["type"] = click.Choice(list(spec["choices"]))
+    if spec["is_flag"]:
+        settings["is_flag"] = True
     return click.option(*spec["flags"], target_field.name, **settings)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autofit.errors import AutofitError
+from autofit.hf import TASKS as HF_TASKS
 
 if TYPE_CHECKING:
     from autofit.hardware import Hardware
@@ -32,12 +33,14 @@ CLI_OPTION = "autofit.cli"
 
 
 def option(*flags: str, help: str, minimum: int | None = None, multiple: bool = False,
-           metavar: str | None = None, show_default: bool = False) -> dict[str, Any]:
+           metavar: str | None = None, show_default: bool = False, choices: tuple[str, ...] | None = None,
+           is_flag: bool = False) -> dict[str, Any]:
     """A field's metadata: the command-line option that sets it (``flags``; none: the positional argument)
-    and its help text. ``minimum``: the least an integer may be; ``multiple``: repeatable, a tuple of strings.
-    Kept free of click so the library does not import it; ``autofit.cli`` turns it into a click option."""
+    and its help text. ``minimum``: the least an integer may be; ``multiple``: repeatable, a tuple of strings;
+    ``choices``: the values it takes; ``is_flag``: a boolean switch. Kept free of click so the library does not
+    import it; ``autofit.cli`` turns it into a click option."""
     spec = {"flags": flags, "help": help, "minimum": minimum, "multiple": multiple, "metavar": metavar,
-            "show_default": show_default}
+            "show_default": show_default, "choices": choices, "is_flag": is_flag}
     return {CLI_OPTION: spec}
 
 
@@ -75,6 +78,15 @@ class Target:
     """A writable directory on an NVMe drive where NVMe offload swaps; None: ``AUTOFIT_NVME_PATH`` where the
     user set it, else NVMe offload is pruned (:mod:`autofit.rules`)."""
 
+    seq_len: int | None = field(default=None, metadata=option(
+        "--seq-len", help="hf: entries: tokens per sample (the encoder's for seq2seq).", minimum=1))
+    """An ``hf:`` entry's tokens per sample (:func:`autofit.hf.hf_workload`); refused with any other entry."""
+    task: str | None = field(default=None, metadata=option(
+        "--task", help="hf: entries: the task (default: the config's architectures).", choices=tuple(HF_TASKS)))
+    """An ``hf:`` entry's task; None: from its config's ``architectures``."""
+    trust_remote_code: bool = field(default=False, metadata=option(
+        "--trust-remote-code", help="hf: entries: run the model repository's own code.", is_flag=True))
+    """Let an ``hf:`` entry run its repository's own code; never without the user saying so."""
     optimizer: str | None = field(default=None, metadata=option(
         "--optimizer", help="The optimizer you train with (default adamw); the search never trades it away."))
     """The recipe's optimizer (docs/recipe.md); None: AdamW, or what ``--set optimizer=`` names."""
@@ -206,10 +218,14 @@ def prepare(target: Target) -> Setup:
     ``--nvme-path``, load the workload. Any bad value is one :class:`AutofitError` naming it."""
     from autofit.config import parse_set
     from autofit.hardware import get_hardware
+    from autofit.hf import with_hf_options
     from autofit.recipe import parse_hyperparameters, recipe_for
     from autofit.space import load_space
     from autofit.workload import load_workload
 
+    if target.entry is not None:  # the hf: options travel inside the entry string, to the probes too
+        target = dataclasses.replace(target, entry=with_hf_options(
+            target.entry, seq_len=target.seq_len, task=target.task, trust_remote_code=target.trust_remote_code))
     fixed = parse_set(target.set_values)
     hardware = get_hardware(target.hardware, target.memory_bytes())
     space = load_space(target.space)

@@ -130,7 +130,8 @@ def test_the_shared_options_are_on_every_command_with_the_same_defaults() -> Non
     estimate = {param.name: param.default for param in main.commands["estimate"].params}
     assert {key: estimate[key] for key in defaults if key != "entry"} == {
         "hardware": "auto", "memory": None, "gpus": 1, "nodes": 1, "global_batch": None, "space": None,
-        "set_values": (), "nvme_path": None, "optimizer": None, "precision": None, "allow": (), "lr": None,
+        "set_values": (), "nvme_path": None, "seq_len": None, "task": None, "trust_remote_code": False,
+        "optimizer": None, "precision": None, "allow": (), "lr": None,
         "weight_decay": None, "betas": None, "eps": None, "momentum": None,
     } == {key: value for key, value in defaults.items() if key != "entry"}
     assert main.commands["run"].params[0].required is False  # script mode: ENTRY or --script
@@ -142,3 +143,20 @@ def test_no_help_cites_internal_documents() -> None:
     for name in _shared_commands():
         text = runner.invoke(main, [*name.split(), "--help"]).output
         assert "seed" not in text.lower(), name
+
+
+def test_estimate_an_hf_config_folder_with_its_sequence_length_and_task() -> None:
+    result = invoke("estimate", f"hf:{ROOT}/examples/hf_configs/bert", "--seq-len", "64", "--task", "masked-lm",
+                    "--hardware", "h100-80gb", "--global-batch", "4", *ALL_FIXED, "--json")
+    assert result.exit_code == 0, result.output
+    (candidate,) = json.loads(result.stdout)["candidates"]
+    assert candidate["fits"] is True and candidate["predicted"]["peak_bytes"] > 0
+
+
+def test_the_hf_options_on_another_entry_and_an_hf_entry_without_its_sequence_length_are_one_line_each() -> None:
+    result = invoke("estimate", MLP, "--seq-len", "64", "--hardware", "cpu")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"autofit: error: only an hf: entry takes --seq-len, but the entry is {MLP!r}"
+    result = invoke("estimate", f"hf:{ROOT}/examples/hf_configs/llama_gqa", "--hardware", "cpu")
+    assert result.exit_code == 1
+    assert "needs a sequence length: pass --seq-len" in result.stderr and result.stderr.count("\n") == 1
