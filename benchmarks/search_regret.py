@@ -233,9 +233,13 @@ def budgets(oracle: list[ProbeResult], quantiles: tuple[float, ...] = QUANTILES)
 
 
 def _plan(entry: str, hardware, scenario: Scenario = FP32) -> Plan:  # noqa: ANN001
-    """The benchmark's space for ``entry`` on ``hardware``, traced once (re-budgeted with ``with_memory``)."""
+    """The benchmark's space for ``entry`` on ``hardware``, traced once (re-budgeted with ``with_memory``).
+
+    The space is searched as written (``narrow=False``): this benchmark measures the search's decisions over a
+    space of several optimizers and precisions, so its oracle and tables stay comparable with earlier runs; a user's
+    search keeps their recipe (docs/recipe.md) and searches a subset of it."""
     return Plan.make(entry, load_workload(entry), hardware, _space(scenario), world_size=1, global_batch=GLOBAL_BATCH,
-                     fixed=scenario.fixed)
+                     fixed=scenario.fixed, narrow=False)
 
 
 def _search(plan: Plan, trials: int, tmp: str, prober: Prober | None = None):  # noqa: ANN202
