@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from autofit.boundary import Status
 from autofit.config import Config
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration, Observation
@@ -17,8 +18,6 @@ from autofit.units import format_bytes
 Phase = Literal["search", "repeat", "verify"]
 """``search``: a probe the policy chose; ``repeat``: that probe again, when its throughput was an outlier;
 ``verify``: a leader probed again before it may win."""
-Status = Literal["ok", "oom", "timeout", "error"]
-"""How a probe ended (``autofit probe``'s ``status``)."""
 
 
 @dataclass
