@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from autofit.boundary import OomOn, Status
 from autofit.config import Config
 from autofit.emit import deepspeed_config
 from autofit.hardware import Hardware
@@ -76,7 +77,7 @@ def result_of(config: Config, world_size: int, run: ScriptRun, metric: dict[str,
     )
 
 
-def _status(run: ScriptRun, metric: dict[str, Any] | None, timeout_s: float) -> tuple[str, str | None, str | None]:
+def _status(run: ScriptRun, metric: dict[str, Any] | None, timeout_s: float) -> tuple[Status, str | None, OomOn | None]:
     """(status, message, oom_on) of a run: over the budget, out of memory in a log, timed out, ok, or an error."""
     if run.over_budget:
         return "oom", f"resident memory passed the budget ({max(run.peak_bytes)} bytes)", "device"
