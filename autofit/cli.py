@@ -208,7 +208,7 @@ def probe(entry: str, hardware: str, memory: str | None, gpus: int, nodes: int, 
     measured = run_probe(setup.entry_point, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,
                          warmup_steps=warmup, timeout_s=timeout_s, memory_snapshot=snapshot_path)
     _say_fragmentation(measured)
-    document = measured.to_dict() | {"predicted": chosen.prediction.to_dict()}
+    document = measured.to_json() | {"predicted": chosen.prediction.to_dict()}
     if as_json:
         click.echo(json.dumps(document, indent=1))
     else:
@@ -268,7 +268,7 @@ def _measure_ladder(ladder: Any, setup: Setup, steps: int, timeout_s: float) -> 
     for row in fitting:
         click.echo(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}", err=True)
         probed = run_probe(setup.entry_point, row.config, setup.hardware, setup.world_size, steps=steps, timeout_s=timeout_s)
-        measured[row.index] = probed.to_dict()
+        measured[row.index] = probed.to_json()
     return ladder.with_measured(measured)
 
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autofit.boundary import OOM_ON, STATUSES, OomOn, Status
+from autofit.boundary import OOM_ON, STATUSES, OomOn, Status, read_record
 from autofit.config import Config
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
@@ -35,7 +35,8 @@ _STATUS_RANK: dict[Status, int] = {"oom": 3, "timeout": 2, "error": 1, "ok": 0}
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What one probe measured; ``to_dict`` is DESIGN.md's ``autofit probe`` JSON."""
+    """What one probe measured; :meth:`to_json` is DESIGN.md's ``autofit probe`` JSON, what a search stores
+    for each probe and reads back with :meth:`from_json`."""
 
     config: Config
     """The candidate that ran."""
@@ -109,11 +110,30 @@ class ProbeResult:
     def with_predicted(self, predicted: dict[str, Any] | None) -> ProbeResult:
         return _replace(self, predicted=predicted)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
+        """Every field by its name; ``config`` as its dict, ``predicted`` as ``{}`` when there is none."""
         out = asdict(self)
         out["config"] = self.config.to_dict()
         out["predicted"] = self.predicted if self.predicted is not None else {}
         return out
+
+    @classmethod
+    def from_json(cls, data: object) -> ProbeResult:
+        """The result :meth:`to_json` wrote (``predicted: {}`` reads as None); an :class:`AutofitError` names a
+        missing, unknown or mistyped key."""
+        return read_record(cls, data, "a probe result", {"config": _config_of, "predicted": _predicted_of})
+
+
+def _config_of(data: object) -> Config:
+    if not isinstance(data, dict):
+        raise AutofitError(f"a probe result: config must be a JSON object, but got {data!r}")
+    return Config.from_dict(data)
+
+
+def _predicted_of(data: object) -> dict[str, Any] | None:
+    if not isinstance(data, dict):
+        raise AutofitError(f"a probe result: predicted must be a JSON object, but got {data!r}")
+    return dict(data) or None
 
 
 def _replace(result: ProbeResult, **changes: Any) -> ProbeResult:

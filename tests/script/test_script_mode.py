@@ -75,12 +75,12 @@ def test_script_mode_finds_a_fitting_config_for_an_unmodified_script(tmp_path: P
     out = tmp_path / "ds_config.json"
     result = run_search(plan, settings, out_path=out, storage=f"sqlite:///{tmp_path / 'study.db'}",
                         prober=script_prober(command, hardware, 1, tmp_path / "probes"))
-    assert result.measured["peak_bytes"] <= 0.9 * hardware.memory_bytes
+    assert result.measured.peak_bytes <= 0.9 * hardware.memory_bytes
     assert result.trials and all(t.status == "ok" for t in result.trials)
     for trial in result.trials:  # each probe's own measurements: memory from outside, time from DeepSpeed's metric
-        assert 0 < trial.measured["peak_bytes"] < hardware.memory_bytes
-        assert trial.measured["samples_per_s"] > 0 and "DeepSpeed's metric" in trial.measured["message"]
-        assert trial.measured["phases_s"]["forward_s"] > 0
+        assert 0 < trial.measured.peak_bytes < hardware.memory_bytes
+        assert trial.measured.samples_per_s > 0 and "DeepSpeed's metric" in (trial.measured.message or "")
+        assert trial.measured.phases_s["forward_s"] > 0
     ds = json.loads(out.read_text())
     assert ds["train_batch_size"] == 4 and "autotuning" not in ds
 
