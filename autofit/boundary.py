@@ -39,12 +39,14 @@ def as_status(value: object, what: str = "status") -> Status:
     raise AutofitError(f"{what} must be one of {', '.join(STATUSES)}, but got {value!r}")
 
 
-def read_record(cls: type[R], data: object, what: str, convert: Mapping[str, Callable[[Any], Any]] | None = None) -> R:
+def read_record(cls: type[R], data: object, what: str, convert: Mapping[str, Callable[[Any], Any]] | None = None,
+                optional: frozenset[str] = frozenset()) -> R:
     """``cls(**data)`` after checking ``data`` against ``cls``'s fields: an :class:`AutofitError` naming ``what``
     and the key when one is missing or unknown, or when a value is not of its field's type.
 
     ``convert`` maps a field to the function that reads its JSON (a nested record: a :class:`Config` from its
-    dict); a converted field's type is the converter's to check.
+    dict); a converted field's type is the converter's to check. ``optional``: fields a writer autofit does not
+    own may leave out (DeepSpeed omits a timer it never started); they take their default.
     """
     if not isinstance(data, Mapping):
         raise AutofitError(f"{what} must be a JSON object, but got {type(data).__name__}")
@@ -53,12 +55,14 @@ def read_record(cls: type[R], data: object, what: str, convert: Mapping[str, Cal
     unknown = sorted(str(k) for k in data if k not in names)
     if unknown:
         raise AutofitError(f"{what} has unknown key {unknown[0]!r} (known: {', '.join(names)})")
-    missing = [n for n in names if n not in data]
+    missing = [n for n in names if n not in data and n not in optional]
     if missing:
         raise AutofitError(f"{what} is missing key {missing[0]!r}")
     hints = typing.get_type_hints(cls)
     values = {}
     for name in names:
+        if name not in data:
+            continue
         value = data[name]
         if name in convert:
             value = convert[name](value)
