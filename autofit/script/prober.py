@@ -67,13 +67,13 @@ def result_of(config: Config, world_size: int, run: ScriptRun, metric: DeepSpeed
     """The probe's result from the run and DeepSpeed's metric file (None when the script wrote none; ``unreadable``:
     why the file it wrote could not be read, which makes an ``error``)."""
     status, message, oom_on = _status(run, metric, timeout_s, unreadable)
-    step_s, phases = 0.0, {}
+    step_s, optimizer_s, phases = 0.0, 0.0, {}
     if status == "ok" and metric is not None:
         # the engine's timers are logged and reset at every step boundary while its flops profiler is on, so
         # the means are over the last profiled step's micro-batches; "latency" is accumulation x their sum
         a = config.grad_accum_steps
         phases = {"forward_s": a * metric.fwd * US, "backward_s": a * metric.bwd * US, "step_s": a * metric.step * US}
-        step_s = metric.step_time_s
+        step_s, optimizer_s = metric.step_time_s, phases["step_s"]
         message = f"DeepSpeed's metric: {metric.throughput:.4g} samples/s, latency {step_s:.4g} s"
     samples = config.samples_per_step(world_size) / step_s if step_s > 0 else 0.0
     return ProbeResult(
@@ -81,7 +81,7 @@ def result_of(config: Config, world_size: int, run: ScriptRun, metric: DeepSpeed
         samples_per_s=samples, tokens_per_s=None, message=message, overhead_s=max(0.0, run.wall_s - step_s),
         step_times_s=[step_s] if step_s else [],
         per_rank_peak_bytes=list(run.peak_bytes), phases_s=phases, world_size=world_size, wall_s=run.wall_s,
-        optimizer_time_s=phases.get("step_s", 0.0), oom_on=oom_on,
+        optimizer_time_s=optimizer_s, oom_on=oom_on,
     )
 
 
