@@ -35,6 +35,9 @@ class DeepSpeedMetric:
     """The flops profiler's forward count x3 (forward and backward) per second of ``latency``."""
     throughput: float
     """``train_batch_size x 10^6 / latency``: samples per second, all ranks."""
+    rank: int
+    """The rank that wrote the file (``print_json_dist`` in deepspeed/utils/logging.py adds it; -1 without a
+    process group)."""
     fwd: float = 0.0
     """Mean microseconds of one micro-batch's forward (``fwd`` global timer); 0.0 when DeepSpeed wrote none."""
     bwd: float = 0.0
@@ -71,6 +74,8 @@ class ModelInfo:
     """Those with ``requires_grad``."""
     activation_mem_per_gpu: int
     """Bytes one forward of the profiled micro-batch allocated (``memory_allocated()`` around it; RSS on the CPU)."""
+    rank: int
+    """The rank that wrote the file (``print_json_dist`` adds it; -1 without a process group)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -49,14 +49,15 @@ def test_a_run_without_deepspeeds_metric_is_an_error_and_one_over_the_budget_is_
     assert result_of(CONFIG, 1, host, None, 60.0).oom_on == "host"
 
 
-METRIC = {"fwd": 1000.0, "bwd": 2000.0, "step": 500.0, "latency": 7000.0, "FLOPS_per_gpu": 1e9, "throughput": 571.4}
+METRIC = {"fwd": 1000.0, "bwd": 2000.0, "step": 500.0, "latency": 7000.0, "FLOPS_per_gpu": 1e9, "throughput": 571.4,
+          "rank": 0}
 RAN = ScriptRun(returncodes=[0], log_tails=[""], peak_bytes=[10], timed_out=False, over_budget=False, wall_s=3.0)
 
 
 def test_deepspeeds_files_round_trip_as_records() -> None:
     metric = DeepSpeedMetric.from_json(METRIC)
     assert DeepSpeedMetric.from_json(json.loads(json.dumps(metric.to_json()))) == metric
-    info = ModelInfo(num_params=100, trainable_num_params=90, activation_mem_per_gpu=4096)
+    info = ModelInfo(num_params=100, trainable_num_params=90, activation_mem_per_gpu=4096, rank=0)
     assert ModelInfo.from_json(json.loads(json.dumps(info.to_json()))) == info
 
 
@@ -66,7 +67,7 @@ def test_a_metric_file_with_a_missing_or_unknown_key_is_refused_naming_it() -> N
     with pytest.raises(AutofitError, match="unknown key 'latency_us'"):
         DeepSpeedMetric.from_json(METRIC | {"latency_us": 7000.0})
     with pytest.raises(AutofitError, match="missing key 'num_params'"):
-        ModelInfo.from_json({"trainable_num_params": 1, "activation_mem_per_gpu": 1})
+        ModelInfo.from_json({"trainable_num_params": 1, "activation_mem_per_gpu": 1, "rank": 0})
     # a timer DeepSpeed never started is left out of its file (utils/timer.py get_mean)
     assert DeepSpeedMetric.from_json({k: v for k, v in METRIC.items() if k != "step"}).step == 0.0
 
