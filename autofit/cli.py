@@ -185,7 +185,7 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
                          warmup_steps=warmup, timeout_s=timeout_s, memory_snapshot=snapshot_path,
                          software=setup.software)
     _say_fragmentation(measured)
-    document = measured.to_dict() | {"predicted": chosen.prediction.to_dict()}
+    document = measured.to_json() | {"predicted": chosen.prediction.to_dict()}
     if shared.as_json:
         click.echo(json.dumps(document, indent=1))
     else:

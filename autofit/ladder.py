@@ -297,7 +297,7 @@ def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: flo
         say(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}")
         probed = run_probe(entry, row.config, ladder.hardware, ladder.world_size, steps=steps, timeout_s=timeout_s,
                            software=software)
-        measured[row.index] = probed.to_dict()
+        measured[row.index] = probed.to_json()
     return ladder.with_measured(measured)
 
 

@@ -81,7 +81,7 @@ def _differences(config: Config, other: Config) -> str:
 
 def search_ladder(ladder: Ladder, result: SearchResult) -> Ladder:
     """The ladder with the search's own measurements of any rung it probed (the latest ok probe of that config)."""
-    probed = {t.config: t.measured for t in result.trials if t.status == "ok"}
+    probed = {t.config: t.measured.to_json() for t in result.trials if t.status == "ok"}
     return ladder.with_measured({row.index: probed[row.config] for row in ladder.rows if row.config in probed})
 
 
@@ -94,7 +94,7 @@ def ladder_section(ladder: Ladder, result: SearchResult) -> tuple[str, str, list
     predicted = result.predicted
     rows.append(["*", "winner", "the search's verified pick", result.config.label(),
                  format_bytes(int(predicted.get("peak_bytes") or 0)), f"{predicted.get('samples_per_s', 0):.3g}", "yes",
-                 "", *_measured_cells(result.measured)])
+                 "", *_measured_cells(result.measured.to_json())])
     text = (f"The build-along table of memory techniques for this model: {ladder_title(ladder)}. Each rung adds one "
             "memory technique to the rung before; predictions are the search's calibrated ones, measurements the "
             "search's own probes of that config where it made one. "

@@ -2,7 +2,7 @@
 
 A search varies what computes the same training (micro-batch x accumulation at the same global batch,
 checkpointing, ZeRO stage and offload, attention kernel); the optimizer and the precision are the user's
-(DESIGN.md, "The recipe is the user's"). A :class:`Recipe` states them. Substitutes that change the
+(docs/design.md, "The recipe is the user's"). A :class:`Recipe` states them. Substitutes that change the
 numerics a little -- the same optimizer's 8-bit states, Adam-mini for AdamW, fp8 or fp16 for bf16,
 mixed precision for fp32 -- enter a search only where the recipe allows them by name (``--allow
 adamw8bit,fp8``) or by the shortcut ``near``; a different optimizer (Lion, SGD, Adafactor) only as the

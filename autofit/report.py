@@ -68,7 +68,7 @@ def _ladder_part(result: SearchResult, ladder: Ladder | None, folder: Path) -> t
     from autofit.ladder_report import ladder_chart, ladder_section, search_ladder
 
     ladder_chart(search_ladder(ladder, result), folder / "ladder.png",
-                 winner=(result.config.label(), result.predicted, result.measured))
+                 winner=(result.config.label(), result.predicted, result.measured.to_json()))
     return ladder_section(ladder, result)
 
 
@@ -137,7 +137,7 @@ def _winner_text(result: SearchResult) -> str:
     budget = result.hardware.memory_bytes
     return (
         f"{result.config.label()} on {result.world_size} x {result.hardware.name}: "
-        f"{_num(m.get('samples_per_s'))} samples/s measured, peak {format_bytes(int(m.get('peak_bytes') or 0))} "
+        f"{_num(m.samples_per_s)} samples/s measured, peak {format_bytes(m.peak_bytes)} "
         f"of {format_bytes(budget)}. Verified by a probe of its own with a safety margin of {result.margin:.0%}: "
         f"its measured peak must stay within {format_bytes(result.usable_bytes)} "
         f"((1 - {result.margin:g}) x {format_bytes(budget)}). "
@@ -319,8 +319,8 @@ def _scatter(result: SearchResult, path: Path) -> None:
             ax.scatter(*zip(*pts, strict=True), s=30, color=color, edgecolor="black", label=f"probe: {status}")
     wm = result.measured
     ax.scatter(
-        [int(wm.get("peak_bytes") or 0) / mib],
-        [float(wm.get("samples_per_s") or 0)],
+        [wm.peak_bytes / mib],
+        [wm.samples_per_s],
         marker="*",
         s=250,
         color="gold",

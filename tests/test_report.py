@@ -9,6 +9,7 @@ from toy_facts import CONFIGS, CPU, FACTS, PRIOR
 from autofit.cost_model import predict
 from autofit.cost_model.calibrate import Calibration
 from autofit.emit import deepspeed_config
+from autofit.probe import ProbeResult
 from autofit.report import report_sections, write_report
 from autofit.search.records import SearchResult, TrialRecord
 
@@ -21,13 +22,8 @@ def _result(tmp_path: Path) -> SearchResult:
     trials = []
     for i, (config, p) in enumerate(predictions[:3]):
         status = ("ok", "oom", "ok")[i]
-        measured = {
-            "status": status,
-            "peak_bytes": int(p.peak_bytes * 1.1),
-            "step_time_s": p.step_time_s * 2,
-            "samples_per_s": p.samples_per_s / 2 if status == "ok" else 0.0,
-            "message": None,
-        }
+        measured = ProbeResult(config, status, int(p.peak_bytes * 1.1), p.step_time_s * 2,
+                               p.samples_per_s / 2 if status == "ok" else 0.0, None, None, 0.0)
         trials.append(
             TrialRecord(
                 i, config, "search", status, measured, p.to_dict(), status == "ok", 1000.0 + 10 * i, 8.0, resumed=i == 0

@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autofit.boundary import Status, as_status
 from autofit.config import Config
 from autofit.cost_model import Coefficients, ModelFacts, Prediction, predict
 from autofit.cost_model.coefficients import MAX_EFFICIENCY
@@ -69,7 +70,7 @@ class Observation:
 
     config: Config
     """What ran."""
-    status: str
+    status: Status
     """``ok``, ``oom``, ``timeout`` or ``error`` (ok and oom carry information; a timeout, a bound on the step)."""
     peak_bytes: int
     """Measured peak (for oom: what was held when it stopped)."""
@@ -92,7 +93,7 @@ class Observation:
     def from_dict(cls, data: dict[str, Any]) -> Observation:
         return cls(
             config=Config.from_dict(data["config"]),
-            status=str(data["status"]),
+            status=as_status(data["status"]),
             peak_bytes=int(data.get("peak_bytes", 0)),
             step_time_s=float(data.get("step_time_s", 0.0)),
             budget_bytes=int(data.get("budget_bytes", 0)),

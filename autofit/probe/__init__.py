@@ -17,26 +17,31 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from autofit.boundary import OOM_ON, STATUSES, OomOn, Status, read_record
 from autofit.config import Config
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.software import Software
 
-STATUSES = ("ok", "oom", "timeout", "error")
+if TYPE_CHECKING:
+    from autofit.probe.launch import RankOutcome
+    from autofit.probe.rank import RankResult
+
 MODES = ("real", "fake")
 #: a failure status wins over a rank's ``ok``; ``oom`` wins over the errors it causes in its peers
-_STATUS_RANK = {"oom": 3, "timeout": 2, "error": 1, "ok": 0}
+_STATUS_RANK: dict[Status, int] = {"oom": 3, "timeout": 2, "error": 1, "ok": 0}
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What one probe measured; ``to_dict`` is the ``autofit probe`` JSON of docs/design.md."""
+    """What one probe measured; :meth:`to_json` is the ``autofit probe`` JSON of docs/design.md, what a search
+    stores for each probe and reads back with :meth:`from_json`."""
 
     config: Config
     """The candidate that ran."""
-    status: str
+    status: Status
     """``ok``, ``oom`` (out of device memory, or past the budget on the CPU), ``timeout`` or ``error``."""
     peak_bytes: int
     """Most device memory any rank held, model construction through the measured steps
@@ -75,7 +80,7 @@ class ProbeResult:
     pid), ``max_memory_reserved_bytes`` and ``context_bytes``: the sources of ``peak_bytes``; and
     ``max_memory_allocated_bytes``, the tensors' own peak (reserved far above it: fragmentation,
     :func:`autofit.probe.snapshot.fragmentation_advice`)."""
-    oom_on: str | None = None
+    oom_on: OomOn | None = None
     """For ``oom``: ``device`` (the GPU, or the budget of a CPU device) or ``host`` (the host's RAM: a CPU
     allocation failed or the kernel's OOM killer ended a rank); None otherwise."""
 
@@ -96,7 +101,7 @@ class ProbeResult:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise AutofitError(f"probe status must be one of {', '.join(STATUSES)}, but got {self.status!r}")
-        if self.oom_on not in (None, "device", "host"):
+        if self.oom_on is not None and self.oom_on not in OOM_ON:
             raise AutofitError(f"oom_on must be device, host or None, but got {self.oom_on!r}")
 
     @property
@@ -106,11 +111,30 @@ class ProbeResult:
     def with_predicted(self, predicted: dict[str, Any] | None) -> ProbeResult:
         return _replace(self, predicted=predicted)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
+        """Every field by its name; ``config`` as its dict, ``predicted`` as ``{}`` when there is none."""
         out = asdict(self)
         out["config"] = self.config.to_dict()
         out["predicted"] = self.predicted if self.predicted is not None else {}
         return out
+
+    @classmethod
+    def from_json(cls, data: object) -> ProbeResult:
+        """The result :meth:`to_json` wrote (``predicted: {}`` reads as None); an :class:`AutofitError` names a
+        missing, unknown or mistyped key."""
+        return read_record(cls, data, "a probe result", {"config": _config_of, "predicted": _predicted_of})
+
+
+def _config_of(data: object) -> Config:
+    if not isinstance(data, dict):
+        raise AutofitError(f"a probe result: config must be a JSON object, but got {data!r}")
+    return Config.from_dict(data)
+
+
+def _predicted_of(data: object) -> dict[str, Any] | None:
+    if not isinstance(data, dict):
+        raise AutofitError(f"a probe result: predicted must be a JSON object, but got {data!r}")
+    return dict(data) or None
 
 
 def _replace(result: ProbeResult, **changes: Any) -> ProbeResult:
@@ -203,76 +227,79 @@ def _spec(
 
 
 def _combine(
-    config: Config, outcomes: list[Any], timed_out: bool, world_size: int, mode: str, timeout_s: float, wall_s: float
+    config: Config, outcomes: list[RankOutcome], timed_out: bool, world_size: int, mode: str, timeout_s: float,
+    wall_s: float
 ) -> ProbeResult:
     """One result from the ranks' own: the worst status, the largest peak, the slowest rank's step."""
     results = [o.result for o in outcomes]
-    statuses = [_rank_status(o.result, timed_out) for o in outcomes]
+    statuses = [_rank_status(r, timed_out) for r in results]
     status = max(statuses, key=_STATUS_RANK.__getitem__)
-    per_rank = [int(r.get("peak_bytes", 0)) if r else 0 for r in results]
-    if mode == "fake" and results[0]:
-        per_rank = [int(b) for b in results[0].get("per_rank_peak_bytes", per_rank)]
+    first = results[0]
+    per_rank = [r.peak_bytes if r else 0 for r in results]
+    if mode == "fake" and first:
+        per_rank = list(first.per_rank_peak_bytes)
     # the slowest rank sets the pace of a data-parallel step
     ran = [r for r in results if r] if status == "ok" else []
-    step_time = max((float(r.get("step_time_s", 0.0)) for r in ran), default=0.0)
-    slowest = max(ran, key=lambda r: float(r.get("step_time_s", 0.0)), default=None)
-    optimizer_time = max((float(r.get("optimizer_time_s", 0.0)) for r in ran), default=0.0)
+    slowest = max(ran, key=lambda r: r.step_time_s, default=None)
+    step_time = slowest.step_time_s if slowest else 0.0
+    optimizer_time = max((r.optimizer_time_s for r in ran), default=0.0)
     samples = config.samples_per_step(world_size) / step_time if step_time > 0 else 0.0
-    tokens_per_sample = next((r.get("tokens_per_sample") for r in results if r and r.get("tokens_per_sample")), None)
-    phases = dict(results[0].get("phases_s", {})) if results[0] else {}
+    tokens_per_sample = next((r.tokens_per_sample for r in results if r and r.tokens_per_sample), None)
+    phases = dict(first.phases_s) if first else {}
     return ProbeResult(
         config=config,
         status=status,
         peak_bytes=max(per_rank, default=0),
         step_time_s=step_time,
         optimizer_time_s=optimizer_time,
-        step_times_s=[float(t) for t in slowest.get("step_times_s", [])] if slowest else [],
+        step_times_s=list(slowest.step_times_s) if slowest else [],
         samples_per_s=samples,
         tokens_per_s=samples * tokens_per_sample if tokens_per_sample and samples else None,
         message=_message(outcomes, statuses, status, timeout_s),
         overhead_s=sum(v for k, v in phases.items() if k != "steps_s"),
         per_rank_peak_bytes=per_rank,
-        per_rank_build_bytes=[int(r.get("build_peak_bytes", 0)) if r else 0 for r in results],
-        per_rank_initialize_bytes=[int(r.get("initialize_peak_bytes", 0)) if r else 0 for r in results],
-        per_rank_param_elements=[int(r.get("param_elements", 0)) if r else 0 for r in results],
-        optimizer_state_bytes=int(results[0].get("optimizer_state_bytes", 0)) if results[0] else 0,
-        launcher="torch.distributed.run" if results and all(r and r.get("elastic_run_id") for r in results) else "direct",
+        per_rank_build_bytes=[r.build_peak_bytes if r else 0 for r in results],
+        per_rank_initialize_bytes=[r.initialize_peak_bytes if r else 0 for r in results],
+        per_rank_param_elements=[r.param_elements if r else 0 for r in results],
+        optimizer_state_bytes=first.optimizer_state_bytes if first else 0,
+        launcher="torch.distributed.run" if results and all(r and r.elastic_run_id for r in results) else "direct",
         phases_s=phases,
-        breakdown=dict(results[0].get("breakdown", {})) if results[0] else {},
+        breakdown=dict(first.breakdown) if first else {},
         world_size=world_size,
         mode=mode,
         wall_s=wall_s,
         oom_on=_oom_on(results, statuses) if status == "oom" else None,
-        device_memory=dict(results[0].get("device_memory", {})) if results[0] else {},
+        device_memory=dict(first.device_memory) if first else {},
     )
 
 
-def _oom_on(results: list[dict[str, Any] | None], statuses: list[str]) -> str:
+def _oom_on(results: list[RankResult | None], statuses: list[Status]) -> OomOn:
     """Where the first rank that ran out of memory ran out; a rank's own budget watchdog means the device."""
     for result, rank_status in zip(results, statuses, strict=True):
         if rank_status == "oom" and result:
-            return str(result.get("oom_on") or "device")
+            return result.oom_on or "device"
     return "device"
 
 
-def _rank_status(result: dict[str, Any] | None, timed_out: bool) -> str:
+def _rank_status(result: RankResult | None, timed_out: bool) -> Status:
+    """A rank's own status; one that wrote nothing timed out (the deadline passed) or failed."""
     if result is not None:
-        return str(result.get("status", "error"))
+        return result.status
     return "timeout" if timed_out else "error"
 
 
-def _message(outcomes: list[Any], statuses: list[str], status: str, timeout_s: float) -> str | None:
+def _message(outcomes: list[RankOutcome], statuses: list[Status], status: Status, timeout_s: float) -> str | None:
     """One line: the first failing rank's own message, else the last line of its log."""
     if status == "ok":
-        note = outcomes[0].result.get("message") if outcomes[0].result else None
-        return str(note) if note else None
+        first = outcomes[0].result
+        return first.message if first and first.message else None
     if status == "timeout":
         return f"probe did not finish within {timeout_s:g} s"
     for outcome, rank_status in zip(outcomes, statuses, strict=True):
         if rank_status != status:
             continue
-        if outcome.result and outcome.result.get("message"):
-            return str(outcome.result["message"])
+        if outcome.result and outcome.result.message:
+            return outcome.result.message
         lines = [line for line in outcome.log_tail.splitlines() if line.strip()]
         code = outcome.returncode
         last = lines[-1].strip() if lines else "no output"

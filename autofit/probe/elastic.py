@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import AutofitError
-from autofit.probe.launch import FAILURE_GRACE_S, RankOutcome, _read_json, _tail, free_port, kill_group, rank_env
+from autofit.probe.launch import FAILURE_GRACE_S, RankOutcome, _tail, free_port, kill_group, rank_env
+from autofit.probe.rank import read_rank_result
 
 
 def agent_command(spec_path: Path, n_nodes: int, ranks_per_node: int, endpoint: str, run_id: str, is_host: bool) -> list[str]:
@@ -87,7 +88,7 @@ def launch_agents(
 
 def _rank_outcome(workdir: Path, rank: int, ranks_per_node: int, agents: list[subprocess.Popen[bytes]]) -> RankOutcome:
     """A rank's result file; its log is its node's agent log (c10d may number the nodes in any order)."""
-    result = _read_json(workdir / f"rank{rank}.json")
+    result = read_rank_result(workdir / f"rank{rank}.json", rank)
     node = rank // ranks_per_node
     return RankOutcome(rank, agents[node].returncode, result, _tail(workdir / f"agent{node}.log"), pid=agents[node].pid)
 
@@ -99,7 +100,7 @@ def _wait_agents(agents: list[subprocess.Popen[bytes]], workdir: Path, world_siz
         now = time.monotonic()
         if now > deadline:
             return True
-        if failed_at is None and any(_failed(workdir / f"rank{r}.json") for r in range(world_size)):
+        if failed_at is None and any(_failed(workdir / f"rank{r}.json", r) for r in range(world_size)):
             failed_at = now
         if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
             return False
@@ -107,6 +108,6 @@ def _wait_agents(agents: list[subprocess.Popen[bytes]], workdir: Path, world_siz
     return False
 
 
-def _failed(path: Path) -> bool:
-    result = _read_json(path)
-    return result is not None and result.get("status") != "ok"
+def _failed(path: Path, rank: int) -> bool:
+    result = read_rank_result(path, rank)
+    return result is not None and result.status != "ok"

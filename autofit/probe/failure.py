@@ -29,10 +29,12 @@ import os
 import re
 import signal
 import subprocess
-from typing import Any
+from typing import TypedDict
+
+from autofit.boundary import OomOn, Status
 
 #: (pattern over the exception text, where memory ran out); the first match wins
-OOM_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+OOM_PATTERNS: tuple[tuple[re.Pattern[str], OomOn], ...] = (
     (re.compile(r"CUDA out of memory"), "device"),
     (re.compile(r"\b(?:CUBLAS|CUBLASLT|CUDNN|CUSOLVER|CUSPARSE|CUFFT)_STATUS_ALLOC_FAILED\b"), "device"),
     (re.compile(r"CUDA error: out of memory"), "device"),
@@ -40,12 +42,12 @@ OOM_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"can't allocate memory"), "host"),
 )
 #: exception classes that are out-of-memory whatever their text
-_OOM_TYPES = {"OutOfMemoryError": "device", "MemoryError": "host"}
+_OOM_TYPES: dict[str, OomOn] = {"OutOfMemoryError": "device", "MemoryError": "host"}
 #: the kernel OOM killer's line, mm/oom_kill.c: "%s: Killed process %d (%s) total-vm:..."
 _KILLED_RE = re.compile(r"(?:Out of memory|out of memory)[^:\n]*: Killed process (\d+) \(")
 
 
-def oom_location(name: str, text: str) -> tuple[str, str] | None:
+def oom_location(name: str, text: str) -> tuple[OomOn, str] | None:
     """``(where, line)`` when an exception of class ``name`` with ``text`` is an out-of-memory, else None.
 
     ``where`` is ``device`` or ``host``; ``line`` is the line of ``text`` that says so.
@@ -59,8 +61,16 @@ def oom_location(name: str, text: str) -> tuple[str, str] | None:
     return None
 
 
-def classify_exception(exc: BaseException) -> dict[str, Any]:
-    """``{"status": "oom" | "error", "message": one line, "oom_on": "device" | "host" | None}``."""
+class Failure(TypedDict):
+    """Why a rank failed, as :class:`~autofit.probe.rank.RankResult` fields (``RankResult(rank=r, **failure)``)."""
+
+    status: Status
+    message: str
+    oom_on: OomOn | None
+
+
+def classify_exception(exc: BaseException) -> Failure:
+    """``oom`` on the ``device`` or the ``host``, or ``error``; with one line saying so."""
     name = type(exc).__name__
     text = str(exc).strip()
     found = oom_location(name, text)
@@ -145,7 +155,7 @@ def classify_exit(
     kernel_log: str,
     oom_kills_before: int | None,
     oom_kills_after: int | None,
-) -> dict[str, Any] | None:
+) -> Failure | None:
     """The result of a rank that wrote none: ``oom`` on the host when the OOM killer took it, else None.
 
     Only a SIGKILL this process did not send counts; the kernel log naming ``pid`` decides, and where

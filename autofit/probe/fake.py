@@ -17,9 +17,11 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from autofit.probe.rank import RankResult
 
-def run_fake(spec: dict[str, Any], phases: dict[str, float]) -> dict[str, Any]:
-    """Simulate one rank of ``spec``'s config on ``world_size`` ranks; returns the worker's result fields."""
+
+def run_fake(spec: dict[str, Any], rank: int, phases: dict[str, float]) -> RankResult:
+    """Simulate one rank of ``spec``'s config on ``world_size`` ranks; returns the worker's result."""
     t0 = time.time()
     from autofit.config import Config
     from autofit.cost_model import Coefficients
@@ -38,13 +40,14 @@ def run_fake(spec: dict[str, Any], phases: dict[str, float]) -> dict[str, Any]:
     facts = trace_config(workload, config)
     phases["steps_s"] = time.time() - t0
     breakdown = predict_memory(config, facts, hardware, n_ranks, Coefficients.for_hardware(hardware))
-    return {
-        "status": "ok",
-        "peak_bytes": breakdown.total,
-        "per_rank_peak_bytes": [breakdown.total] * n_ranks,  # data-parallel ranks are symmetric
-        "breakdown": asdict(breakdown),
-        "n_params": facts.n_params,
-        "tokens_per_sample": workload.tokens_per_sample,
-        "step_time_s": 0.0,
-        "message": f"fake mode: memory only, traced on {facts.trace_mode} tensors in {phases['steps_s']:.1f} s",
-    }
+    return RankResult(
+        rank=rank,
+        status="ok",
+        peak_bytes=breakdown.total,
+        per_rank_peak_bytes=[breakdown.total] * n_ranks,  # data-parallel ranks are symmetric
+        breakdown=asdict(breakdown),
+        n_params=facts.n_params,
+        tokens_per_sample=workload.tokens_per_sample,
+        phases_s=phases,
+        message=f"fake mode: memory only, traced on {facts.trace_mode} tensors in {phases['steps_s']:.1f} s",
+    )

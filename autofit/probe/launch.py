@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.probe.failure import classify_exit, oom_kill_count, read_kernel_log
+from autofit.probe.rank import RankResult, read_rank_result
 
 #: seconds the other ranks get to report once one rank has finished with a failure
 FAILURE_GRACE_S = 5.0
@@ -45,7 +46,8 @@ class RankOutcome:
 
     rank: int
     returncode: int | None
-    result: dict[str, Any] | None
+    result: RankResult | None
+    """What the rank wrote (an unreadable file: an ``error`` saying so), or None when it wrote nothing."""
     log_tail: str
     pid: int = 0
     """The rank's process id."""
@@ -126,7 +128,7 @@ def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: floa
         RankOutcome(
             rank,
             proc.returncode,
-            _read_json(workdir / f"rank{rank}.json"),
+            read_rank_result(workdir / f"rank{rank}.json", rank),
             _tail(workdir / f"rank{rank}.log"),
             pid=proc.pid,
             killed_by_us=not exited[rank],
@@ -152,7 +154,7 @@ def _mark_oom_kills(outcomes: list[RankOutcome], oom_kills_before: int | None) -
             oom_kills_after=oom_kills_after,
         )
         if verdict is not None:
-            outcome.result = {"rank": outcome.rank, "peak_bytes": 0, "step_times_s": []} | verdict
+            outcome.result = RankResult(rank=outcome.rank, **verdict)
     return outcomes
 
 
@@ -178,8 +180,8 @@ def wait_for_ranks(procs: list[subprocess.Popen[bytes]], deadline: float,
 def _finished_badly(workdir: Path, rank: int, code: int | None) -> bool:
     if code is None:
         return False
-    result = _read_json(workdir / f"rank{rank}.json")
-    return result is None or result.get("status") != "ok"
+    result = read_rank_result(workdir / f"rank{rank}.json", rank)
+    return result is None or result.status != "ok"
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -192,13 +194,6 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())  # type: ignore[no-any-return]
-    except (OSError, ValueError):
-        return None
 
 
 def _tail(path: Path, n_bytes: int = 4000) -> str:

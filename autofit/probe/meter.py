@@ -76,7 +76,7 @@ class Meter:
         if self.watchdog:
             self.watchdog.stop()
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, int | None]:
         """What the probe JSON shows beside ``peak_bytes`` (CUDA: each source of the figure)."""
         if not self.cuda:
             return {}

@@ -21,15 +21,13 @@ class StepTimes:
     optimizer_times_s: list[float] = field(default_factory=list)
     loss: float = float("nan")
 
-    def summary(self) -> dict[str, Any]:
-        """The rank result's timing keys: every step, their median, the optimizer's median, the loss."""
-        return {
-            "peak_bytes": int(self.peak_bytes),
-            "step_times_s": self.step_times_s,
-            "step_time_s": statistics.median(self.step_times_s) if self.step_times_s else 0.0,
-            "optimizer_time_s": statistics.median(self.optimizer_times_s) if self.optimizer_times_s else 0.0,
-            "loss": self.loss,
-        }
+    def step_time_s(self) -> float:
+        """The median timed step (0.0 when none was timed)."""
+        return statistics.median(self.step_times_s) if self.step_times_s else 0.0
+
+    def optimizer_time_s(self) -> float:
+        """The median of the optimizer's own ``engine.step`` (0.0 when none was timed)."""
+        return statistics.median(self.optimizer_times_s) if self.optimizer_times_s else 0.0
 
 
 def train_step(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: int, sync: Callable[[], None]) -> tuple:

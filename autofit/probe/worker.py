@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.probe.failure import classify_exception
+from autofit.probe.rank import RankResult, write_rank_result
 
 _T_MAIN = time.time()  # before any heavy import: the end of "process start"
 _PPID_AT_START = os.getppid()
@@ -33,30 +34,21 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", "0"))
     out = Path(spec["result_dir"]) / f"rank{rank}.json"
     phases: dict[str, float] = {"process_start_s": max(0.0, _T_MAIN - float(spec["spawn_time"]))}
-    state: dict[str, Any] = {"rank": rank, "phases_s": phases, "step_times_s": [], "peak_bytes": 0}
+    result: RankResult
     try:
         if spec["mode"] == "fake":
             from autofit.probe.fake import run_fake
 
-            state |= run_fake(spec, phases)
+            result = run_fake(spec, rank, phases)
         else:
-            state |= _run_real(spec, rank, phases, out)
-        state.setdefault("status", "ok")
+            result = _run_real(spec, rank, phases, out)
     except BaseException as exc:  # everything the user's code or DeepSpeed raises becomes a result
-        state |= classify_exception(exc)
-        state["traceback"] = traceback.format_exc()[-4000:]
-    write_result(out, state)
+        result = RankResult(rank=rank, phases_s=phases, traceback=traceback.format_exc()[-4000:], **classify_exception(exc))
+    write_rank_result(out, result)
     sys.stdout.flush()
     sys.stderr.flush()
     # skip interpreter teardown: DeepSpeed/gloo atexit hooks can hang once a peer is gone
     os._exit(0)
-
-
-def write_result(path: Path, state: dict[str, Any]) -> None:
-    """Write atomically, so the parent never reads half a file."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
 
 
 def _die_with_parent() -> None:
@@ -86,7 +78,7 @@ def expected_parent_pid(env: dict[str, str], ppid_at_start: int) -> int:
     return int(env["AUTOFIT_PARENT_PID"])
 
 
-def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Path) -> dict[str, Any]:
+def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Path) -> RankResult:
     """Import, meter, build, initialize, step: the probe of one rank (docs/design.md, "Memory, measured")."""
     t0 = time.time()
     import deepspeed
@@ -104,9 +96,8 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
 
     def on_exceeded(used: int) -> None:
         message = f"rank {rank}: resident memory {used} B passed the budget {spec.get('budget_bytes')} B"
-        write_result(
-            out, {"rank": rank, "status": "oom", "peak_bytes": used, "phases_s": phases, "step_times_s": [], "message": message}
-        )
+        write_rank_result(out, RankResult(rank=rank, status="oom", oom_on="device", peak_bytes=used, phases_s=phases,
+                                          message=message))
         os._exit(0)
 
     meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded, device_budget_bytes=spec.get("memory_bytes"))
@@ -116,12 +107,12 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     t0 = time.time()
     model, n_ckpt = _build_model(workload, config, ds)
     phases["model_build_s"] = time.time() - t0
-    built = {"build_peak_bytes": meter.peak_bytes(final=False), "param_elements": held_param_elements(model)}
+    build_peak_bytes, param_elements = meter.peak_bytes(final=False), held_param_elements(model)
 
     t0 = time.time()
     engine = _initialize(deepspeed, model, ds)
     phases["initialize_s"] = time.time() - t0
-    built["initialize_peak_bytes"] = meter.peak_bytes(final=False)
+    initialize_peak_bytes = meter.peak_bytes(final=False)
 
     dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
     batch = to_device(workload.batch(config.micro_batch_size), meter.device, dtype)
@@ -131,17 +122,25 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     if snapshot_path:
         snapshot.dump(torch, snapshot_path)
     trains = math.isfinite(times.loss)
-    return {
-        "status": "ok" if trains else "error",
-        "message": None if trains else untrained_message(times.loss),
-        **times.summary(),
-        "device_memory": meter.report(),
-        "n_checkpointed": n_ckpt,
-        "optimizer_state_bytes": optimizer_state_bytes(engine.optimizer),
-        "tokens_per_sample": workload.tokens_per_sample,
-        "elastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),  # set when torch.distributed.run started it
-        **built,
-    }
+    return RankResult(
+        rank=rank,
+        status="ok" if trains else "error",
+        message=None if trains else untrained_message(times.loss),
+        phases_s=phases,
+        peak_bytes=int(times.peak_bytes),
+        step_times_s=list(times.step_times_s),
+        step_time_s=times.step_time_s(),
+        optimizer_time_s=times.optimizer_time_s(),
+        loss=times.loss,
+        device_memory=meter.report(),
+        n_checkpointed=n_ckpt,
+        optimizer_state_bytes=optimizer_state_bytes(engine.optimizer),
+        tokens_per_sample=workload.tokens_per_sample,
+        elastic_run_id=os.environ.get("TORCHELASTIC_RUN_ID"),  # set when torch.distributed.run started it
+        build_peak_bytes=build_peak_bytes,
+        initialize_peak_bytes=initialize_peak_bytes,
+        param_elements=param_elements,
+    )
 
 
 def untrained_message(loss: float) -> str:

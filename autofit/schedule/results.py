@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import AutofitError
+from autofit.probe import ProbeResult
 from autofit.schedule import queue
 from autofit.schedule.store import FINISHED, optuna_storage
 
@@ -40,10 +41,10 @@ def _row(search: Any, attrs: dict[str, Any]) -> dict[str, Any] | None:
             "state": search.state}
     result = attrs.get(queue.RESULT_ATTR)
     if search.state == "done" and result:
-        measured = result["best"]["measured"]
+        measured = ProbeResult.from_json(result["best"]["measured"])
         return base | {"source": "measured", "config": result["best"]["config"], "memory_bytes": result["memory_bytes"],
-                       "samples_per_s": measured.get("samples_per_s"), "tokens_per_s": measured.get("tokens_per_s"),
-                       "peak_bytes": measured.get("peak_bytes"), "machine": result.get("machine", {}).get("key")}
+                       "samples_per_s": measured.samples_per_s, "tokens_per_s": measured.tokens_per_s,
+                       "peak_bytes": measured.peak_bytes, "machine": result["machine"]["key"]}
     planned = attrs.get(queue.PLANNED_ATTR)
     if search.state in FINISHED or not planned:
         return None  # nothing fits: no winner to compare

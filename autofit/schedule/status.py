@@ -8,19 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from autofit.probe import ProbeResult
 from autofit.schedule import queue
 from autofit.schedule.store import optuna_storage
 
 
 def best_so_far(trials: list[Any]) -> dict[str, Any] | None:
     """The fastest probe measured within the margin: ``{"config", "samples_per_s", "peak_bytes", "tokens_per_s"}``."""
-    good = [t.user_attrs for t in trials if t.user_attrs.get("within_margin") and "measured" in t.user_attrs]
-    if not good:
-        return None
-    best = max(good, key=lambda a: float(a["measured"].get("samples_per_s") or 0.0))
-    measured = best["measured"]
-    return {"config": best["config"], "samples_per_s": measured.get("samples_per_s"),
-            "tokens_per_s": measured.get("tokens_per_s"), "peak_bytes": measured.get("peak_bytes")}
+    good = [ProbeResult.from_json(t.user_attrs["measured"]) for t in trials
+            if t.user_attrs.get("within_margin") and "measured" in t.user_attrs]
+    return summary(max(good, key=lambda m: m.samples_per_s)) if good else None
+
+
+def summary(measured: ProbeResult) -> dict[str, Any]:
+    """A search's best, as ``schedule list`` shows it."""
+    return {"config": measured.config.to_dict(), "samples_per_s": measured.samples_per_s,
+            "tokens_per_s": measured.tokens_per_s, "peak_bytes": measured.peak_bytes}
 
 
 def search_summaries(url: str) -> list[dict[str, Any]]:
@@ -36,9 +39,7 @@ def search_summaries(url: str) -> list[dict[str, Any]]:
         result = study.user_attrs.get(queue.RESULT_ATTR)
         best = best_so_far(trials)
         if result is not None:
-            measured = result["best"]["measured"]
-            best = {"config": result["best"]["config"], "samples_per_s": measured.get("samples_per_s"),
-                    "tokens_per_s": measured.get("tokens_per_s"), "peak_bytes": measured.get("peak_bytes")}
+            best = summary(ProbeResult.from_json(result["best"]["measured"]))
         out.append({
             "id": row.id, "entry": row.entry, "hardware": row.hardware, "gpus": row.gpus, "nodes": row.nodes,
             "state": row.state, "trials": searched, "probes": sum(1 for t in trials if "measured" in t.user_attrs),

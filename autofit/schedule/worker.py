@@ -22,12 +22,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.schedule import queue
 from autofit.schedule.fingerprint import MachineFingerprint, workload_fingerprint
+
+if TYPE_CHECKING:
+    from autofit.search.records import SearchResult
 
 
 class LeaseLost(AutofitError):
@@ -139,7 +142,7 @@ def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
                      recipe=Recipe.from_dict(request["recipe"]) if request.get("recipe") else None)
 
 
-def store_winner(url: str, search_id: str, result: Any, machine: MachineFingerprint, plan: Any) -> None:
+def store_winner(url: str, search_id: str, result: SearchResult, machine: MachineFingerprint, plan: Any) -> None:
     """Keep the winner in the study's user attributes: what ``schedule add`` returns cached, ``results`` compares."""
     import optuna
 
@@ -147,7 +150,7 @@ def store_winner(url: str, search_id: str, result: Any, machine: MachineFingerpr
 
     study = optuna.load_study(study_name=queue.study_name(search_id), storage=optuna_storage(url))
     study.set_user_attr(queue.RESULT_ATTR, {
-        "best": {"config": result.config.to_dict(), "measured": result.measured, "predicted": result.predicted},
+        "best": {"config": result.config.to_dict(), "measured": result.measured.to_json(), "predicted": result.predicted},
         "deepspeed": result.deepspeed,
         "hardware": plan.hardware.name,
         "memory_bytes": plan.hardware.memory_bytes,

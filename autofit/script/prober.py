@@ -13,20 +13,19 @@ import json
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
 
+from autofit.boundary import OomOn, Status
 from autofit.config import Config
 from autofit.emit import deepspeed_config
+from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.probe import ProbeResult
 from autofit.probe.failure import oom_location
 from autofit.script.command import ScriptCommand, with_metric
+from autofit.script.records import US, DeepSpeedMetric, read_deepspeed_file
 from autofit.script.runner import ScriptRun, run_script
 from autofit.search.driver import Prober
 from autofit.software import Software
-
-#: DeepSpeed's timer means are in microseconds (utils/timer.py ``get_mean``: milliseconds x 1000)
-US = 1e-6
 
 
 def script_prober(command: ScriptCommand, hardware: Hardware, world_size: int, workdir: Path,
@@ -53,33 +52,44 @@ def probe_script(command: ScriptCommand, config: Config, hardware: Hardware, wor
     config_path.write_text(json.dumps(ds, indent=2))
     budget = hardware.memory_bytes if hardware.kind == "cpu" else None
     run = run_script(command, config_path, run_dir, world_size, hardware.kind, timeout_s, budget)
-    return result_of(config, world_size, run, read_json(metric_path), timeout_s)
+    metric, unreadable = read_metric(metric_path)
+    return result_of(config, world_size, run, metric, timeout_s, unreadable)
 
 
-def result_of(config: Config, world_size: int, run: ScriptRun, metric: dict[str, Any] | None,
-              timeout_s: float) -> ProbeResult:
-    """The probe's result from the run and DeepSpeed's metric file (None when the script wrote none)."""
-    status, message, oom_on = _status(run, metric, timeout_s)
-    step_s, phases = 0.0, {}
+def read_metric(path: Path) -> tuple[DeepSpeedMetric | None, str | None]:
+    """DeepSpeed's metric file at ``path`` as a record, or None and why it cannot be read (None, None: no file)."""
+    try:
+        data = read_deepspeed_file(path, "metric")
+        return (DeepSpeedMetric.from_json(data) if data is not None else None), None
+    except AutofitError as exc:
+        return None, str(exc)
+
+
+def result_of(config: Config, world_size: int, run: ScriptRun, metric: DeepSpeedMetric | None,
+              timeout_s: float, unreadable: str | None = None) -> ProbeResult:
+    """The probe's result from the run and DeepSpeed's metric file (None when the script wrote none; ``unreadable``:
+    why the file it wrote could not be read, which makes an ``error``)."""
+    status, message, oom_on = _status(run, metric, timeout_s, unreadable)
+    step_s, optimizer_s, phases = 0.0, 0.0, {}
     if status == "ok" and metric is not None:
         # the engine's timers are logged and reset at every step boundary while its flops profiler is on, so
         # the means are over the last profiled step's micro-batches; "latency" is accumulation x their sum
         a = config.grad_accum_steps
-        phases = {"forward_s": a * metric.get("fwd", 0.0) * US, "backward_s": a * metric.get("bwd", 0.0) * US,
-                  "step_s": a * metric.get("step", 0.0) * US}
-        step_s = float(metric.get("latency", 0.0)) * US
-        message = f"DeepSpeed's metric: {metric.get('throughput', 0.0):.4g} samples/s, latency {step_s:.4g} s"
+        phases = {"forward_s": a * metric.fwd * US, "backward_s": a * metric.bwd * US, "step_s": a * metric.step * US}
+        step_s, optimizer_s = metric.step_time_s, phases["step_s"]
+        message = f"DeepSpeed's metric: {metric.throughput:.4g} samples/s, latency {step_s:.4g} s"
     samples = config.samples_per_step(world_size) / step_s if step_s > 0 else 0.0
     return ProbeResult(
         config=config, status=status, peak_bytes=max(run.peak_bytes, default=0), step_time_s=step_s,
         samples_per_s=samples, tokens_per_s=None, message=message, overhead_s=max(0.0, run.wall_s - step_s),
         step_times_s=[step_s] if step_s else [],
         per_rank_peak_bytes=list(run.peak_bytes), phases_s=phases, world_size=world_size, wall_s=run.wall_s,
-        optimizer_time_s=phases.get("step_s", 0.0), oom_on=oom_on,
+        optimizer_time_s=optimizer_s, oom_on=oom_on,
     )
 
 
-def _status(run: ScriptRun, metric: dict[str, Any] | None, timeout_s: float) -> tuple[str, str | None, str | None]:
+def _status(run: ScriptRun, metric: DeepSpeedMetric | None, timeout_s: float,
+            unreadable: str | None = None) -> tuple[Status, str | None, OomOn | None]:
     """(status, message, oom_on) of a run: over the budget, out of memory in a log, timed out, ok, or an error."""
     if run.over_budget:
         return "oom", f"resident memory passed the budget ({max(run.peak_bytes)} bytes)", "device"
@@ -89,6 +99,8 @@ def _status(run: ScriptRun, metric: dict[str, Any] | None, timeout_s: float) -> 
             return "oom", found[1], found[0]
     if run.timed_out:
         return "timeout", f"the script did not finish within {timeout_s:g} s", None
+    if unreadable is not None:
+        return "error", unreadable[:500], None
     if metric is not None and all(code == 0 for code in run.returncodes):
         return "ok", None, None
     for rank, (code, tail) in enumerate(zip(run.returncodes, run.log_tails, strict=True)):
@@ -97,11 +109,3 @@ def _status(run: ScriptRun, metric: dict[str, Any] | None, timeout_s: float) -> 
             last = lines[-1] if lines else "no output"
             return "error", f"rank {rank} exited with code {code} and no DeepSpeed metric: {last}"[:500], None
     return "error", "no DeepSpeed metric", None
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

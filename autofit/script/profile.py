@@ -31,7 +31,7 @@ from autofit.hardware import Hardware
 from autofit.plan import Plan, default_recipe
 from autofit.recipe import Recipe, narrow_space
 from autofit.script.command import ScriptCommand, with_metric, with_model_info_profile
-from autofit.script.prober import US, read_json
+from autofit.script.records import DeepSpeedMetric, ModelInfo, read_deepspeed_file
 from autofit.script.runner import run_script
 from autofit.software import Software, detect_software
 from autofit.space import SearchSpace, enumerate_candidates
@@ -79,22 +79,24 @@ def profile_script(command: ScriptCommand, candidates: list[Config] | tuple[Conf
     """Run the script's model-info profile for each activation dtype the candidates use, and one metric run
     (``software``: what the machine runs, for the JSONs; this one's by default)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    info: dict[str, Any] = {}
+    info: ModelInfo | None = None
     activation: dict[str, int] = {}
     for dtype in sorted({c.trace_dtype for c in candidates}):
         base = profile_config(candidates, dtype)
         path = workdir / f"model_info_{dtype}.json"
         _run(command, with_model_info_profile(deepspeed_config(base, world_size, hardware.kind, software), path), workdir,
              f"model_info_{dtype}", world_size, hardware, timeout_s)
-        info = _read(path, "model-info profile")
-        activation[dtype] = int(info["activation_mem_per_gpu"])
+        info = ModelInfo.from_json(_read(path, "model-info profile"))
+        activation[dtype] = info.activation_mem_per_gpu
     base = profile_config(candidates, min(activation))
     path = workdir / "metric_profile.json"
     _run(command, with_metric(deepspeed_config(base, world_size, hardware.kind, software), path, 1, 1), workdir, "metric",
          world_size, hardware, timeout_s)
-    metric = _read(path, "metric")
-    flops_per_micro = float(metric["FLOPS_per_gpu"]) * float(metric["latency"]) * US / base.grad_accum_steps
-    return ScriptProfile(n_params=int(info["num_params"]), n_trainable_params=int(info["trainable_num_params"]),
+    metric = DeepSpeedMetric.from_json(_read(path, "metric"))
+    flops_per_micro = metric.FLOPS_per_gpu * metric.step_time_s / base.grad_accum_steps
+    if info is None:
+        raise AutofitError("a script profile needs at least one candidate")
+    return ScriptProfile(n_params=info.num_params, n_trainable_params=info.trainable_num_params,
                          micro_batch_size=base.micro_batch_size, activation_bytes=activation,
                          flops_per_sample=flops_per_micro / base.micro_batch_size)
 
@@ -122,7 +124,7 @@ def _run(command: ScriptCommand, ds: dict[str, Any], workdir: Path, name: str, w
 
 
 def _read(path: Path, what: str) -> dict[str, Any]:
-    data = read_json(path)
+    data = read_deepspeed_file(path, what)
     if data is None:
         raise AutofitError(f"the script wrote no DeepSpeed {what} file ({path}): does it call deepspeed.initialize "
                            "with the JSON given as --deepspeed_config, and train through the engine?")

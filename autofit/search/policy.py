@@ -212,7 +212,7 @@ def shared_error(records: list[TrialRecord]) -> str | None:
     """The first line of the one error every probe so far ended in (nothing ran, not even out of memory), or None."""
     if not records or any(r.status != "error" for r in records):
         return None
-    messages = {(str(r.measured.get("message") or "an error without a message").splitlines() or [""])[0] for r in records}
+    messages = {((r.measured.message or "an error without a message").splitlines() or [""])[0] for r in records}
     return messages.pop() if len(messages) == 1 else None
 
 

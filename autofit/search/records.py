@@ -8,17 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from autofit.boundary import Status
 from autofit.config import Config
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration, Observation
 from autofit.hardware import Hardware
+from autofit.probe import ProbeResult
 from autofit.units import format_bytes
 
 Phase = Literal["search", "repeat", "verify"]
 """``search``: a probe the policy chose; ``repeat``: that probe again, when its throughput was an outlier;
 ``verify``: a leader probed again before it may win."""
-Status = Literal["ok", "oom", "timeout", "error"]
-"""How a probe ended (``autofit probe``'s ``status``)."""
 
 
 @dataclass
@@ -33,8 +33,8 @@ class TrialRecord:
     """``search`` or ``verify``."""
     status: Status
     """``ok``, ``oom``, ``timeout`` or ``error``."""
-    measured: dict[str, Any]
-    """The probe's JSON (``autofit probe``'s) less config and predicted."""
+    measured: ProbeResult
+    """What the probe measured (stored as ``autofit probe``'s JSON, :meth:`ProbeResult.to_json`)."""
     predicted: dict[str, Any]
     """The calibrated prediction the search held when it chose this probe."""
     within_margin: bool = False
@@ -45,6 +45,8 @@ class TrialRecord:
     """Seconds the probe took."""
     resumed: bool = False
     """Read back from an earlier run of the study."""
+    planned_steps: int = 0
+    """Optimizer steps the probe was to run, warm-up included (what bounds a timeout's step); 0 when unknown."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,33 +55,34 @@ class TrialRecord:
             "phase": self.phase,
             "status": self.status,
             "within_margin": self.within_margin,
-            "measured": self.measured,
+            "measured": self.measured.to_json(),
             "predicted": self.predicted,
             "started_s": self.started_s,
             "wall_s": self.wall_s,
             "resumed": self.resumed,
+            "planned_steps": self.planned_steps,
         }
 
     @property
     def samples_per_s(self) -> float:
-        return float(self.measured.get("samples_per_s") or 0.0)
+        return self.measured.samples_per_s
 
     @property
     def peak_bytes(self) -> int:
-        return int(self.measured.get("peak_bytes") or 0)
+        return self.measured.peak_bytes
 
     def observation(self, budget_bytes: int, start_up_s: float = 0.0) -> Observation:
         """This probe as calibration sees it (``budget_bytes``: the device memory it ran under). A timeout
         with its ``planned_steps`` known bounds the step: its time less ``start_up_s`` over those steps."""
-        planned = int(self.measured.get("planned_steps") or 0)
+        planned = self.planned_steps
         bound = max(0.0, self.wall_s - start_up_s) / planned if self.status == "timeout" and planned else 0.0
         return Observation(
             self.config,
             self.status,
             self.peak_bytes,
-            float(self.measured.get("step_time_s") or 0.0),
+            self.measured.step_time_s,
             budget_bytes,
-            float(self.measured.get("optimizer_time_s") or 0.0),
+            self.measured.optimizer_time_s,
             time_lower_bound_s=bound,
         )
 
@@ -88,7 +91,7 @@ class TrialRecord:
         if self.status == "ok":
             note = "" if self.within_margin else " (past the safety margin)"
             return f"{self.samples_per_s:.3g} samples/s, {format_bytes(self.peak_bytes)}{note}"
-        message = self.measured.get("message") or ""
+        message = self.measured.message or ""
         return f"{self.status} {message}"[:120]
 
 
@@ -96,7 +99,7 @@ def observations(records: list[TrialRecord], budget_bytes: int) -> list[Observat
     """The probes calibration learns from (ok and oom; a timeout as a bound on its step, taking the longest
     start-up an ok probe had; an error says nothing of the model).
     Of a search probe and its repeat, only the faster counts: a busy machine slows a probe, never speeds it."""
-    start_up = max((float(r.measured.get("overhead_s") or 0.0) for r in records if r.status == "ok"), default=0.0)
+    start_up = max((r.measured.overhead_s for r in records if r.status == "ok"), default=0.0)
     return [r.observation(budget_bytes, start_up) for r in records
             if r.status in ("ok", "oom", "timeout") and not _superseded(r, records)]
 
@@ -137,7 +140,7 @@ class SearchResult:
 
     config: Config
     """The verified winner."""
-    measured: dict[str, Any]
+    measured: ProbeResult
     """Its verification probe."""
     predicted: dict[str, Any]
     """The final calibrated prediction for it."""
@@ -188,7 +191,7 @@ class SearchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "best": {"config": self.config.to_dict(), "measured": self.measured, "predicted": self.predicted,
+            "best": {"config": self.config.to_dict(), "measured": self.measured.to_json(), "predicted": self.predicted,
                      "differs_from_recipe": self.deepspeed.get("autofit", {}).get("differs_from_recipe", [])},
             "trials": [t.to_dict() for t in self.trials],
             "pruned": self.pruned,

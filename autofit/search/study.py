@@ -14,12 +14,14 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
+from autofit.boundary import as_status
 from autofit.config import Config
 from autofit.cost_model import Prediction
 from autofit.errors import AutofitError
 from autofit.plan import Plan
+from autofit.probe import ProbeResult
 from autofit.search.records import Phase, TrialRecord
 
 DEFAULT_STORAGE = "sqlite:///autofit.db"
@@ -106,10 +108,11 @@ def record_probe(
     trial = study.ask(params)
     started_s = time.time()
     result = run()
-    measured = {k: v for k, v in result.to_dict().items() if k not in ("config", "predicted")}
-    measured["planned_steps"] = planned_steps
     within = result.status == "ok" and result.peak_bytes <= usable_bytes
-    for key, value in {"status": result.status, "measured": measured, "within_margin": within, "started_s": started_s}.items():
+    # ``measured`` last: read_back takes a trial with it as finished, so everything else must be there by then
+    stored = {"status": result.status, "planned_steps": planned_steps, "within_margin": within, "started_s": started_s,
+              "measured": result.to_json()}
+    for key, value in stored.items():
         trial.set_user_attr(key, value)
     if within:
         study.tell(trial, result.samples_per_s)
@@ -122,11 +125,12 @@ def record_probe(
         config=config,
         phase=phase,
         status=result.status,
-        measured=measured,
+        measured=result,
         predicted=predicted.to_dict(),
         within_margin=within,
         started_s=started_s,
         wall_s=result.wall_s,
+        planned_steps=planned_steps,
     )
 
 
@@ -152,26 +156,47 @@ def read_back(study: Any) -> list[TrialRecord]:
 
 
 def _record(number: int, attrs: dict[str, Any]) -> TrialRecord:
-    return TrialRecord(
-        number=number,
-        config=Config.from_dict(attrs["config"]),
-        phase=attrs.get("phase", "search"),
-        status=attrs.get("status", "error"),
-        measured=dict(attrs["measured"]),
-        predicted=dict(attrs.get("predicted", {})),
-        within_margin=bool(attrs.get("within_margin", False)),
-        started_s=float(attrs.get("started_s", 0.0)),
-        wall_s=float(attrs["measured"].get("wall_s", 0.0)),
-        resumed=True,
-    )
+    """A stored probe as a record; what :func:`record_probe` stored, every key of it (a study an older autofit
+    wrote, or one with a key renamed, is an :class:`AutofitError` naming the trial and the key)."""
+    try:
+        measured = ProbeResult.from_json(attrs["measured"])
+        for key in _STORED:
+            if key not in attrs:
+                raise AutofitError(f"missing key {key!r}")
+        return TrialRecord(
+            number=number,
+            config=Config.from_dict(attrs["config"]),
+            phase=_phase(attrs["phase"]),
+            status=as_status(attrs["status"]),
+            measured=measured,
+            predicted=dict(attrs["predicted"]),
+            within_margin=bool(attrs["within_margin"]),
+            started_s=float(attrs["started_s"]),
+            wall_s=measured.wall_s,
+            resumed=True,
+            planned_steps=int(attrs["planned_steps"]),
+        )
+    except AutofitError as exc:
+        raise AutofitError(f"trial {number} of the study cannot be read back: {exc}") from None
+
+
+def _phase(value: object) -> Phase:
+    for phase in get_args(Phase):
+        if value == phase:
+            return phase  # type: ignore[no-any-return]
+    raise AutofitError(f"phase must be one of {', '.join(get_args(Phase))}, but got {value!r}")
+
+
+#: the user attrs :func:`record_probe` stores beside ``measured``
+_STORED = ("config", "phase", "predicted", "status", "planned_steps", "within_margin", "started_s")
 
 
 def _verdict(attrs: dict[str, Any]) -> tuple[Any, Any]:
     """``(value, state)`` to tell for a trial whose measurement was stored: as :func:`record_probe` tells it."""
     from optuna.trial import TrialState
 
-    if attrs.get("within_margin"):
-        return float(attrs["measured"].get("samples_per_s") or 0.0), TrialState.COMPLETE
-    if attrs.get("status") == "ok":
+    if attrs["within_margin"]:
+        return ProbeResult.from_json(attrs["measured"]).samples_per_s, TrialState.COMPLETE
+    if attrs["status"] == "ok":
         return None, TrialState.PRUNED
     return None, TrialState.FAIL

@@ -137,6 +137,6 @@ def test_a_rank_the_oom_killer_ended_is_oom_on_the_host() -> None:
         outcome = RankOutcome(0, proc.returncode, None, "", pid=proc.pid, killed_by_us=False)
         [marked] = _mark_oom_kills([outcome], before)
         assert marked.result is not None
-        assert (marked.result["status"], marked.result["oom_on"]) == ("oom", "host")
+        assert (marked.result.status, marked.result.oom_on) == ("oom", "host")
     finally:
         group.rmdir()

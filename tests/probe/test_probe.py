@@ -7,7 +7,9 @@ they are marked slow. The first DeepSpeed start on a machine JIT-builds a C++ op
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,7 +41,7 @@ def test_probe_result_json_has_the_design_keys() -> None:
         overhead_s=1.0,
         per_rank_peak_bytes=[10],
     )
-    out = result.with_predicted({"peak_bytes": 9}).to_dict()
+    out = result.with_predicted({"peak_bytes": 9}).to_json()
     for key in (
         "config",
         "status",
@@ -53,7 +55,34 @@ def test_probe_result_json_has_the_design_keys() -> None:
         assert key in out
     assert out["config"]["micro_batch_size"] == 1
     assert out["predicted"] == {"peak_bytes": 9}
-    assert result.to_dict()["predicted"] == {}
+    assert result.to_json()["predicted"] == {}
+
+
+def _full_result() -> ProbeResult:
+    return ProbeResult(
+        config=Config(micro_batch_size=2, zero_stage=2), status="oom", peak_bytes=10, step_time_s=0.0, samples_per_s=0.0,
+        tokens_per_s=None, message="past the budget", overhead_s=1.5, per_rank_peak_bytes=[10, 9],
+        phases_s={"imports_s": 1.0}, world_size=2, wall_s=3.0, predicted={"peak_bytes": 9}, oom_on="host",
+        device_memory={"nvml_peak_bytes": None, "context_bytes": 5}, per_rank_build_bytes=[1, 2],
+    )
+
+
+def test_probe_result_round_trips_through_its_json() -> None:
+    result = _full_result()
+    assert ProbeResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+    bare = replace(result, predicted=None)
+    assert ProbeResult.from_json(bare.to_json()) == bare
+
+
+def test_probe_result_json_with_a_missing_or_unknown_key_is_refused_naming_it() -> None:
+    data = _full_result().to_json()
+    del data["peak_bytes"]
+    with pytest.raises(AutofitError, match="missing key 'peak_bytes'"):
+        ProbeResult.from_json(data)
+    with pytest.raises(AutofitError, match="unknown key 'peak_byte'"):
+        ProbeResult.from_json(data | {"peak_byte": 10})
+    with pytest.raises(AutofitError, match="status"):
+        ProbeResult.from_json(_full_result().to_json() | {"status": "fine"})
 
 
 @pytest.mark.slow

@@ -99,8 +99,8 @@ def test_search_emits_a_verified_winner_whose_json_trains(tmp_path: Path, storag
     ds = json.loads(out.read_text())
     assert ds == result.deepspeed
     assert ds["train_batch_size"] == 16
-    assert result.measured["status"] == "ok"
-    assert result.measured["peak_bytes"] <= 0.9 * 1024 * MIB
+    assert result.measured.status == "ok"
+    assert result.measured.peak_bytes <= 0.9 * 1024 * MIB
     phases = [t.phase for t in result.trials]
     assert phases.count("verify") >= 1 and 1 <= phases.count("search") <= 3
     searched = [json.dumps(t.config.to_dict(), sort_keys=True) for t in result.trials if t.phase == "search"]
@@ -286,7 +286,7 @@ def test_ooms_in_one_family_leave_the_others_to_be_measured(tmp_path: Path, stor
     result = run_search(plan, SearchSettings(trials=6), storage=storage, out_path=tmp_path / "ds.json", prober=prober)
     ooms = [t for t in result.trials if t.status == "oom"]
     assert ooms and {t.config.optimizer for t in ooms} == {bad[0]}
-    assert result.config.optimizer != bad[0] and result.measured["peak_bytes"] <= 0.9 * plan.hardware.memory_bytes
+    assert result.config.optimizer != bad[0] and result.measured.peak_bytes <= 0.9 * plan.hardware.memory_bytes
 
 
 def test_a_device_far_slower_than_the_prior_costs_at_most_one_timed_out_probe(tmp_path: Path, storage: str) -> None:
@@ -311,7 +311,7 @@ def test_a_device_far_slower_than_the_prior_costs_at_most_one_timed_out_probe(tm
         p = truth.predict(config, plan.facts, plan.hardware, 1)
         given.append((steps, timeout_s, p.step_time_s))
         if (steps + 1) * p.step_time_s > timeout_s:  # a warm-up and the timed steps did not finish in time
-            return ProbeResult(config, "timeout", None, 0.0, 0.0, None, "did not finish", timeout_s)
+            return ProbeResult(config, "timeout", 0, 0.0, 0.0, None, "did not finish", timeout_s)
         return ProbeResult(config, "ok", p.peak_bytes, p.step_time_s, p.samples_per_s, None, None, 1.0)
 
     result = run_search(plan, settings, storage=storage, out_path=tmp_path / "ds.json", prober=prober)

@@ -7,10 +7,12 @@ from dataclasses import replace
 import pytest
 from toy_facts import CPU, FACTS, PRIOR
 
+from autofit.boundary import Status
 from autofit.config import Config
 from autofit.cost_model import MemoryBreakdown, Prediction, predict
 from autofit.cost_model.calibrate import Observation
 from autofit.plan import Plan
+from autofit.probe import ProbeResult
 from autofit.search.policy import (
     SearchState,
     by_expected_speed,
@@ -40,13 +42,13 @@ def _prediction(step_s: float, update_s: float, peak: int = 5) -> Prediction:
     )
 
 
-def _record(config: Config, status: str, samples_per_s: float = 0.0) -> TrialRecord:
+def _record(config: Config, status: Status, samples_per_s: float = 0.0, message: str | None = None) -> TrialRecord:
     return TrialRecord(
         number=0,
         config=config,
         phase="search",
         status=status,
-        measured={"samples_per_s": samples_per_s},
+        measured=ProbeResult(config, status, 0, 0.0, samples_per_s, None, message, 0.0),
         predicted={},
         within_margin=status == "ok",
     )
@@ -163,9 +165,7 @@ def test_before_nothing_fits_the_smallest_of_each_unmeasured_family_is_probed() 
 
 
 def _failed(config: Config, message: str) -> TrialRecord:
-    record = _record(config, "error")
-    record.measured["message"] = message
-    return record
+    return _record(config, "error", message=message)
 
 
 def test_the_same_error_with_every_setting_stops_the_search_with_that_error() -> None:
@@ -235,9 +235,12 @@ def test_a_probe_far_from_the_model_and_its_neighbours_is_an_outlier_and_its_rep
 
 
 def test_a_timeout_bounds_its_step_by_its_time_less_the_longest_start_up_over_its_steps() -> None:
-    ran = TrialRecord(0, Config(), "search", "ok", {"samples_per_s": 1.0, "overhead_s": 10.0, "step_time_s": 2.0}, {},
+    ran = TrialRecord(0, Config(), "search", "ok", ProbeResult(Config(), "ok", 0, 2.0, 1.0, None, None, 10.0), {},
                       within_margin=True, wall_s=20.0)
-    slow = TrialRecord(1, Config(precision="bf16"), "search", "timeout", {"planned_steps": 3}, {}, wall_s=100.0)
-    unknown = TrialRecord(2, Config(precision="bf16", optimizer="sgd"), "search", "timeout", {}, {}, wall_s=100.0)
+    slow_config, unknown_config = Config(precision="bf16"), Config(precision="bf16", optimizer="sgd")
+    slow = TrialRecord(1, slow_config, "search", "timeout", ProbeResult(slow_config, "timeout", 0, 0.0, 0.0, None, None, 0.0),
+                       {}, wall_s=100.0, planned_steps=3)
+    unknown = TrialRecord(2, unknown_config, "search", "timeout",
+                          ProbeResult(unknown_config, "timeout", 0, 0.0, 0.0, None, None, 0.0), {}, wall_s=100.0)
     bounds = {o.config.key(): o.time_lower_bound_s for o in observations([ran, slow, unknown], CPU.memory_bytes)}
     assert bounds == {ran.config.key(): 0.0, slow.config.key(): pytest.approx(30.0), unknown.config.key(): 0.0}

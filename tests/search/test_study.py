@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import optuna
 import pytest
@@ -45,12 +46,13 @@ def test_read_back_closes_what_a_killed_run_left_open(storage: str, tiny_plan) -
     study = studies.open_study(plan, storage, "s", 0.1)
     first, second, third = plan.candidates
     # killed after storing the measurement, before tell: the measurement is kept and told
-    study.enqueue_trial(first.to_dict(), user_attrs={"config": first.to_dict(), "phase": "search"})
+    study.enqueue_trial(first.to_dict(), user_attrs={"config": first.to_dict(), "phase": "search",
+                                                     "predicted": plan.predict(first).to_dict()})
     trial = study.ask(studies.distributions(plan))
     result = _measured(first)()
-    trial.set_user_attr("status", "ok")
-    trial.set_user_attr("within_margin", True)
-    trial.set_user_attr("measured", result.to_dict())
+    for key, value in {"status": "ok", "planned_steps": 2, "within_margin": True, "started_s": 1.0}.items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr("measured", result.to_json())
     # killed mid-probe: no measurement, the trial fails and its config will be probed again
     study.enqueue_trial(second.to_dict(), user_attrs={"config": second.to_dict(), "phase": "search"})
     study.ask(studies.distributions(plan))
@@ -65,6 +67,34 @@ def test_read_back_closes_what_a_killed_run_left_open(storage: str, tiny_plan) -
     record = studies.record_probe(study, studies.distributions(plan), second, "search", plan.predict(second),
                                   _measured(second), 2**30)
     assert Config.from_dict(study.get_trials()[-1].params) == record.config == second
+
+
+def test_a_probe_reads_back_as_it_was_recorded(storage: str, tiny_plan) -> None:  # noqa: ANN001
+    plan: Plan = tiny_plan(1024, [1, 2, 4])
+    study = studies.open_study(plan, storage, "s", 0.1)
+    config = plan.candidates[0]
+    recorded = studies.record_probe(study, studies.distributions(plan), config, "search", plan.predict(config),
+                                    _measured(config), 2**30, planned_steps=4)
+    [back] = studies.read_back(studies.open_study(plan, storage, "s", 0.1))
+    assert back == replace(recorded, resumed=True)
+    assert back.measured == recorded.measured and back.planned_steps == 4
+
+
+def test_a_stored_probe_with_a_renamed_key_is_refused_naming_the_trial_and_the_key(storage: str, tiny_plan) -> None:  # noqa: ANN001
+    plan: Plan = tiny_plan(1024, [1, 2, 4])
+    study = studies.open_study(plan, storage, "s", 0.1)
+    config = plan.candidates[0]
+    # as record_probe stores a probe (a run killed before tell), with one key of the measurement renamed
+    study.enqueue_trial(config.to_dict(), user_attrs={"config": config.to_dict(), "phase": "search",
+                                                      "predicted": plan.predict(config).to_dict()})
+    trial = study.ask(studies.distributions(plan))
+    for key, value in {"status": "ok", "planned_steps": 2, "within_margin": True, "started_s": 1.0}.items():
+        trial.set_user_attr(key, value)
+    measured = _measured(config)().to_json()
+    measured["peak_byte"] = measured.pop("peak_bytes")
+    trial.set_user_attr("measured", measured)
+    with pytest.raises(AutofitError, match="trial 0 .*peak_byte"):
+        studies.read_back(study)
 
 
 def test_a_study_of_another_search_is_refused(storage: str, tiny_plan) -> None:  # noqa: ANN001

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autofit.config import Config
+from autofit.probe import ProbeResult
 from autofit.search.records import TrialRecord
 from autofit.search.settings import SearchSettings
 from autofit.search.verify import contenders, verify
@@ -11,7 +12,8 @@ A, B, C, D = (Config(micro_batch_size=m, grad_accum_steps=16 // m) for m in (1, 
 
 
 def _record(config: Config, phase: str, samples_per_s: float, within: bool = True) -> TrialRecord:
-    return TrialRecord(0, config, phase, "ok", {"samples_per_s": samples_per_s}, {}, within_margin=within)
+    measured = ProbeResult(config, "ok", 0, 0.0, samples_per_s, None, None, 0.0)
+    return TrialRecord(0, config, phase, "ok", measured, {}, within_margin=within)
 
 
 def test_close_runners_up_are_verified_with_the_leader() -> None:
