@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,6 +30,14 @@ TRAINABLE = {
 NEEDS_TRANSFORMERS = {"hf_bert", "t5_encdec", "vit", "gqa_llama", "moe", "llama_7b", "llama2", "qwen2_lm"}
 #: planning-only examples (built on meta tensors, never trained here)
 PLANNING_ONLY = {"examples/llama_7b.py", "examples/llama2.py", "examples/seed_build_along.py"}
+#: entries whose real step takes more than a few seconds on 2 cores: the full tier's (qwen2_lm: ~57 M parameters,
+#: half of them its 32,000-token embedding and head)
+SLOW_ENTRIES = {"benchmarks/models/qwen2_lm.py"}
+
+
+def _entries(paths: Iterable[str]) -> list[Any]:
+    """``paths`` sorted, as parameters: those of :data:`SLOW_ENTRIES` marked slow."""
+    return [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_ENTRIES else p for p in sorted(paths)]
 
 
 def _load(path: str, function: str = "workload") -> Workload:
@@ -43,7 +53,7 @@ def test_every_entry_file_is_covered() -> None:
     assert shipped - {"benchmarks/models/__init__.py"} == set(TRAINABLE) | PLANNING_ONLY | gpu_only
 
 
-@pytest.mark.parametrize("path", sorted(TRAINABLE))
+@pytest.mark.parametrize("path", _entries(TRAINABLE))
 def test_entry_trains_one_step(path: str) -> None:
     n_layers, searches_attention = TRAINABLE[path]
     workload = _load(path)
@@ -74,7 +84,7 @@ def test_entry_trains_one_step(path: str) -> None:
     assert not torch.equal(before, next(iter(layers[0].parameters())))
 
 
-@pytest.mark.parametrize("path", sorted(p for p, (_, attn) in TRAINABLE.items() if attn))
+@pytest.mark.parametrize("path", _entries(p for p, (_, attn) in TRAINABLE.items() if attn))
 def test_eager_and_sdpa_attention_agree(path: str) -> None:
     workload = _load(path)
     batch = workload.batch(2)

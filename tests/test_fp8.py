@@ -49,7 +49,9 @@ def test_bf16_json_leaves_the_model_alone():
     assert all(type(m) is torch.nn.Linear for m in (*model.blocks, model.head))
 
 
-def _gpt_facts():
+@pytest.fixture(scope="module")
+def gpt_facts():
+    """examples/gpt.py traced once for the module's two tests (frozen facts: shared safely)."""
     from pathlib import Path
 
     from autofit.trace import trace_workload
@@ -69,8 +71,8 @@ def _without_fp8(facts):
     return replace(facts, profiles=profiles, fp8_largest_linear=(0, 0))
 
 
-def test_the_trace_counts_the_flops_of_the_converted_linears():
-    facts = _gpt_facts()
+def test_the_trace_counts_the_flops_of_the_converted_linears(gpt_facts):
+    facts = gpt_facts
     point = facts.profile("bf16", "eager", False).points[-1]
     # the blocks' projections and MLPs are converted; attention's own matmuls and softmax are not
     assert 0 < point.fp8_flops < point.flops
@@ -78,11 +80,11 @@ def test_the_trace_counts_the_flops_of_the_converted_linears():
     assert n_in * n_out >= 256 * 1024  # at least an MLP projection (d_model 256, 4x wider)
 
 
-def test_fp8_speeds_up_only_the_converted_linears_and_adds_its_casts():
+def test_fp8_speeds_up_only_the_converted_linears_and_adds_its_casts(gpt_facts):
     from autofit.cost_model import Coefficients, predict
     from autofit.hardware import PRESETS
 
-    facts, h100, coefficients = _gpt_facts(), PRESETS["h100-80gb"], Coefficients()
+    facts, h100, coefficients = gpt_facts, PRESETS["h100-80gb"], Coefficients()
     bf16 = predict(Config(micro_batch_size=4, precision="bf16", attention="eager"), facts, h100, 1, coefficients)
     fp8 = predict(Config(micro_batch_size=4, precision="fp8", attention="eager"), facts, h100, 1, coefficients)
     assert fp8.time_breakdown["compute"] < bf16.time_breakdown["compute"]

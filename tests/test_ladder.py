@@ -40,6 +40,7 @@ def test_each_rung_adds_its_technique_to_the_one_before() -> None:
         3, "cpu", "cpu", "bf16", 1.0)
 
 
+@pytest.mark.slow  # the CLI plans and traces again what the plan fixture has (its footprints cached), ~3 s on 2 cores
 def test_ladder_json_gives_predicted_peaks_that_fall_with_every_rung_but_mixed_precision() -> None:
     document = ladder_json("--gpus", "2")
     rows = document["rungs"]

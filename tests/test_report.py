@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from toy_facts import CONFIGS, CPU, FACTS, PRIOR
+from toy_facts import CONFIGS, CPU, FACTS, MIB, PRIOR
 
 from autofit.cost_model import predict
 from autofit.cost_model.calibrate import Calibration
@@ -13,11 +14,16 @@ from autofit.probe import ProbeResult
 from autofit.report import report_sections, write_report
 from autofit.search.records import SearchResult, TrialRecord
 
+#: the toy facts as a CPU search holds them: Plan.make measures the kernel footprint of each traced dtype on a CPU
+#: device, so the ladder's plan (which reuses these facts) has nothing left to measure; without them it started a
+#: footprint process per dtype for the entry "toy.py:workload" that does not exist (~10 s each, to learn nothing)
+MEASURED = replace(FACTS, kernel_footprint_bytes={"fp32": 12 * MIB, "bf16": 20 * MIB})
+
 
 def _result(tmp_path: Path) -> SearchResult:
     usable = CPU.with_memory(int(0.9 * CPU.memory_bytes))
     predictions = sorted(
-        ((c, predict(c, FACTS, usable, 1, PRIOR)) for c in CONFIGS), key=lambda cp: -cp[1].samples_per_s
+        ((c, predict(c, MEASURED, usable, 1, PRIOR)) for c in CONFIGS), key=lambda cp: -cp[1].samples_per_s
     )
     trials = []
     for i, (config, p) in enumerate(predictions[:3]):
@@ -53,7 +59,7 @@ def _result(tmp_path: Path) -> SearchResult:
         wall_s=50.0,
         calibration=Calibration(PRIOR),
         predictions=predictions,
-        facts=FACTS,
+        facts=MEASURED,
     )
 
 
@@ -86,7 +92,7 @@ def test_the_report_ends_with_the_ladder_and_the_winners_place_in_it(tmp_path: P
     from autofit.workload import Workload
 
     result = _result(tmp_path)
-    # the toy facts cover fp32 and bf16, checkpointed and not: the ladder reuses them (no trace)
+    # the toy facts cover fp32 and bf16, checkpointed and not, footprints measured: the ladder reuses them (no trace)
     ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {})
     assert ladder.rows[0].config.micro_batch_size == result.config.micro_batch_size
     index = write_report(result, tmp_path / "report", ladder=ladder)

@@ -88,14 +88,16 @@ def test_a_done_search_is_returned_cached_with_its_winner(url: str) -> None:
 
 
 def test_a_changed_model_file_makes_a_new_search(sqlite_url: str, tmp_path: Path) -> None:
+    # on an L4 (a worker answering from the cost model): a CPU plan of a new file measures its kernel footprint in a
+    # fresh process (~10 s a file), and the queue's fingerprints do not depend on the device
     model = tmp_path / "model.py"
     model.write_text(TINY.read_text())
     entry = f"{model}:tiny_workload"
-    first = queue_tiny(sqlite_url, entry=entry)
-    model_worker(sqlite_url, "w1").serve()
-    assert queue_tiny(sqlite_url, entry=entry).cached
+    first = queue_tiny(sqlite_url, entry=entry, hardware="l4", memory_mib=None)
+    model_worker(sqlite_url, "w1", "l4").serve()
+    assert queue_tiny(sqlite_url, entry=entry, hardware="l4", memory_mib=None).cached
     model.write_text(TINY.read_text().replace("n_layers: int = 4", "n_layers: int = 3"))
-    changed = queue_tiny(sqlite_url, entry=entry)
+    changed = queue_tiny(sqlite_url, entry=entry, hardware="l4", memory_mib=None)
     assert (changed.cached, changed.state) == (False, "queued") and changed.id != first.id
 
 
@@ -130,9 +132,9 @@ def test_nothing_fits_is_a_state_and_is_cached_too(sqlite_url: str) -> None:
 def test_a_worker_that_finds_another_model_than_queued_fails_the_search(sqlite_url: str, tmp_path: Path) -> None:
     model = tmp_path / "model.py"
     model.write_text(TINY.read_text())
-    queue_tiny(sqlite_url, entry=f"{model}:tiny_workload")
+    queue_tiny(sqlite_url, entry=f"{model}:tiny_workload", hardware="l4", memory_mib=None)  # on an L4: as above
     model.write_text(TINY.read_text().replace("n_layers: int = 4", "n_layers: int = 2"))
-    model_worker(sqlite_url, "w").serve()
+    model_worker(sqlite_url, "w", "l4").serve()
     summary = search_summaries(sqlite_url)[0]
     assert summary["state"] == "failed" and "not the workload that was queued" in summary["message"]
     assert summary["probes"] == 0

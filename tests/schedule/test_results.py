@@ -14,10 +14,11 @@ from autofit.cli import main
 from autofit.schedule.results import compare, parse_prices
 
 
-@pytest.fixture
-def two_kinds(sqlite_url: str) -> str:
+@pytest.fixture(scope="module")
+def two_kinds(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tiny model searched on this CPU and on an L4 (a worker answering from the cost model), and queued
-    on an H100 no worker has run."""
+    on an H100 no worker has run. Built once for the module (two searches, ~5 s): the tests only read the store."""
+    sqlite_url = f"sqlite:///{tmp_path_factory.mktemp('two_kinds') / 'queue.db'}"
     queue_tiny(sqlite_url, hardware="cpu")
     queue_tiny(sqlite_url, hardware="l4", memory_mib=None)
     queue_tiny(sqlite_url, hardware="h100-80gb", memory_mib=None)

@@ -6,11 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tiny import ENTRY, sgd_space, tiny_workload
+from tiny import BIG_ENTRY, ENTRY, big_workload, sgd_space, tiny_workload
 
-from autofit.hardware import get_hardware
+from autofit.cost_model import ModelFacts
+from autofit.hardware import Hardware, get_hardware
 from autofit.plan import Plan
 from autofit.recipe import Recipe
+from autofit.space import SearchSpace
 
 MIB = 2**20
 
@@ -33,6 +35,24 @@ def tiny_plan() -> Callable[[int, list[int]], Plan]:
         plan = Plan.make(ENTRY, workload, hardware, sgd_space(micro_batches), facts=facts.get(key),
                          recipe=Recipe(optimizer="sgd", precision="fp32"))
         facts[key] = plan.facts
+        return plan
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def big_plan() -> Callable[[Hardware, SearchSpace], Plan]:
+    """``(hardware, space) -> Plan`` of the ~67 M-parameter model (on a GPU preset: no kernel footprint to measure),
+    traced once (~2 s) per set of the values a trace depends on (:func:`autofit.plan.trace_for`: micro-batches,
+    precisions, optimizers, attention, checkpointing) and reused by spaces that differ only elsewhere (ZeRO, offload)."""
+    workload = big_workload()
+    traced: dict[tuple, ModelFacts] = {}
+
+    def make(hardware: Hardware, space: SearchSpace) -> Plan:
+        key = tuple(space.values[k] for k in ("micro_batch_size", "precision", "optimizer", "attention", "checkpoint_ratio",
+                                             "checkpoint_granularity"))
+        plan = Plan.make(BIG_ENTRY, workload, hardware, space, facts=traced.get(key))
+        traced[key] = plan.facts
         return plan
 
     return make

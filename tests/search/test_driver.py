@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tiny import BIG_ENTRY, ENTRY, big_workload, tiny_workload
+from tiny import ENTRY, tiny_workload
 
 from autofit.config import Config
 from autofit.cost_model.calibrate import Calibration
@@ -40,17 +40,23 @@ def test_write_json_atomic_replaces_whole_files(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["ds.json"]
 
 
+def _no_probe(config: Config, steps: int, timeout_s: float) -> ProbeResult:
+    """The prober of a search where nothing fits: none may run (and the default one would first load the DeepSpeed
+    ops the candidates need, in a subprocess, ~5 s)."""
+    raise AssertionError(f"nothing fits, yet {config.label()} was probed")
+
+
 def test_nothing_fits_raises_names_the_smallest_need_and_writes_nothing(tmp_path: Path, storage: str, tiny_plan) -> None:  # noqa: ANN001
     out = tmp_path / "ds.json"
     with pytest.raises(AutofitError) as info:
-        run_search(tiny_plan(2, [1, 2]), SearchSettings(trials=3), storage=storage, out_path=out)
+        run_search(tiny_plan(2, [1, 2]), SearchSettings(trials=3), storage=storage, out_path=out, prober=_no_probe)
     message = str(info.value)
     assert "nothing fits" in message and "smallest candidate" in message and "needs" in message
     assert "10% safety margin" in message
     assert not out.exists()
 
 
-def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path, storage: str) -> None:
+def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path, storage: str, big_plan) -> None:  # noqa: ANN001
     out = tmp_path / "ds.json"
     space = space_from_dict(
         {
@@ -63,15 +69,15 @@ def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path, stora
         },
         name="gpu",
     )
-    plan = Plan.make(BIG_ENTRY, big_workload(), get_hardware("h100-80gb", 1200 * MIB), space)
+    plan = big_plan(get_hardware("h100-80gb", 1200 * MIB), space)
     with pytest.raises(AutofitError) as info:
-        run_search(plan, SearchSettings(trials=3), storage=storage, out_path=out)
+        run_search(plan, SearchSettings(trials=3), storage=storage, out_path=out, prober=_no_probe)
     message = str(info.value)
     assert "4 GPUs with ZeRO-3 sharding" in message, message
     assert not out.exists()
 
 
-def test_nothing_fits_in_host_memory_says_host_memory(tmp_path: Path, storage: str) -> None:
+def test_nothing_fits_in_host_memory_says_host_memory(tmp_path: Path, storage: str, big_plan) -> None:  # noqa: ANN001
     """Every candidate fits the device but not the node's host RAM: the advice names host memory."""
     space = space_from_dict(
         {"global_batch_size": 16, "micro_batch_size": [1], "precision": ["bf16"], "optimizer": ["adamw"],
@@ -79,11 +85,11 @@ def test_nothing_fits_in_host_memory_says_host_memory(tmp_path: Path, storage: s
         name="gpu",
     )
     hardware = replace(get_hardware("h100-80gb"), host_memory_bytes=64 * MIB)
-    plan = Plan.make(BIG_ENTRY, big_workload(), hardware, space)
+    plan = big_plan(hardware, space)
     (_, prediction), = plan.price()
     assert prediction.peak_bytes < hardware.memory_bytes and not prediction.fits
     with pytest.raises(AutofitError) as info:
-        run_search(plan, SearchSettings(trials=3), storage=storage, out_path=tmp_path / "ds.json")
+        run_search(plan, SearchSettings(trials=3), storage=storage, out_path=tmp_path / "ds.json", prober=_no_probe)
     message = str(info.value)
     assert "host memory" in message and prediction.reason in message, message
     assert "more host RAM" in message and "1024 GPUs" not in message

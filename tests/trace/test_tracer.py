@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from autofit.config import Config
+from autofit.cost_model import ModelFacts
 from autofit.trace import trace_config, trace_workload
 from autofit.trace.tracer import _LiveBytes, _make_tracker
 from autofit.workload import Workload, load_workload
@@ -35,6 +36,12 @@ def tiny_workload() -> Workload:
     return Workload(model=Tiny, batch=lambda n: torch.randn(n, TOKENS, WIDTH), name="tiny")
 
 
+@pytest.fixture(scope="module")
+def tiny_facts() -> ModelFacts:
+    """The tiny model traced once for the tests that read its facts (frozen: shared safely), fp32 and bf16."""
+    return trace_workload(tiny_workload(), precisions=("fp32", "bf16"))
+
+
 def test_tracker_counts_each_new_storage_once_and_frees_it() -> None:
     counter = _LiveBytes()
     with _make_tracker(counter):
@@ -50,8 +57,8 @@ def test_tracker_counts_each_new_storage_once_and_frees_it() -> None:
     assert counter.peak_with_grads == 8000
 
 
-def test_activation_bytes_grow_with_the_batch_and_fall_with_checkpointing() -> None:
-    facts = trace_workload(tiny_workload(), precisions=("fp32",))
+def test_activation_bytes_grow_with_the_batch_and_fall_with_checkpointing(tiny_facts: ModelFacts) -> None:
+    facts = tiny_facts
     full = facts.profile("fp32", "sdpa", False)
     ckpt = facts.profile("fp32", "sdpa", True)
     assert full.at(4, "activation_bytes") > full.at(1, "activation_bytes") > 0
@@ -62,25 +69,24 @@ def test_activation_bytes_grow_with_the_batch_and_fall_with_checkpointing() -> N
     assert ckpt.at(4, "flops") > full.at(4, "flops")  # recompute
 
 
-def test_bf16_trace_halves_the_bytes() -> None:
-    facts = trace_workload(tiny_workload(), precisions=("fp32", "bf16"))
+def test_bf16_trace_halves_the_bytes(tiny_facts: ModelFacts) -> None:
+    facts = tiny_facts
     fp32 = facts.profile("fp32", "sdpa", False).at(4, "activation_bytes")
     bf16 = facts.profile("bf16", "sdpa", False).at(4, "activation_bytes")
     assert bf16 == pytest.approx(fp32 / 2, rel=0.05)
 
 
-def test_structure_counts_parameters_and_adafactor_factors() -> None:
-    facts = trace_workload(tiny_workload())
+def test_structure_counts_parameters_and_adafactor_factors(tiny_facts: ModelFacts) -> None:
+    facts = tiny_facts
     per_layer = 2 * WIDTH * 4 * WIDTH + 4 * WIDTH + WIDTH
     assert facts.n_params == facts.n_trainable_params == N_LAYERS * per_layer
     assert facts.n_layers == N_LAYERS and facts.layer_params == (per_layer,) * N_LAYERS
     assert facts.factored_state_numel == N_LAYERS * (2 * (WIDTH + 4 * WIDTH) + 4 * WIDTH + WIDTH)
 
 
-def test_trace_config_is_exact_at_the_configs_micro_batch() -> None:
-    workload = tiny_workload()
-    interpolated = trace_workload(workload).profile("fp32", "sdpa", False)
-    exact = trace_config(workload, Config(micro_batch_size=4))
+def test_trace_config_is_exact_at_the_configs_micro_batch(tiny_facts: ModelFacts) -> None:
+    interpolated = tiny_facts.profile("fp32", "sdpa", False)
+    exact = trace_config(tiny_workload(), Config(micro_batch_size=4))
     assert exact.n_layers == 0
     point = exact.profile("fp32", "sdpa", False).points[0]
     assert point.micro_batch_size == 4
