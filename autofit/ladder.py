@@ -183,6 +183,14 @@ def covers(facts: ModelFacts, space: SearchSpace) -> bool:
     return True
 
 
+def recipe_label(differs: tuple[Difference, ...]) -> str:
+    """The ``vs recipe`` cell: ``recipe`` where nothing differs, else what does (``substitute: adamw8bit for adamw``;
+    ``not the recipe: fp32 for bf16``)."""
+    if not differs:
+        return "recipe"
+    return "; ".join(f"{'substitute' if d.substitute else 'not the recipe'}: {d.label()}" for d in differs)
+
+
 @dataclass(frozen=True)
 class LadderRow:
     """One rung priced (and, with ``--measure``, probed)."""
@@ -200,10 +208,8 @@ class LadderRow:
 
     @property
     def recipe_label(self) -> str:
-        """``recipe``, or what differs (``substitute: adamw8bit for adamw``; ``not the recipe: fp32 for bf16``)."""
-        if not self.differs:
-            return "recipe"
-        return "; ".join(f"{'substitute' if d.substitute else 'not the recipe'}: {d.label()}" for d in self.differs)
+        """``recipe``, or what differs (:func:`recipe_label`)."""
+        return recipe_label(self.differs)
 
     @property
     def fits(self) -> bool:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit.config import Config
-from autofit.ladder import Ladder, LadderRow
+from autofit.ladder import Ladder, LadderRow, recipe_label, recipe_of
 from autofit.plots import pyplot
+from autofit.recipe import differences
 from autofit.units import format_bytes
 
 if TYPE_CHECKING:
@@ -85,6 +86,13 @@ def search_ladder(ladder: Ladder, result: SearchResult) -> Ladder:
     return ladder.with_measured({row.index: probed[row.config] for row in ladder.rows if row.config in probed})
 
 
+def winner_recipe_label(result: SearchResult) -> str:
+    """The winner's ``vs recipe`` cell, as the rungs' (:func:`autofit.ladder.recipe_label`) against the recipe its
+    JSON was written for; ``-`` where the JSON states none."""
+    recipe = recipe_of(result)
+    return "-" if recipe is None else recipe_label(differences(recipe, result.config))
+
+
 def ladder_section(ladder: Ladder, result: SearchResult) -> tuple[str, str, list[str], list[list[str]]]:
     """``(title, paragraph, header, rows)`` of the report's last section: the ladder, then the winner's row."""
     ladder = search_ladder(ladder, result)
@@ -92,7 +100,7 @@ def ladder_section(ladder: Ladder, result: SearchResult) -> tuple[str, str, list
     if not any(row.measured for row in ladder.rows):
         rows = [cells + _measured_cells(None) for cells in rows]
     predicted = result.predicted
-    rows.append(["*", "winner", "the search's verified pick", result.config.label(),
+    rows.append(["*", "winner", "the search's verified pick", result.config.label(), winner_recipe_label(result),
                  format_bytes(int(predicted.get("peak_bytes") or 0)), f"{predicted.get('samples_per_s', 0):.3g}", "yes",
                  "", *_measured_cells(result.measured.to_json())])
     text = (f"The build-along table of memory techniques for this model: {ladder_title(ladder)}. Each rung adds one "

@@ -18,7 +18,9 @@ arguments are derived here from the JSON rather than typed twice:
 The optimizer's hyperparameters (learning rate, weight decay, betas, eps) are the user's recipe:
 they are never copied from the JSON into a launcher's arguments. Where the JSON holds a number the
 launcher will compare, a disagreeing argument is an :class:`AutofitError` here rather than the
-launcher's own error after the model is built.
+launcher's own error after the model is built. Where it holds ``"auto"`` (the user gave autofit none),
+the Trainer fills it; for Accelerate and Lightning, which do not fill them all, :func:`fill_auto` writes
+the script's own values into a copy of the JSON first.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 import yaml
 
 from autofit.errors import AutofitError
+from autofit.recipe import HYPERPARAMETER_OPTIMIZERS, checked_hyperparameters
 
 #: the value a Hugging Face launcher fills from its own arguments (transformers/integrations/deepspeed.py, fill_match)
 AUTO = "auto"
@@ -76,6 +79,49 @@ def _lookup(ds: Mapping[str, Any], dotted: str) -> Any:
             return None
         node = node[key]
     return node
+
+
+#: where an emitted JSON holds optimizer hyperparameters (dotted): DeepSpeed's optimizer section, and the client
+#: optimizer the script builds (autofit.emit.autofit_section; autofit.apply.client_optimizer reads it)
+HYPERPARAMETER_SECTIONS = ("optimizer.params", "autofit.client_optimizer.params")
+
+
+def fill_auto(ds_config: Mapping[str, Any], /, **values: Any) -> dict[str, Any]:
+    """A copy of the DeepSpeed JSON whose ``"auto"`` optimizer hyperparameters hold ``values``, the script's own.
+
+    An emitted JSON writes ``"auto"`` for each hyperparameter the user gave autofit none of
+    (:meth:`autofit.recipe.Recipe.optimizer_params`); the Hugging Face Trainer fills them all, other launchers
+    do not: Accelerate fills only ``optimizer.params.lr`` and ``weight_decay``, from its ``DummyOptim``
+    (``Accelerator._prepare_deepspeed``, accelerate/accelerator.py), and stops at any other ("`optimizer.params.betas`
+    not found in kwargs": ``DeepSpeedPlugin.fill_match``, accelerate/utils/dataclasses.py); Lightning fills none.
+
+    ``values``: ``lr``, ``weight_decay``, ``betas`` (a pair), ``eps``, ``momentum``, checked as a
+    :class:`~autofit.recipe.Recipe`'s are. Filled: ``optimizer.params`` and the ``"autofit"`` section's
+    ``client_optimizer.params``. A number in the JSON is the user's, as given to autofit, and stays; a value for a
+    key the JSON lacks is not added (its optimizer may not take it). An ``"auto"`` that ``values`` does not fill
+    is an :class:`AutofitError` naming it, never a made-up value. The caller's mapping is left as it was.
+    """
+    checked: dict[str, Any] = {}
+    for key, value in values.items():
+        takers = HYPERPARAMETER_OPTIMIZERS.get(key)
+        if takers is None:
+            raise AutofitError(f"fill_auto: unknown hyperparameter {key}={value!r}; known: "
+                               f"{', '.join(HYPERPARAMETER_OPTIMIZERS)}")
+        checked |= checked_hyperparameters(takers[0], {key: value})
+    ds = copy.deepcopy(dict(ds_config))
+    for section in HYPERPARAMETER_SECTIONS:
+        params = _lookup(ds, section)
+        if not isinstance(params, dict):
+            continue
+        for key, value in params.items():
+            if value != AUTO:
+                continue
+            if key not in checked:
+                raise AutofitError(f"the DeepSpeed JSON's {section}.{key} is \"auto\" and nothing fills it: pass the "
+                                   f"script's own, fill_auto(ds, {key}=...)")
+            filled = checked[key]
+            params[key] = list(filled) if isinstance(filled, tuple) else filled  # JSON has no tuple
+    return ds
 
 
 def _uses_16bit(ds: Mapping[str, Any], section: str) -> bool | str:
@@ -316,7 +362,8 @@ def lightning_arguments(ds_config: Mapping[str, Any]) -> tuple[dict[str, Any], d
     the config; the micro-batch stays in the config (it must equal the DataLoader's ``batch_size``), and so
     does ``gradient_clipping`` (DeepSpeed clips; Lightning's ``gradient_clip_val`` only fills it when absent).
     Lightning fills no ``"auto"``: an ``"auto"`` batch key is dropped (Lightning takes the DataLoader's batch
-    size and its Trainer's accumulation), an ``"auto"`` elsewhere in the optimizer is an :class:`AutofitError`.
+    size and its Trainer's accumulation), an ``"auto"`` in the optimizer is an :class:`AutofitError`: fill the
+    script's hyperparameters in first (:func:`fill_auto`).
     """
     config = copy.deepcopy(dict(ds_config))
     accumulation = config.pop("gradient_accumulation_steps", None)
@@ -325,7 +372,8 @@ def lightning_arguments(ds_config: Mapping[str, Any]) -> tuple[dict[str, Any], d
             del config[key]
     for key, value in (_lookup(config, "optimizer.params") or {}).items():
         if value == AUTO:
-            raise AutofitError(f"Lightning fills no \"auto\" in a DeepSpeed JSON: give optimizer.params.{key} a value")
+            raise AutofitError(f"Lightning fills no \"auto\" in a DeepSpeed JSON: optimizer.params.{key} is \"auto\"; "
+                               f"fill it with the script's own first, fill_auto(ds, {key}=...)")
     trainer_kwargs: dict[str, Any] = {"precision": lightning_precision(config)}
     if accumulation is not None and accumulation != AUTO:
         _positive("gradient_accumulation_steps", accumulation)

@@ -67,8 +67,9 @@ HF_AUTO_KEYS = ("lr", "betas", "eps", "weight_decay")
 #: any learning rate or decay, so these only let DeepSpeed build the optimizer; never written into an emitted JSON
 MEASURING_HYPERPARAMETERS: dict[str, Any] = {"lr": 1e-4, "weight_decay": 0.01, "momentum": 0.9}
 #: the note the JSON's ``autofit`` section carries where a hyperparameter is ``"auto"``
-AUTO_NOTE = ("'auto' hyperparameters are filled by the Hugging Face Trainer from its TrainingArguments; a script "
-             "that calls deepspeed.initialize itself must replace them with its own (or pass --lr, --weight-decay, ...)")
+AUTO_NOTE = ("'auto' hyperparameters are filled by the Hugging Face Trainer from its TrainingArguments; under "
+             "Accelerate, Lightning or a script that calls deepspeed.initialize itself, replace them with the script's "
+             "own (autofit.launchers.fill_auto) or pass --lr, --weight-decay, ... to autofit")
 
 
 def default_precision(device_kind: str, has_bf16: bool) -> str:

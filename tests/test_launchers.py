@@ -15,6 +15,7 @@ from autofit.emit import deepspeed_config
 from autofit.errors import AutofitError
 from autofit.launchers import (
     accelerate_config,
+    fill_auto,
     lightning_arguments,
     trainer_arguments,
     trainer_keywords,
@@ -27,6 +28,21 @@ def _ds(**changes: object) -> dict[str, Any]:
                                      optimizer="adamw", zero_stage=1, offload_optimizer="none", offload_params="none",
                                      attention="sdpa")
     return deepspeed_config(Config(**(values | changes)), 1, "cpu")  # type: ignore[arg-type]
+
+
+def _as_emitted(**changes: object) -> dict[str, Any]:
+    """The JSON ``autofit run`` writes for a user who gave it no hyperparameters: each one ``"auto"``."""
+    from autofit.recipe import Recipe
+
+    values: dict[str, object] = dict(micro_batch_size=2, grad_accum_steps=3, checkpoint_ratio=0.0, precision="fp32",
+                                     optimizer="adamw", zero_stage=1, offload_optimizer="none", offload_params="none",
+                                     attention="sdpa")
+    config = Config(**(values | changes))  # type: ignore[arg-type]
+    return deepspeed_config(config, 1, "cpu", recipe=Recipe(config.optimizer, config.precision))
+
+
+#: what a script hands fill_auto (torch.optim.AdamW's defaults, as the examples' are)
+SCRIPT = {"lr": 1e-3, "weight_decay": 0.01, "betas": (0.9, 0.999), "eps": 1e-8}
 
 
 def _recipe(ds: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +104,58 @@ def test_trainer_checkpointing_and_optimizer_from_the_autofit_section() -> None:
     assert trainer_keywords(_ds(), {"deepspeed": "ds.json"}, cuda_available=False)["deepspeed"] == "ds.json"
 
 
+# --- fill_auto: the script's hyperparameters for launchers that fill no (or not every) "auto" ---------------------
+
+def test_fill_auto_fills_every_auto_of_the_emitted_json_and_leaves_the_callers() -> None:
+    ds = _as_emitted()
+    assert ds["optimizer"]["params"]["betas"] == "auto"  # the JSON a user gets without --betas
+    filled = fill_auto(ds, **SCRIPT)
+    params = filled["optimizer"]["params"]
+    assert (params["lr"], params["weight_decay"], params["betas"], params["eps"]) == (1e-3, 0.01, [0.9, 0.999], 1e-8)
+    assert json.loads(json.dumps(filled)) == filled  # still a JSON document
+    assert ds["optimizer"]["params"]["lr"] == "auto"  # the caller's is left as it was
+    assert {k: v for k, v in filled.items() if k != "optimizer"} == {k: v for k, v in ds.items() if k != "optimizer"}
+
+
+def test_fill_auto_keeps_the_users_numbers_and_fills_the_client_optimizer() -> None:
+    from autofit.recipe import Recipe
+
+    given = deepspeed_config(Config(micro_batch_size=2, grad_accum_steps=3, checkpoint_ratio=0.0, precision="fp32",
+                                    optimizer="adamw", zero_stage=1, offload_optimizer="none", offload_params="none",
+                                    attention="sdpa"), 1, "cpu", recipe=Recipe("adamw", "fp32", hyperparameters={"lr": 2e-5}))
+    assert fill_auto(given, **SCRIPT)["optimizer"]["params"]["lr"] == 2e-5  # the user gave autofit this one
+    lion = _as_emitted(optimizer="lion")  # FusedLion is CUDA-only: a client optimizer on the CPU
+    assert "optimizer" not in lion
+    filled = fill_auto(lion, **SCRIPT)
+    assert filled["autofit"]["client_optimizer"]["params"] == {"lr": 1e-3, "weight_decay": 0.01, "betas": [0.9, 0.999]}
+
+
+def test_fill_auto_refuses_an_auto_it_cannot_fill_and_a_value_it_does_not_know() -> None:
+    ds = _as_emitted()
+    with pytest.raises(AutofitError, match=r"optimizer.params.betas is \"auto\".*fill_auto\(ds, betas=\.\.\.\)"):
+        fill_auto(ds, lr=1e-3, weight_decay=0.01, eps=1e-8)
+    with pytest.raises(AutofitError, match="autofit.client_optimizer.params.lr"):
+        fill_auto(_as_emitted(optimizer="lion"), weight_decay=0.0, betas=(0.9, 0.99))
+    with pytest.raises(AutofitError, match="unknown hyperparameter learning_rate"):
+        fill_auto(ds, learning_rate=1e-3)
+    with pytest.raises(AutofitError, match="betas must be two numbers"):
+        fill_auto(ds, **(SCRIPT | {"betas": (0.9,)}))
+
+
+def test_accelerate_fills_only_lr_and_weight_decay_and_takes_the_filled_json() -> None:
+    # what Accelerator._prepare_deepspeed does with a DummyOptim (accelerate/accelerator.py): fill these two, no more
+    pytest.importorskip("accelerate")
+    from accelerate.utils import DeepSpeedPlugin
+
+    from_dummy_optim = {"optimizer.params.lr": 1e-3, "optimizer.params.weight_decay": 0.01}
+    as_emitted = DeepSpeedPlugin(hf_ds_config=_as_emitted())
+    with pytest.raises(ValueError, match="optimizer.params.betas` not found in kwargs"):
+        as_emitted.deepspeed_config_process(must_match=False, **from_dummy_optim)
+    filled = DeepSpeedPlugin(hf_ds_config=fill_auto(_as_emitted(), **SCRIPT))
+    filled.deepspeed_config_process(must_match=False, **from_dummy_optim)
+    assert filled.deepspeed_config["optimizer"]["params"]["eps"] == 1e-8
+
+
 # --- Accelerate -----------------------------------------------------------------------------------------------------
 
 def test_accelerate_config_is_one_accelerate_reads(tmp_path: Path) -> None:
@@ -146,3 +214,10 @@ def test_lightning_fills_no_auto() -> None:
     ds["optimizer"]["params"]["lr"] = "auto"
     with pytest.raises(AutofitError, match="optimizer.params.lr"):
         lightning_arguments(ds)
+
+
+def test_lightning_takes_the_emitted_json_once_the_script_filled_it() -> None:
+    with pytest.raises(AutofitError, match=r"optimizer.params.lr is \"auto\".*fill_auto"):
+        lightning_arguments(_as_emitted())
+    config, _ = lightning_arguments(fill_auto(_as_emitted(), **SCRIPT))
+    assert "auto" not in config["optimizer"]["params"].values()

@@ -119,3 +119,24 @@ def test_the_winners_place_names_its_rung_or_how_it_differs(tmp_path: Path) -> N
     assert winner_place(ladder, rung.config, 1.0) == f"The winner is rung 2 ({rung.rung.name}) of the ladder."
     other = rung.config.with_(optimizer="sgd")
     assert "optimizer=sgd (rung: adamw)" in winner_place(ladder, other, 1.0)
+
+
+def test_every_row_of_the_ladder_table_has_a_cell_for_each_column(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from autofit.ladder import search_ladder
+    from autofit.ladder_report import ladder_section
+    from autofit.recipe import Recipe
+    from autofit.workload import Workload
+
+    result = _result(tmp_path)
+    # the winner's JSON as a user gets it: written for a recipe, whose differences the "vs recipe" column shows
+    recipe = Recipe("sgd", result.config.precision)
+    result = replace(result, deepspeed=deepspeed_config(result.config, 1, "cpu", recipe=recipe))
+    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {})
+    _, _, header, rows = ladder_section(ladder, result)
+    assert [len(cells) for cells in rows] == [len(header)] * (len(ladder.rows) + 1)
+    winner = dict(zip(header, rows[-1], strict=True))
+    assert winner["#"] == "*" and winner["config"] == result.config.label()
+    assert winner["vs recipe"] == f"not the recipe: {result.config.optimizer} for sgd"
+    assert winner["fits"] == "yes" and winner["probe"] == "ok"

@@ -7,22 +7,48 @@
         examples/mlp.py:workload --deepspeed ds_config.json --max-steps 3
 
 ``accelerate launch`` reads the YAML :func:`autofit.launchers.accelerate_config` wrote: ``distributed_type:
-DEEPSPEED`` and the JSON's path, which the DeepSpeed plugin reads (``ACCELERATE_DEEPSPEED_CONFIG_FILE``);
-this script reads the same JSON for what DeepSpeed's JSON cannot say (its ``"autofit"`` section: attention,
-checkpointing, fp8, a client optimizer), as :mod:`autofit.apply` describes. Where the JSON has an
-``optimizer`` section DeepSpeed builds the optimizer and the script hands ``accelerator.prepare`` a
-``DummyOptim`` (accelerate refuses a real one beside the section), whose learning rate and weight decay
-fill the JSON's ``"auto"`` values (the user's recipe); a number in the JSON is DeepSpeed's.
+DEEPSPEED`` and the JSON's path (``ACCELERATE_DEEPSPEED_CONFIG_FILE``, also this script's default
+``--deepspeed``). The optimizer's hyperparameters the user gave autofit none of are ``"auto"`` in the JSON;
+Accelerate fills only ``lr`` and ``weight_decay`` of them (from its ``DummyOptim``: ``Accelerator._prepare_deepspeed``
+in accelerate/accelerator.py) and stops at an ``"auto"`` ``betas`` or ``eps``. So the script fills them all with
+its own (``--learning-rate``, ``--weight-decay``, ``--adam-beta1/2``, ``--adam-epsilon``; defaults: torch.optim.AdamW's)
+through :func:`autofit.launchers.fill_auto`, and hands Accelerate that filled copy as its DeepSpeed plugin's config
+(``DeepSpeedPlugin(hf_ds_config=<dict>)``; the plugin's other settings come from ``accelerate launch`` as before).
+A number in the JSON is the user's, as given to autofit, and stays. The script reads the same JSON for what
+DeepSpeed's JSON cannot say (its ``"autofit"`` section: attention, checkpointing, fp8, a client optimizer), as
+:mod:`autofit.apply` describes. Where the JSON has an ``optimizer`` section DeepSpeed builds the optimizer and the
+script hands ``accelerator.prepare`` a ``DummyOptim`` (accelerate refuses a real one beside the section).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
+
+#: torch.optim.AdamW's own defaults (its signature): the script's hyperparameters where its command line gives none
+ADAMW = {name: p.default for name, p in inspect.signature(torch.optim.AdamW).parameters.items()}
+
+
+def add_hyperparameter_arguments(parser: argparse.ArgumentParser) -> None:
+    """The script's optimizer hyperparameters, which fill the JSON's ``"auto"`` ones (TrainingArguments' names)."""
+    parser.add_argument("--learning-rate", type=float, default=ADAMW["lr"], help="Fills the JSON's \"auto\" lr.")
+    parser.add_argument("--weight-decay", type=float, default=ADAMW["weight_decay"],
+                        help="Fills the JSON's \"auto\" weight_decay.")
+    parser.add_argument("--adam-beta1", type=float, default=ADAMW["betas"][0], help="Fills the JSON's \"auto\" betas.")
+    parser.add_argument("--adam-beta2", type=float, default=ADAMW["betas"][1], help="Fills the JSON's \"auto\" betas.")
+    parser.add_argument("--adam-epsilon", type=float, default=ADAMW["eps"], help="Fills the JSON's \"auto\" eps.")
+
+
+def hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed arguments as :func:`autofit.launchers.fill_auto` takes them."""
+    return {"lr": args.learning_rate, "weight_decay": args.weight_decay, "betas": (args.adam_beta1, args.adam_beta2),
+            "eps": args.adam_epsilon}
 
 
 class Samples(torch.utils.data.Dataset):
@@ -46,28 +72,33 @@ class Samples(torch.utils.data.Dataset):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("entry", help="An autofit entry point, path/to/file.py:function.")
-    parser.add_argument("--deepspeed", default="ds_config.json", help="The DeepSpeed JSON autofit wrote.")
+    parser.add_argument("--deepspeed", default=os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "ds_config.json"),
+                        help="The DeepSpeed JSON autofit wrote (default: the one the accelerate YAML names).")
     parser.add_argument("--max-steps", type=int, default=3, help="Optimizer steps.")
-    parser.add_argument("--learning-rate", type=float, default=1e-4, help="Fills the JSON's \"auto\" lr.")
-    parser.add_argument("--weight-decay", type=float, default=0.01, help="Fills the JSON's \"auto\" weight_decay.")
+    add_hyperparameter_arguments(parser)
     args = parser.parse_args(argv)
     from accelerate import Accelerator
-    from accelerate.utils import DummyOptim
+    from accelerate.utils import DeepSpeedPlugin, DummyOptim
 
     from autofit.apply import apply_to_model, build_context, client_optimizer
+    from autofit.launchers import fill_auto
     from autofit.workload import load_workload
 
-    ds = json.loads(Path(args.deepspeed).read_text())
+    ds = fill_auto(json.loads(Path(args.deepspeed).read_text()), **hyperparameters(args))
     workload = load_workload(args.entry)
     accumulation = int(ds["gradient_accumulation_steps"])
-    # the DeepSpeed plugin comes from `accelerate launch` (the YAML's deepspeed_config); accelerate learns the JSON's
-    # accumulation only in prepare(), so it is given here too: the loop's boundaries follow it from the first batch
-    accelerator = Accelerator(gradient_accumulation_steps=accumulation)
+    # the plugin `accelerate launch` would make reads the file, "auto" and all; this one takes the filled copy and
+    # reads the rest (ZeRO-3 init, ...) from the launcher's environment as that one would (DeepSpeedPlugin.__post_init__).
+    # accelerate learns the JSON's accumulation only in prepare(), so it is given here too: the loop's boundaries
+    # follow it from the first batch
+    accelerator = Accelerator(gradient_accumulation_steps=accumulation, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds))
     with build_context(ds):
         model = workload.build_model(ds.get("autofit", {}).get("attention"))
     apply_to_model(model, ds, workload.repeated_layers(model), workload.attention_of)
     optimizer = client_optimizer(model, ds)
     if optimizer is None:
+        # DeepSpeed builds it from the JSON's optimizer section, "auto" already filled: its lr and weight decay fill
+        # nothing more and a number there wins (prepare() calls deepspeed_config_process with must_match=False)
         optimizer = DummyOptim(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
     micro = int(ds["train_micro_batch_size_per_gpu"])
     n_micro = args.max_steps * accumulation

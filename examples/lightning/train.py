@@ -3,7 +3,11 @@
     autofit run examples/mlp.py:workload --hardware cpu --memory 1GiB --global-batch 8 --space cpu --out ds_config.json
     DS_ACCELERATOR=cpu python examples/lightning/train.py examples/mlp.py:workload --deepspeed ds_config.json --max-steps 3
 
-(``pip install -e '.[lightning]'``.) :func:`autofit.launchers.lightning_arguments` splits the JSON into
+(``pip install -e '.[lightning]'``.) Lightning fills no ``"auto"``, and the JSON holds one for each optimizer
+hyperparameter the user gave autofit none of: :func:`autofit.launchers.fill_auto` fills them with the script's own
+(``--learning-rate``, ``--weight-decay``, ``--adam-beta1/2``, ``--adam-epsilon``; defaults: torch.optim.AdamW's),
+the client optimizer's included; a number in the JSON is the user's, as given to autofit, and stays.
+:func:`autofit.launchers.lightning_arguments` then splits the JSON into
 ``DeepSpeedStrategy(config=...)`` and the ``Trainer`` keywords Lightning wants instead: it sets
 ``gradient_accumulation_steps`` itself from ``accumulate_grad_batches`` and refuses the key in the config,
 and its ``precision`` must name the JSON's bf16/fp16. What DeepSpeed's JSON cannot say (the ``"autofit"``
@@ -28,11 +32,31 @@ Lion goes as a client optimizer), fp16 only where oneDNN has it
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
+
+#: torch.optim.AdamW's own defaults (its signature): the script's hyperparameters where its command line gives none
+ADAMW = {name: p.default for name, p in inspect.signature(torch.optim.AdamW).parameters.items()}
+
+
+def add_hyperparameter_arguments(parser: argparse.ArgumentParser) -> None:
+    """The script's optimizer hyperparameters, which fill the JSON's ``"auto"`` ones (TrainingArguments' names)."""
+    parser.add_argument("--learning-rate", type=float, default=ADAMW["lr"], help="Fills the JSON's \"auto\" lr.")
+    parser.add_argument("--weight-decay", type=float, default=ADAMW["weight_decay"],
+                        help="Fills the JSON's \"auto\" weight_decay.")
+    parser.add_argument("--adam-beta1", type=float, default=ADAMW["betas"][0], help="Fills the JSON's \"auto\" betas.")
+    parser.add_argument("--adam-beta2", type=float, default=ADAMW["betas"][1], help="Fills the JSON's \"auto\" betas.")
+    parser.add_argument("--adam-epsilon", type=float, default=ADAMW["eps"], help="Fills the JSON's \"auto\" eps.")
+
+
+def hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed arguments as :func:`autofit.launchers.fill_auto` takes them."""
+    return {"lr": args.learning_rate, "weight_decay": args.weight_decay, "betas": (args.adam_beta1, args.adam_beta2),
+            "eps": args.adam_epsilon}
 
 
 class Samples(torch.utils.data.Dataset):
@@ -87,14 +111,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("entry", help="An autofit entry point, path/to/file.py:function.")
     parser.add_argument("--deepspeed", default="ds_config.json", help="The DeepSpeed JSON autofit wrote.")
     parser.add_argument("--max-steps", type=int, default=3, help="Optimizer steps.")
+    add_hyperparameter_arguments(parser)
     args = parser.parse_args(argv)
     import lightning.pytorch as pl
 
     from autofit.apply import apply_to_model, client_optimizer
-    from autofit.launchers import lightning_arguments
+    from autofit.launchers import fill_auto, lightning_arguments
     from autofit.workload import load_workload
 
-    ds = json.loads(Path(args.deepspeed).read_text())
+    ds = fill_auto(json.loads(Path(args.deepspeed).read_text()), **hyperparameters(args))
     workload = load_workload(args.entry)
     config, trainer_kwargs = lightning_arguments(ds)
 

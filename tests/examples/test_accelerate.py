@@ -14,6 +14,7 @@ import pytest
 from autofit.config import Config
 from autofit.emit import deepspeed_config
 from autofit.launchers import accelerate_config, write_accelerate_config
+from autofit.recipe import Recipe
 
 pytest.importorskip("accelerate")
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +27,9 @@ def test_accelerate_launch_trains_three_steps_with_the_written_config(tmp_path: 
     # adamw: DeepSpeed's optimizer section (a DummyOptim in the script); lion on the CPU: a client optimizer
     config = Config(micro_batch_size=2, grad_accum_steps=2, checkpoint_ratio=0.5, precision="fp32", optimizer=optimizer,
                     zero_stage=zero_stage, offload_optimizer="none", offload_params="none", attention="sdpa")
-    ds = deepspeed_config(config, 1, "cpu")
+    # the JSON a user gets from a search given no hyperparameters: each "auto", which accelerate fills only in part
+    ds = deepspeed_config(config, 1, "cpu", recipe=Recipe(optimizer, "fp32"))
+    assert "auto" in (ds.get("optimizer") or ds["autofit"]["client_optimizer"])["params"].values()
     (tmp_path / "ds_config.json").write_text(json.dumps(ds))
     # the launched script runs in another directory: the YAML holds the JSON's absolute path
     yaml_path = write_accelerate_config(tmp_path / "accelerate.yaml",

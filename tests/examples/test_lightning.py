@@ -13,6 +13,7 @@ import pytest
 
 from autofit.config import Config
 from autofit.emit import deepspeed_config
+from autofit.recipe import Recipe
 
 pytest.importorskip("lightning")
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +25,10 @@ def test_lightning_trains_three_steps_with_the_emitted_json(tmp_path: Path, zero
     # adamw: DeepSpeed's optimizer section; lion on the CPU: a client optimizer from configure_optimizers
     config = Config(micro_batch_size=2, grad_accum_steps=2, checkpoint_ratio=0.5, precision="fp32", optimizer=optimizer,
                     zero_stage=zero_stage, offload_optimizer="none", offload_params="none", attention="sdpa")
-    (tmp_path / "ds_config.json").write_text(json.dumps(deepspeed_config(config, 1, "cpu")))
+    # the JSON a user gets from a search given no hyperparameters: each "auto", which Lightning does not fill
+    ds = deepspeed_config(config, 1, "cpu", recipe=Recipe(optimizer, "fp32"))
+    assert "auto" in (ds.get("optimizer") or ds["autofit"]["client_optimizer"])["params"].values()
+    (tmp_path / "ds_config.json").write_text(json.dumps(ds))
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), MASTER_PORT="29534")
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "lightning" / "train.py"), str(ROOT / "examples" / "mlp.py") + ":workload",
