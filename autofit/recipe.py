@@ -95,7 +95,11 @@ class Recipe:
     """Substitute values the search may try instead (each a key of the recipe's :data:`SUBSTITUTES` entry)."""
     hyperparameters: Mapping[str, Any] = field(default_factory=dict)
     """The user's optimizer hyperparameters (``lr``, ``weight_decay``, ``betas``, ``eps``, ``momentum``); the ones
-    not given are ``"auto"`` in the emitted JSON (filled by the Hugging Face Trainer)."""
+    not given are ``"auto"`` in the emitted JSON (filled by the Hugging Face Trainer) unless ``auto`` is off."""
+    auto: bool = True
+    """Whether a hyperparameter not given is written ``"auto"`` (the Hugging Face Trainer, or
+    :func:`autofit.launchers.fill_auto` in a script, fills it) or left out (script mode: the unmodified script
+    hands the JSON to ``deepspeed.initialize``, which fills nothing, so the optimizer class's own default applies)."""
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -120,17 +124,19 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer, "precision": self.precision, "allow": list(self.allow),
-                "hyperparameters": {k: list(v) if isinstance(v, tuple) else v for k, v in self.hyperparameters.items()}}
+                "hyperparameters": {k: list(v) if isinstance(v, tuple) else v for k, v in self.hyperparameters.items()},
+                "auto": self.auto}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
         """The inverse of :meth:`to_dict` (a JSON's ``autofit.recipe``, a queued search's request)."""
         return cls(optimizer=data["optimizer"], precision=data["precision"], allow=tuple(data.get("allow", ())),
-                   hyperparameters=dict(data.get("hyperparameters", {})))
+                   hyperparameters=dict(data.get("hyperparameters", {})), auto=bool(data.get("auto", True)))
 
     def optimizer_params(self, optimizer: str) -> dict[str, Any]:
         """The params of ``optimizer``'s JSON section: the user's values, ``"auto"`` for the rest the Hugging Face
-        Trainer fills (:data:`HF_AUTO_KEYS`); a key it does not fill (SGD's momentum) is left to the class's default."""
+        Trainer fills (:data:`HF_AUTO_KEYS`; left out without :attr:`auto`); a key it does not fill (SGD's momentum)
+        is left to the class's default."""
         params: dict[str, Any] = {}
         for key, takers in HYPERPARAMETER_OPTIMIZERS.items():
             if optimizer not in takers:
@@ -138,9 +144,21 @@ class Recipe:
             if key in self.hyperparameters:
                 value = self.hyperparameters[key]
                 params[key] = list(value) if isinstance(value, tuple) else value
-            elif key in HF_AUTO_KEYS:
+            elif key in HF_AUTO_KEYS and self.auto:
                 params[key] = "auto"
         return params
+
+
+def for_plain_deepspeed(recipe: Recipe) -> Recipe:
+    """``recipe`` for a JSON that a script hands to ``deepspeed.initialize`` as it is (script mode), which fills no
+    ``"auto"``: the user's learning rate is required (an optimizer's default rate is nobody's recipe), the other
+    hyperparameters not given are left to the optimizer class's defaults."""
+    if "lr" in HYPERPARAMETER_OPTIMIZERS and recipe.optimizer in HYPERPARAMETER_OPTIMIZERS["lr"] \
+            and "lr" not in recipe.hyperparameters:
+        raise AutofitError("script mode writes the JSON your script hands to deepspeed.initialize, which cannot fill "
+                           "'auto': give your --lr (and --weight-decay, --betas, --eps where yours differ from the "
+                           "optimizer's defaults)")
+    return replace(recipe, auto=False)
 
 
 def measuring_params(optimizer: str) -> dict[str, Any]:

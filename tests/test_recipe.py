@@ -250,3 +250,17 @@ def test_the_cli_states_the_recipe_and_its_tier() -> None:
     assert {c["config"]["optimizer"] for c in json.loads(named.stdout)["candidates"]} == {"lion"}
     refused = runner.invoke(main, args + ["--allow", "lion"])
     assert refused.exit_code == 1 and "name it as the recipe: --optimizer lion" in refused.output
+
+
+def test_script_mode_needs_the_users_rate_and_writes_no_auto() -> None:
+    """An unmodified script hands the JSON to deepspeed.initialize, which fills no "auto" (DeepSpeed's AdamW then
+    fails unpacking the string betas): the rate is required, the rest is left to the optimizer's defaults."""
+    from autofit.recipe import for_plain_deepspeed
+
+    with pytest.raises(AutofitError, match="--lr"):
+        for_plain_deepspeed(Recipe("adamw", "fp32"))
+    plain = for_plain_deepspeed(Recipe("adamw", "fp32", hyperparameters={"lr": 3e-4, "betas": (0.9, 0.95)}))
+    ds = deepspeed_config(Config(micro_batch_size=2, optimizer="adamw"), device_kind="cpu", recipe=plain)
+    params = {k: v for k, v in ds["optimizer"]["params"].items() if k != "torch_adam"}
+    assert params == {"lr": 3e-4, "betas": [0.9, 0.95]}
+    assert Recipe.from_dict(plain.to_dict()) == plain

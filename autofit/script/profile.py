@@ -29,7 +29,7 @@ from autofit.emit import deepspeed_config, uses_client_optimizer
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.plan import Plan, default_recipe
-from autofit.recipe import Recipe, narrow_space
+from autofit.recipe import Recipe, for_plain_deepspeed, narrow_space
 from autofit.script.command import ScriptCommand, with_metric, with_model_info_profile
 from autofit.script.records import DeepSpeedMetric, ModelInfo, read_deepspeed_file
 from autofit.script.runner import run_script
@@ -140,11 +140,12 @@ def script_plan(command: ScriptCommand, hardware: Hardware, space: SearchSpace, 
     call :mod:`autofit.apply` ignores the JSON's ``autofit`` section), unless ``--set`` fixes them: then the
     script is taken to read that section. The attention kernel is the script's own. ``software``: what the
     machine runs (``--nvme-path`` included), this one's by default. The optimizer and precision are the
-    ``recipe``'s (default: :func:`autofit.plan.default_recipe`) and its allowed substitutes.
+    ``recipe``'s (default: :func:`autofit.plan.default_recipe`) and its allowed substitutes; its learning rate is
+    required and nothing is written ``"auto"`` (:func:`autofit.recipe.for_plain_deepspeed`).
     """
     fixed = dict(fixed or {})
     software = software if software is not None else detect_software()
-    recipe = recipe if recipe is not None else default_recipe(hardware, fixed)
+    recipe = for_plain_deepspeed(recipe if recipe is not None else default_recipe(hardware, fixed))
     space = narrow_space(space, recipe)
     enumeration = enumerate_candidates(space, hardware=hardware, world_size=world_size, global_batch=global_batch,
                                        fixed={"checkpoint_ratio": 0.0} | fixed, searches_attention=False,

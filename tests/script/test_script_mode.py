@@ -13,6 +13,7 @@ import pytest
 from autofit.config import Config
 from autofit.errors import AutofitError
 from autofit.hardware import get_hardware
+from autofit.recipe import Recipe
 from autofit.script import ScriptCommand, script_plan, script_prober
 from autofit.script.prober import read_metric, result_of
 from autofit.script.records import DeepSpeedMetric, ModelInfo
@@ -104,10 +105,12 @@ def test_script_mode_finds_a_fitting_config_for_an_unmodified_script(tmp_path: P
     space = space_from_dict({"micro_batch_size": [2, 4], "optimizer": ["adamw", "sgd", "lion"], "precision": ["fp32"],
                              "zero_stage": [0], "checkpoint_ratio": [0.0, 1.0]}, name="script-test")
     command = ScriptCommand(COMMAND)
-    plan = script_plan(command, hardware, space, world_size=1, global_batch=4, workdir=tmp_path / "profile")
+    recipe = Recipe("adamw", "fp32", hyperparameters={"lr": 3e-4})
+    plan = script_plan(command, hardware, space, world_size=1, global_batch=4, workdir=tmp_path / "profile",
+                       recipe=recipe)
     # DeepSpeed's profile of the script's own model: its parameter count (embedding, 4 blocks, head) and FLOPs
     assert plan.facts.n_params == 1_056_256 and plan.facts.trace_mode == "deepspeed-profile"
-    assert {c.optimizer for c in plan.candidates} == {"adamw", "sgd"}  # lion would be a client optimizer here
+    assert {c.optimizer for c in plan.candidates} == {"adamw"}  # the recipe's: sgd and lion are not searched
     assert {c.checkpoint_ratio for c in plan.candidates} == {0.0}
 
     settings = SearchSettings(trials=2, min_probes=2, probe_steps=1, verify_steps=1, max_verifications=1, contenders=1)
@@ -122,6 +125,8 @@ def test_script_mode_finds_a_fitting_config_for_an_unmodified_script(tmp_path: P
         assert trial.measured.phases_s["forward_s"] > 0
     ds = json.loads(out.read_text())
     assert ds["train_batch_size"] == 4 and "autotuning" not in ds
+    # the script hands the JSON to deepspeed.initialize, which fills no "auto": the user's rate, the rest left out
+    assert ds["optimizer"]["params"]["lr"] == 3e-4 and "auto" not in ds["optimizer"]["params"].values()
 
     # the winner trains the script as it is, for the steps it asks for
     env = dict(os.environ, DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT="29537", RANK="0",
