@@ -30,7 +30,9 @@ fastest probe is often a lucky one, hence the re-measurement of its
 ``--oracle-cache DIR`` keeps each model's oracle probes in ``DIR/<model>.json`` and reuses them
 (``benchmarks/results/oracle`` holds the ones the README's table used); a cache written part-way (the
 oracle is saved after every probe) is taken up where it stopped. ``--replay`` runs the same
-searches with every probe answered from that cache: no noise, so its regret is the search's decisions alone.
+searches with every probe answered from that cache: no noise, so its regret is the search's decisions alone
+(add ``--fixed-footprint`` for the same decisions run after run: the plan's measured kernel footprint varies a
+little between processes).
 
 ``--scenario default`` searches the default CPU space instead: every precision, optimizer and ZeRO stage
 this device runs (search_spaces/cpu.yaml; offload is pruned on a CPU device, so none), micro-batches 1-4,
@@ -377,6 +379,15 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _fix_footprint() -> None:
+    """Every plan's kernel footprint a constant instead of a measurement (:mod:`autofit.probe.footprint` measures
+    it in a fresh process, and it varies by ~0.5 MiB from one process to the next: enough to reorder a replay's
+    probes, seen as 8-13 configs probed in five replays of one ViT budget)."""
+    import autofit.probe.footprint as footprint
+
+    footprint.measured_footprint_bytes = lambda entry, precision, attention: (20 if precision == "fp32" else 26) * 2**20
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="vit,cnn,gqa_llama")
@@ -387,12 +398,18 @@ def main() -> None:
         help="answer the search's probes from the --oracle-cache (no noise): the regret of its decisions alone",
     )
     parser.add_argument("--threads", type=int, default=1, help="OpenMP threads of every probe (OMP_NUM_THREADS)")
+    parser.add_argument("--fixed-footprint", action="store_true",
+                        help="price every plan with a fixed kernel footprint (fp32 20 MiB, 16-bit 26 MiB) instead of "
+                             "measuring it: a --replay then makes the same decisions run after run, so two commits' "
+                             "replays compare the search's code alone")
     parser.add_argument("--shard", default=None, metavar="I/N",
                         help="only probe the oracle's every N-th config from the I-th (0-based) into the --oracle-cache, "
                              "then exit: N such runs side by side fill it; a later run merges them")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="fp32",
                         help="fp32: fp32 ZeRO-0 (45 configs); default: every precision, optimizer and ZeRO stage (360)")
     args = parser.parse_args()
+    if args.fixed_footprint:
+        _fix_footprint()
     scenario = SCENARIOS[args.scenario]
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     rows = []

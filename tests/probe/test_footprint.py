@@ -12,8 +12,12 @@ from autofit.cost_model import Coefficients, predict
 from autofit.hardware import get_hardware
 from autofit.plan import Plan, with_kernel_footprints
 from autofit.probe.footprint import measured_footprint_bytes
+from autofit.recipe import Recipe
 from autofit.space import space_from_dict
 from autofit.workload import load_workload
+
+#: the recipe the tests' space is written for
+SGD_FP32 = Recipe("sgd", "fp32")
 
 HERE = Path(__file__).resolve().parent
 MIB = 2**20
@@ -43,7 +47,7 @@ def test_a_cpu_plan_prices_the_models_measured_footprint_in_place_of_the_default
     workload = load_workload(entry("convnet"))
     space = space_from_dict(fp32_sgd_space(), name="fp32")
     cpu = get_hardware("cpu")
-    plan = Plan.make(entry("convnet"), workload, cpu, space)
+    plan = Plan.make(entry("convnet"), workload, cpu, space, recipe=SGD_FP32)
     measured = plan.facts.kernel_footprint_bytes
     assert set(measured) == {"fp32"}
     config = plan.candidates[0]
@@ -56,7 +60,7 @@ def test_a_cpu_plan_prices_the_models_measured_footprint_in_place_of_the_default
 def test_a_gpu_plan_measures_no_footprint_and_a_failed_measurement_keeps_the_default() -> None:
     workload = load_workload(entry("tiny"))
     space = space_from_dict(fp32_sgd_space(), name="fp32")
-    gpu_plan = Plan.make(entry("tiny"), workload, get_hardware("h100-80gb"), space)
+    gpu_plan = Plan.make(entry("tiny"), workload, get_hardware("h100-80gb"), space, recipe=SGD_FP32)
     assert gpu_plan.facts.kernel_footprint_bytes == {}
     # an entry point that cannot load: the measurement fails, and the facts stay as they were
     assert measured_footprint_bytes(entry("broken"), "fp32", "sdpa") is None
