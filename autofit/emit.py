@@ -191,12 +191,17 @@ def check_with_deepspeed(ds: dict[str, Any]) -> None:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to a temporary file beside ``path`` and rename it into place."""
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, flushed to disk, and rename it into place: a reader
+    never sees half a file, and a failure leaves the old one as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

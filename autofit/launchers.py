@@ -25,9 +25,9 @@ the script's own values into a copy of the JSON first.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -323,23 +323,13 @@ def accelerate_config(ds_config: Mapping[str, Any], path_to_json: str | os.PathL
 
 
 def write_accelerate_config(path: str | os.PathLike[str], config: Mapping[str, Any]) -> Path:
-    """Write ``config`` (from :func:`accelerate_config`) as YAML to a temporary file beside ``path`` and rename
-    it into place, so a launcher never reads half a file. Returns the path written."""
+    """Write ``config`` (from :func:`accelerate_config`) as YAML, atomically (:func:`autofit.emit.write_text_atomic`:
+    a launcher never reads half a file). Returns the path written."""
+
+    from autofit.emit import write_text_atomic
+
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            yaml.safe_dump(dict(config), handle, sort_keys=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(target, yaml.safe_dump(dict(config), sort_keys=False))
     return target
 
 
@@ -379,3 +369,50 @@ def lightning_arguments(ds_config: Mapping[str, Any]) -> tuple[dict[str, Any], d
         _positive("gradient_accumulation_steps", accumulation)
         trainer_kwargs["accumulate_grad_batches"] = accumulation
     return config, trainer_kwargs
+
+
+def add_hyperparameter_arguments(parser: argparse.ArgumentParser) -> None:
+    """A training script's own optimizer hyperparameters, which fill the JSON's ``"auto"`` ones
+    (:func:`fill_auto`), under the Hugging Face Trainer's names; defaults: ``torch.optim.AdamW``'s own."""
+    adamw = _adamw_defaults()
+    parser.add_argument("--learning-rate", type=float, default=adamw["lr"], help="Fills the JSON's \"auto\" lr.")
+    parser.add_argument("--weight-decay", type=float, default=adamw["weight_decay"],
+                        help="Fills the JSON's \"auto\" weight_decay.")
+    parser.add_argument("--adam-beta1", type=float, default=adamw["betas"][0], help="Fills the JSON's \"auto\" betas.")
+    parser.add_argument("--adam-beta2", type=float, default=adamw["betas"][1], help="Fills the JSON's \"auto\" betas.")
+    parser.add_argument("--adam-epsilon", type=float, default=adamw["eps"], help="Fills the JSON's \"auto\" eps.")
+
+
+def hyperparameters_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments of :func:`add_hyperparameter_arguments`, parsed, as :func:`fill_auto` takes them."""
+    return {"lr": args.learning_rate, "weight_decay": args.weight_decay, "betas": (args.adam_beta1, args.adam_beta2),
+            "eps": args.adam_epsilon}
+
+
+def _adamw_defaults() -> dict[str, Any]:
+    """``torch.optim.AdamW``'s defaults, from its signature."""
+    import inspect
+
+    import torch
+
+    return {name: p.default for name, p in inspect.signature(torch.optim.AdamW).parameters.items()}
+
+
+class BatchSamples:
+    """The samples of one workload batch (``Workload.batch(n)``: a dict, tuple or tensor of ``n`` rows), one at a
+    time: what a ``torch.utils.data.DataLoader`` takes (any object with ``__len__`` and ``__getitem__``) and
+    re-batches by the micro-batch, as Accelerate and Lightning feed a model."""
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        first = next(iter(self.batch.values())) if isinstance(self.batch, dict) else self.batch
+        return len(first[0] if isinstance(first, (tuple, list)) else first)
+
+    def __getitem__(self, i: int) -> Any:
+        if isinstance(self.batch, dict):
+            return {key: value[i] for key, value in self.batch.items()}
+        if isinstance(self.batch, (tuple, list)):
+            return tuple(value[i] for value in self.batch)
+        return self.batch[i]

@@ -32,49 +32,13 @@ Lion goes as a client optimizer), fp16 only where oneDNN has it
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-#: torch.optim.AdamW's own defaults (its signature): the script's hyperparameters where its command line gives none
-ADAMW = {name: p.default for name, p in inspect.signature(torch.optim.AdamW).parameters.items()}
-
-
-def add_hyperparameter_arguments(parser: argparse.ArgumentParser) -> None:
-    """The script's optimizer hyperparameters, which fill the JSON's ``"auto"`` ones (TrainingArguments' names)."""
-    parser.add_argument("--learning-rate", type=float, default=ADAMW["lr"], help="Fills the JSON's \"auto\" lr.")
-    parser.add_argument("--weight-decay", type=float, default=ADAMW["weight_decay"],
-                        help="Fills the JSON's \"auto\" weight_decay.")
-    parser.add_argument("--adam-beta1", type=float, default=ADAMW["betas"][0], help="Fills the JSON's \"auto\" betas.")
-    parser.add_argument("--adam-beta2", type=float, default=ADAMW["betas"][1], help="Fills the JSON's \"auto\" betas.")
-    parser.add_argument("--adam-epsilon", type=float, default=ADAMW["eps"], help="Fills the JSON's \"auto\" eps.")
-
-
-def hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
-    """The parsed arguments as :func:`autofit.launchers.fill_auto` takes them."""
-    return {"lr": args.learning_rate, "weight_decay": args.weight_decay, "betas": (args.adam_beta1, args.adam_beta2),
-            "eps": args.adam_epsilon}
-
-
-class Samples(torch.utils.data.Dataset):
-    """``n`` samples of the workload's batch, one at a time, so a ``DataLoader`` re-batches them by the micro-batch."""
-
-    def __init__(self, batch: Any) -> None:
-        self.batch = batch
-
-    def __len__(self) -> int:
-        first = next(iter(self.batch.values())) if isinstance(self.batch, dict) else self.batch
-        return len(first[0] if isinstance(first, (tuple, list)) else first)
-
-    def __getitem__(self, i: int) -> Any:
-        if isinstance(self.batch, dict):
-            return {key: value[i] for key, value in self.batch.items()}
-        if isinstance(self.batch, (tuple, list)):
-            return tuple(value[i] for value in self.batch)
-        return self.batch[i]
+from autofit import launchers
 
 
 def cpu_deepspeed_strategy(config: dict[str, Any]) -> Any:
@@ -111,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("entry", help="An autofit entry point, path/to/file.py:function.")
     parser.add_argument("--deepspeed", default="ds_config.json", help="The DeepSpeed JSON autofit wrote.")
     parser.add_argument("--max-steps", type=int, default=3, help="Optimizer steps.")
-    add_hyperparameter_arguments(parser)
+    launchers.add_hyperparameter_arguments(parser)
     args = parser.parse_args(argv)
     import lightning.pytorch as pl
 
@@ -119,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     from autofit.launchers import fill_auto, lightning_arguments
     from autofit.workload import load_workload
 
-    ds = fill_auto(json.loads(Path(args.deepspeed).read_text()), **hyperparameters(args))
+    ds = fill_auto(json.loads(Path(args.deepspeed).read_text()), **launchers.hyperparameters_from(args))
     workload = load_workload(args.entry)
     config, trainer_kwargs = lightning_arguments(ds)
 
@@ -146,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     module = WorkloadModule()
     micro = int(ds["train_micro_batch_size_per_gpu"])
     n_samples = micro * trainer_kwargs.get("accumulate_grad_batches", 1) * args.max_steps
-    loader = torch.utils.data.DataLoader(Samples(workload.batch(n_samples)), batch_size=micro)
+    loader = torch.utils.data.DataLoader(launchers.BatchSamples(workload.batch(n_samples)), batch_size=micro)
     trainer = pl.Trainer(accelerator="cpu", devices=1, strategy=cpu_deepspeed_strategy(config), max_steps=args.max_steps,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          **trainer_kwargs)
