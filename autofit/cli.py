@@ -11,7 +11,6 @@ only with ``--debug``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -150,9 +149,9 @@ def _say_fragmentation(measured: Any) -> None:
 @shared_options()
 def estimate(shared: Shared) -> None:
     """Cost model only: rank the space's candidates by predicted step time; no training step runs."""
-    from autofit.estimate import estimate as run_estimate
+    from autofit.api import estimate_target
 
-    result = run_estimate(prepare(shared.target).plan())
+    result = estimate_target(shared.target)
     if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
         return
@@ -204,10 +203,9 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
 def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
     """The build-along table of memory techniques: from fp32 + AdamW + ZeRO-0, one technique added per rung,
     each priced (peak, fits, samples/s) and, with --measure, probed."""
-    from autofit.ladder import check_target, run_ladder
+    from autofit.api import ladder_target
 
-    check_target(shared.target)
-    result = run_ladder(prepare(shared.target), measure=measure, steps=steps, timeout_s=timeout_s, say=say)
+    result = ladder_target(shared.target, measure=measure, steps=steps, timeout_s=timeout_s, say=say)
     if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
         return
@@ -231,46 +229,16 @@ def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
 def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | None, study_name: str | None,
         out_path: str, report_dir: str | None, margin: float, script: str | None) -> None:
     """The search: probe the most promising candidates and write the fastest that fits as DeepSpeed JSON."""
-    from autofit.search import SearchSettings, run_search
+    from autofit.api import search_target
+    from autofit.search import SearchSettings
 
-    if (shared.target.entry is None) == (script is None):
-        raise AutofitError('autofit run takes an ENTRY or --script "CMD ... {config}", exactly one of them')
     settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=margin)
-    setup = prepare(shared.target)
-    with contextlib.ExitStack() as stack:
-        if script is not None:
-            from autofit.script.cli import script_plan_and_prober
-
-            plan, prober = script_plan_and_prober(setup, script, stack)
-        else:
-            say(f"autofit: {setup.tracing_note()}")
-            plan, prober = setup.plan(), None
-        say(f"autofit: {len(plan.candidates)} candidates")
-        with progress_display(trials) as on_event:
-            result = run_search(plan, settings, out_path=out_path, storage=storage, study_name=study_name,
-                                prober=prober, on_event=on_event)
-    if report_dir is not None:
-        from autofit.probe.snapshot import winner_snapshot
-        from autofit.report import write_report
-
-        snapshot = (winner_snapshot(setup.entry_point, result, report_dir, software=setup.software, say=say)
-                    if setup.hardware.kind == "cuda" and script is None else None)
-        write_report(result, report_dir, ladder=_report_ladder(setup, result) if script is None else None, snapshot=snapshot)
+    result = search_target(shared.target, settings, out=out_path, report=report_dir, storage=storage,
+                           study_name=study_name, script=script, progress=progress_display, say=say)
     if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
         say(f"wrote {out_path}")
-
-
-def _report_ladder(setup: Setup, result: Any) -> Any:
-    """The ladder that ends the report, or None (said on stderr) where it cannot be made: the winner is written."""
-    from autofit.ladder import search_ladder
-
-    try:
-        return search_ladder(setup.entry_point, setup.loaded_workload, result, setup.fixed)
-    except AutofitError as exc:
-        say(f"autofit: the report has no ladder: {exc}")
-        return None
 
 
 @contextmanager
@@ -318,7 +286,7 @@ def schedule_add(shared: Shared, trials: int, storage: str) -> None:
 
     target = dataclasses.replace(shared.target, entry=absolute_entry(shared.target.entry or ""))
     setup = prepare(target)
-    request = make_request(setup.entry_point, setup.hardware, gpus=target.gpus, nodes=target.nodes,
+    request = make_request(setup.entry_point, setup.hardware, gpus=setup.gpus, nodes=target.nodes,
                            global_batch=target.global_batch, space=setup.space, fixed=setup.fixed, trials=trials,
                            memory_bytes=target.memory_bytes(), recipe=setup.recipe)
     added = submit(storage, setup.plan(), setup.workload, request)

@@ -321,6 +321,32 @@ def detect_cuda() -> Hardware | None:
     return replace(base, name=props.name, memory_bytes=props.total_memory, peak_flops=flops, supports_flash=major >= 8)
 
 
+def cuda_devices_here() -> int:
+    """CUDA devices this process may use: ``CUDA_VISIBLE_DEVICES`` where set, else NVML's count
+    (:func:`autofit.probe.visible_cuda_devices`), else torch's (``torch.cuda.device_count``); 0 without CUDA."""
+    from autofit.probe import visible_cuda_devices
+
+    visible = visible_cuda_devices()
+    if visible is not None:
+        return visible
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count())
+
+
+def default_gpus(gpus: int | None, hardware: str, kind: str, detected: int | None) -> int:
+    """Devices per node: ``gpus`` where the user gave it; else, with ``hardware`` ``auto`` detecting a CUDA device
+    (``kind`` the detected device's), the ``detected`` count of visible GPUs (:func:`cuda_devices_here`); else 1
+    (a named preset plans for one device unless told more, and the CPU is one device)."""
+    if gpus is not None:
+        return gpus
+    if hardware.lower() == "auto" and kind == "cuda" and detected is not None and detected >= 1:
+        return detected
+    return 1
+
+
 def _meminfo_bytes(key: str) -> int | None:
     try:
         with open("/proc/meminfo") as handle:

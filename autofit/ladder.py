@@ -35,7 +35,7 @@ from autofit.config import Config
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration
 from autofit.errors import AutofitError
-from autofit.hardware import Hardware
+from autofit.hardware import Hardware, cuda_devices_here
 from autofit.plan import Plan
 from autofit.recipe import Difference, Recipe, differences
 from autofit.space import DEFAULT_ATTENTION, SPACE_KEYS, SearchSpace
@@ -137,21 +137,9 @@ def check_target(target: Target) -> int:
 
 def check_can_measure(hardware: Hardware) -> None:
     """Probing rungs on a CUDA device needs one visible here; the CPU is always here."""
-    if hardware.kind == "cuda" and not _cuda_devices_here():
+    if hardware.kind == "cuda" and not cuda_devices_here():
         raise AutofitError(f"--measure on {hardware.name} needs a CUDA device and none is visible here; "
                            "without --measure the ladder is predicted only")
-
-
-def _cuda_devices_here() -> int:
-    """CUDA devices this process may use: NVML's count (or ``CUDA_VISIBLE_DEVICES``), else torch's."""
-    from autofit.probe import visible_cuda_devices
-
-    visible = visible_cuda_devices()
-    if visible is not None:
-        return visible
-    import torch
-
-    return torch.cuda.device_count()
 
 
 def ladder_plan(entry: str, workload: Workload, hardware: Hardware, *, world_size: int, global_batch: int,

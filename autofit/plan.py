@@ -21,7 +21,7 @@ from autofit.hardware import Hardware
 from autofit.recipe import Recipe, narrow_space, recipe_for
 from autofit.software import Software, detect_software
 from autofit.space import SearchSpace, enumerate_candidates
-from autofit.workload import Workload
+from autofit.workload import Workload, is_loadable
 
 
 @dataclass(frozen=True)
@@ -185,13 +185,14 @@ def trace_for(workload: Workload, configs: tuple[Config, ...] | list[Config]) ->
 
 def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
     """``facts`` with the model's kernel footprint measured for every precision the configs compute in, on a CPU
-    device (:mod:`autofit.probe.footprint`, a few seconds each). A model too large to run here, or one whose
-    measurement fails, keeps the cost model's default."""
+    device (:mod:`autofit.probe.footprint`, a few seconds each). A model too large to run here, one whose
+    measurement fails, or a :class:`Workload` object with no entry point (:func:`autofit.workload.is_loadable`: the
+    measuring process cannot load it) keeps the cost model's default."""
     from autofit.probe.footprint import footprints_for
     from autofit.trace import REAL_TRACE_LIMIT_BYTES
 
     needed = tuple(sorted({c.trace_dtype for c in configs} - set(facts.kernel_footprint_bytes)))
-    if not needed or 4 * facts.n_params > REAL_TRACE_LIMIT_BYTES:
+    if not needed or not is_loadable(entry) or 4 * facts.n_params > REAL_TRACE_LIMIT_BYTES:
         return facts
     attention = Counter(c.attention for c in configs).most_common(1)[0][0]
     measured = footprints_for(entry, needed, attention)

@@ -144,7 +144,7 @@ def _winner_text(result: SearchResult) -> str:
         f"{result.n_probes} probes for {result.n_candidates} candidates "
         f"({100 * result.n_search_probes / max(1, result.n_candidates):.1f}% of the space searched); "
         f"stopped: {result.stop_reason}. Study {result.study_name!r} in {result.storage} "
-        f"(open it with `optuna-dashboard {result.storage}`). DeepSpeed JSON: {result.out_path}."
+        f"(open it with `optuna-dashboard {result.storage}`). DeepSpeed JSON: {result.out_path or 'not written'}."
     )
 
 

@@ -60,8 +60,11 @@ class Target:
         "--memory", help="Device memory budget, e.g. 2GiB, 1.5GiB, 800MiB."))
     """The device memory budget, overriding the preset's: ``2GiB``, ``800MiB`` or bytes
     (:func:`autofit.units.parse_bytes`); None: the device's own."""
-    gpus: int = field(default=1, metadata=option("--gpus", help="Devices per node.", minimum=1, show_default=True))
-    """Devices (ranks) per node."""
+    gpus: int | None = field(default=None, metadata=option(
+        "--gpus", help="Devices per node (default: the GPUs visible here with --hardware auto on a CUDA machine, "
+        "else 1).", minimum=1))
+    """Devices (ranks) per node; None: resolved by :func:`prepare` (:func:`autofit.hardware.default_gpus`), the
+    visible GPUs where ``hardware`` is ``auto`` and finds CUDA, else 1."""
     nodes: int = field(default=1, metadata=option("--nodes", help="Nodes.", minimum=1, show_default=True))
     """Nodes; the world size is ``gpus x nodes``."""
     global_batch: int | None = field(default=None, metadata=option(
@@ -114,6 +117,8 @@ class Target:
     def __post_init__(self) -> None:
         for name in ("gpus", "nodes"):
             value = getattr(self, name)
+            if name == "gpus" and value is None:  # resolved by prepare, from what detection found
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise AutofitError(f"{name} must be an integer >= 1, but got {name}={value!r}")
         if self.global_batch is not None and (isinstance(self.global_batch, bool) or self.global_batch < 1):
@@ -124,7 +129,10 @@ class Target:
 
     @property
     def world_size(self) -> int:
-        """Data-parallel ranks: ``gpus x nodes``."""
+        """Data-parallel ranks: ``gpus x nodes``; an :class:`AutofitError` before :func:`prepare` resolved ``gpus``."""
+        if self.gpus is None:
+            raise AutofitError("gpus=None is resolved by autofit.target.prepare (from the detected devices); "
+                               "the world size is known after it")
         return self.gpus * self.nodes
 
     def hyperparameter_pairs(self) -> tuple[str, ...]:
@@ -150,7 +158,8 @@ class Setup:
     """A :class:`Target` resolved once: workload, hardware, space, software and the fixed values."""
 
     target: Target
-    """The request it was made from."""
+    """The request it was made from, with ``gpus`` resolved (never None) and an ``hf:`` entry's options folded
+    into it."""
     hardware: Hardware
     """The device with the memory budget, ``devices_per_node`` = ``target.gpus``."""
     space: SearchSpace
@@ -172,7 +181,12 @@ class Setup:
     @property
     def world_size(self) -> int:
         """Data-parallel ranks: ``gpus x nodes``."""
-        return self.target.world_size
+        return self.gpus * self.nodes
+
+    @property
+    def gpus(self) -> int:
+        """Devices (ranks) per node, as given or as detection found (:func:`autofit.hardware.default_gpus`)."""
+        return self.hardware.devices_per_node
 
     @property
     def nodes(self) -> int:
@@ -213,11 +227,15 @@ class Setup:
                          software=self.software, recipe=self.recipe)
 
 
-def prepare(target: Target) -> Setup:
-    """Resolve ``target`` once: parse ``--set``, resolve the hardware and its budget, read the space, check
-    ``--nvme-path``, load the workload. Any bad value is one :class:`AutofitError` naming it."""
+def prepare(target: Target, workload: Workload | None = None) -> Setup:
+    """Resolve ``target`` once: parse ``--set``, resolve the hardware and its budget and ``gpus`` (None: from
+    detection, :func:`autofit.hardware.default_gpus`), read the space, check ``--nvme-path``, load the workload.
+    Any bad value is one :class:`AutofitError` naming it.
+
+    ``workload``: a :class:`Workload` object to use instead of loading ``target.entry`` (the Python API's, which
+    then names it with :func:`autofit.workload.in_process_entry`; nothing but this process can load it)."""
     from autofit.config import parse_set
-    from autofit.hardware import get_hardware
+    from autofit.hardware import cuda_devices_here, default_gpus, get_hardware
     from autofit.hf import with_hf_options
     from autofit.recipe import parse_hyperparameters, recipe_for
     from autofit.space import load_space
@@ -230,12 +248,18 @@ def prepare(target: Target) -> Setup:
     hardware = get_hardware(target.hardware, target.memory_bytes())
     space = load_space(target.space)
     software = machine_software(target.nvme_path)
+    # counted only where it can decide (default_gpus): a preset on a machine without CUDA must not import torch
+    auto_cuda = target.gpus is None and target.hardware.lower() == "auto" and hardware.kind == "cuda"
+    detected = cuda_devices_here() if auto_cuda else None
+    gpus = default_gpus(target.gpus, target.hardware, hardware.kind, detected)
+    target = dataclasses.replace(target, gpus=gpus)
     # --gpus ranks share each node's host memory and links (cost_model.host, cost_model.time)
-    hardware = dataclasses.replace(hardware, devices_per_node=target.gpus)
+    hardware = dataclasses.replace(hardware, devices_per_node=gpus)
     recipe = recipe_for(fixed, hardware.kind, hardware.supports_precision("bf16"), optimizer=target.optimizer,
                         precision=target.precision, allow=target.allow,
                         hyperparameters=parse_hyperparameters(target.hyperparameter_pairs()))
-    workload = load_workload(target.entry) if target.entry is not None else None
+    if workload is None and target.entry is not None:
+        workload = load_workload(target.entry)
     return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=workload,
                  recipe=recipe)
 

@@ -138,6 +138,33 @@ def find_attention_modules(layer: Any) -> list[Any]:
     return [module for _, module in found]
 
 
+#: how an entry string names a :class:`Workload` handed over as an object (``autofit.estimate(workload)``)
+IN_PROCESS_PREFIX = "<in-process"
+
+
+def in_process_entry(workload: Workload) -> str:
+    """The entry string of a :class:`Workload` object given to the Python API (:mod:`autofit.api`) instead of an entry
+    point: it names the workload in plans, tables and reports, and no process but this one can load it (a
+    probe, or the CPU's kernel footprint, needs an entry point: :func:`check_loadable`)."""
+    return f"{IN_PROCESS_PREFIX} workload {workload.name or 'unnamed'}>"
+
+
+def is_loadable(entry: str) -> bool:
+    """Whether another process can load ``entry`` (every entry point; not an :func:`in_process_entry`)."""
+    return not entry.startswith(IN_PROCESS_PREFIX)
+
+
+def check_loadable(entry: str, needs: str) -> None:
+    """An :class:`AutofitError` where ``entry`` is a :class:`Workload` object's (:func:`in_process_entry`): ``needs``
+    (``a search``, ``--measure``) runs the model in subprocesses, which load it from an entry point."""
+    if not is_loadable(entry):
+        raise AutofitError(
+            f"{needs} runs the model in subprocesses, which cannot load a Workload object ({entry}): pass the "
+            "entry point instead, 'path/to/file.py:function' or 'package.module:function' returning it "
+            "(the function must be importable from a file, not defined in a notebook)"
+        )
+
+
 def load_workload(entry: str) -> Workload:
     """Import ``ENTRY`` and call it (an ``hf:`` entry: :func:`autofit.hf.load_hf_entry`). Every failure is one
     AutofitError line naming the entry."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autofit.errors import AutofitError
-from autofit.hardware import HARDWARE_NAMES, PRESETS, Hardware, detect_cpu, get_hardware
+from autofit.hardware import HARDWARE_NAMES, PRESETS, Hardware, default_gpus, detect_cpu, get_hardware
 
 PRESET_NAMES = ["h100-80gb", "h200", "a100-40gb", "a100-80gb", "l4", "rtx4090"]
 
@@ -138,3 +138,20 @@ def test_a_mixed_node_is_one_line_of_error():
     assert "\n" not in str(caught.value)
     with pytest.raises(AutofitError, match="no CUDA device"):
         node_hardware([])
+
+
+@pytest.mark.parametrize(
+    ("gpus", "hardware", "kind", "detected", "expected"),
+    [
+        (None, "auto", "cuda", 8, 8),  # auto on a CUDA machine: every visible GPU
+        (None, "AUTO", "cuda", 2, 2),
+        (3, "auto", "cuda", 8, 3),  # what the user gave wins
+        (None, "auto", "cpu", None, 1),  # auto found no CUDA: the CPU is one device
+        (None, "auto", "cuda", 0, 1),  # detection counted nothing (CUDA_VISIBLE_DEVICES="")
+        (None, "h100-80gb", "cuda", 8, 1),  # a preset plans for one device unless told more
+        (4, "h100-80gb", "cuda", None, 4),
+        (None, "cpu", "cpu", None, 1),
+    ],
+)
+def test_gpus_default_to_what_detection_found_only_with_auto(gpus, hardware, kind, detected, expected):
+    assert default_gpus(gpus, hardware, kind, detected) == expected

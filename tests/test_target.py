@@ -50,3 +50,13 @@ def test_prepare_refuses_an_nvme_path_that_is_not_a_directory(tmp_path: Path) ->
 def test_memory_that_does_not_parse_is_one_error() -> None:
     with pytest.raises(AutofitError, match="cannot parse memory size 'lots'"):
         prepare(Target(entry=MLP, hardware="cpu", memory="lots"))
+
+
+def test_gpus_left_out_are_resolved_once_by_prepare() -> None:
+    target = Target(entry=MLP, hardware="h100-80gb")
+    assert target.gpus is None
+    with pytest.raises(AutofitError, match="gpus=None is resolved by autofit.target.prepare"):
+        _ = target.world_size
+    setup = prepare(target)  # a preset plans for one device unless told more (autofit.hardware.default_gpus)
+    assert setup.gpus == 1 and setup.target.gpus == 1 and setup.hardware.devices_per_node == 1
+    assert setup.world_size == 1

@@ -168,7 +168,9 @@ def run_probe(
     """
     from autofit.probe.elastic import check_devices, launch_agents
     from autofit.probe.launch import launch
+    from autofit.workload import check_loadable
 
+    check_loadable(entry, "a probe")
     if mode not in MODES:
         raise AutofitError(f"probe mode must be real or fake, but got {mode!r}")
     if world_size < 1:

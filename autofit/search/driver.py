@@ -158,7 +158,7 @@ class _Search:
         return verify(self.records, probe, self.settings, recalibrate)
 
     def result(self, winner: TrialRecord, ds: dict[str, Any], stop_reason: str, storage: str, study_name: str,
-               out_path: str, wall_s: float) -> SearchResult:
+               out_path: str | None, wall_s: float) -> SearchResult:
         """The search's record with ``winner`` and its DeepSpeed JSON ``ds``."""
         plan, usable = self.plan, self.usable
         ranked = usable.price(self.calibration)
@@ -191,13 +191,14 @@ def run_search(
     plan: Plan,
     settings: SearchSettings | None = None,
     *,
-    out_path: str | os.PathLike[str],
+    out_path: str | os.PathLike[str] | None,
     storage: str | None = None,
     study_name: str | None = None,
     prober: Prober | None = None,
     on_event: Callable[[SearchEvent], None] | None = None,
 ) -> SearchResult:
-    """Find the fastest candidate of ``plan`` that fits its device (measured), write its DeepSpeed JSON.
+    """Find the fastest candidate of ``plan`` that fits its device (measured), write its DeepSpeed JSON to
+    ``out_path`` (None: nowhere; the result holds it, :attr:`SearchResult.deepspeed`).
 
     ``settings`` bounds and tunes the search (:class:`SearchSettings`); ``storage`` and ``study_name``
     name the Optuna study (the same name resumes a search); ``prober`` runs one probe (default: a
@@ -233,6 +234,8 @@ def run_search(
         )
     ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe)
     check_with_deepspeed(ds)
-    result = search.result(winner, ds, stop_reason, storage, study_name, str(out_path), time.monotonic() - started)
-    write_json_atomic(Path(out_path), ds)
+    written = str(out_path) if out_path is not None else None
+    result = search.result(winner, ds, stop_reason, storage, study_name, written, time.monotonic() - started)
+    if out_path is not None:
+        write_json_atomic(Path(out_path), ds)
     return result

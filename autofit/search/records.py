@@ -145,7 +145,7 @@ class SearchResult:
     predicted: dict[str, Any]
     """The final calibrated prediction for it."""
     deepspeed: dict[str, Any]
-    """The JSON written to ``out_path``."""
+    """The winner's DeepSpeed JSON, as written to ``out_path``."""
     trials: list[TrialRecord]
     """Every probe, search and verification, in trial order (resumed ones included)."""
     pruned: list[dict[str, Any]]
@@ -164,12 +164,15 @@ class SearchResult:
     """Why the search stopped probing."""
     storage: str
     study_name: str
-    out_path: str
+    out_path: str | None
+    """Where the DeepSpeed JSON was written; None: nowhere (:func:`autofit.search` without ``out``)."""
     wall_s: float
     calibration: Calibration
     predictions: list[tuple[Config, Prediction]] = field(default_factory=list)
     """Every candidate with its final calibrated prediction, fastest first (for the report)."""
     facts: ModelFacts | None = None
+    report_path: str | None = None
+    """The report's ``index.html`` where one was written (``autofit run --report``); None otherwise."""
 
     @property
     def n_search_probes(self) -> int:
