@@ -381,8 +381,8 @@ def markdown(rows: list[dict]) -> str:
 
 def _fix_footprint() -> None:
     """Every plan's kernel footprint a constant instead of a measurement (:mod:`autofit.probe.footprint` measures
-    it in a fresh process, and it varies by ~0.5 MiB from one process to the next: enough to reorder a replay's
-    probes, seen as 8-13 configs probed in five replays of one ViT budget)."""
+    it in a fresh process, and it varies a little from one process to the next: enough to reorder a replay's
+    probes, seen as 8 to 13 configs probed in six replays of one ViT budget of the default scenario)."""
     import autofit.probe.footprint as footprint
 
     footprint.measured_footprint_bytes = lambda entry, precision, attention: (20 if precision == "fp32" else 26) * 2**20
