@@ -63,8 +63,9 @@ def free_port() -> int:
 
 
 def rank_env(base: dict[str, str], rank: int, world_size: int, port: int, kind: str) -> dict[str, str]:
-    """The environment of one rank: torch.distributed rendezvous, allocator and threading settings."""
-    env = dict(base)
+    """The environment of one rank started here: torch.distributed's rendezvous variables over loopback and
+    :func:`training_env` for ``world_size`` ranks sharing this machine's cores."""
+    env = training_env(base, kind, local_ranks=world_size, cores=available_cores())
     env.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -72,19 +73,48 @@ def rank_env(base: dict[str, str], rank: int, world_size: int, port: int, kind: 
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
-        MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD_BYTES),
-        PYTHONUNBUFFERED="1",
         # the worker's parent, so it can tell a dead parent from a live one that is PID 1 (a container)
         AUTOFIT_PARENT_PID=str(os.getpid()),
     )
+    return env
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, what a container's cpuset allows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def training_env(base: dict[str, str], kind: str, local_ranks: int, cores: int,
+                 tensor_parallel: int = 1) -> dict[str, str]:
+    """The environment a probe rank runs in, as a training run's rank would: ``base`` (what the user set wins)
+    plus what the probe's measurement or the ranks' sharing of one host needs, and nothing else.
+
+    * ``MALLOC_MMAP_THRESHOLD_`` on the CPU accelerator only: there the device's memory is the process's RSS,
+      which must track live tensors (docs/design.md, "Memory, measured"). On CUDA the device memory is NVML's
+      and the host's allocator is left as training leaves it.
+    * ``OMP_NUM_THREADS`` = ``cores // local_ranks`` where unset: ``local_ranks`` ranks share this host's
+      ``cores``, and without it each starts one OpenMP thread per core. DeepSpeed's launcher sets the same
+      figure (``cores_per_rank``, deepspeed/launcher/launch.py with ``--bind_cores_to_rank``); ``torchrun``
+      sets 1 for more than one local rank (torch/distributed/run.py), which starves a CPU rank's matmuls.
+    * ``CUDA_DEVICE_MAX_CONNECTIONS=1`` only with ``tensor_parallel > 1``: Megatron-LM's tensor/sequence
+      parallel communication overlap needs its kernels queued in launch order on one hardware queue and
+      refuses to run without it. DeepSpeed ZeRO neither reads nor needs it (no DeepSpeed source file names it):
+      its ``overlap_comm`` runs reductions on a stream of its own (``reduction_stream``,
+      deepspeed/runtime/zero/stage_1_and_2.py) and synchronises with events, and one hardware queue would
+      serialise that stream behind the compute. autofit's candidates have no tensor parallelism, so a probe
+      sets it only where the user did (``base``), as their training would run.
+    * ``DS_ACCELERATOR=cpu`` and oneDNN's cache capacities on the CPU accelerator (:data:`ONEDNN_CACHE_CAPACITY`).
+    * ``PYTHONPATH`` with this autofit first, ``PYTHONUNBUFFERED=1``.
+    """
+    env = dict(base)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, local_ranks))))
     if kind == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD_BYTES)
         env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
         env.setdefault("LRU_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
-        # ranks share the cores: without this each rank starts one thread per core
-        n_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, n_cores // world_size)))
-    else:
+    elif tensor_parallel > 1:
         env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     # the probe must import this autofit, wherever the caller runs from
     package_root = str(Path(__file__).resolve().parents[2])
