@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.probe.failure import classify_exit, oom_kill_count, read_kernel_log
+from autofit.probe.failure import read_kernel_log
+from autofit.probe.oom_killer import ended_by_sigkill, host_oom, oom_kills
 from autofit.probe.rank import RankResult, read_rank_result
 
 #: seconds the other ranks get to report once one rank has finished with a failure
@@ -130,7 +131,7 @@ def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: floa
     spec_path.write_text(json.dumps(spec))
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
-    oom_kills_before = oom_kill_count()
+    oom_kills_before = oom_kills()
     exited: list[bool] = []
     try:
         for rank in range(world_size):
@@ -170,12 +171,12 @@ def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: floa
 
 def _mark_oom_kills(outcomes: list[RankOutcome], oom_kills_before: int | None) -> list[RankOutcome]:
     """Give a rank the kernel's OOM killer ended (no result, SIGKILL not sent by us) its ``oom`` result."""
-    suspects = [o for o in outcomes if o.result is None and not o.killed_by_us and o.returncode == -signal.SIGKILL]
+    suspects = [o for o in outcomes if o.result is None and not o.killed_by_us and ended_by_sigkill(o.returncode)]
     if not suspects:
         return outcomes
-    kernel_log, oom_kills_after = read_kernel_log(), oom_kill_count()
+    kernel_log, oom_kills_after = read_kernel_log(), oom_kills()
     for outcome in suspects:
-        verdict = classify_exit(
+        verdict = host_oom(
             outcome.returncode,
             outcome.pid,
             killed_by_us=outcome.killed_by_us,
