@@ -107,6 +107,7 @@ def search_target(target: Target, settings: SearchSettings, *, out: str | os.Pat
             plan, prober = script_plan_and_prober(setup, script, stack)
         else:
             check_loadable(setup.entry_point, "a search")
+            _check_nodes(setup)
             say(f"autofit: {setup.tracing_note()}")
             plan, prober = setup.plan(), None
         say(f"autofit: {len(plan.candidates)} candidates")
@@ -124,6 +125,16 @@ def search_target(target: Target, settings: SearchSettings, *, out: str | os.Pat
     index = write_report(result, report, ladder=None if scripted else _report_ladder(setup, result, say),
                          snapshot=snapshot)
     return dataclasses.replace(result, report_path=str(index))
+
+
+def _check_nodes(setup: Setup) -> None:
+    """Where the probes of several nodes cannot run here, one line before the search starts (nothing written):
+    :func:`autofit.probe.elastic.node_launch`."""
+    n_nodes = setup.hardware.n_nodes(setup.world_size)
+    if n_nodes > 1:
+        from autofit.probe.elastic import node_launch
+
+        node_launch(setup.hardware.kind, n_nodes, setup.hardware.ranks_on_a_node(setup.world_size), setup.hosts)
 
 
 def _report_ladder(setup: Setup, result: SearchResult, say: Callable[[str], None]) -> Ladder | None:
@@ -147,6 +158,7 @@ def estimate(
     memory: str | int | None = None,
     gpus: int | None = None,
     nodes: int = 1,
+    hosts: str | None = None,
     global_batch: int | None = None,
     space: str | os.PathLike[str] | None = None,
     set: Mapping[str, Any] | Sequence[str] | None = None,
@@ -171,6 +183,8 @@ def estimate(
     :param memory: the device memory budget, ``"2GiB"``, ``"800MiB"`` or bytes; None: the device's own.
     :param gpus: devices per node; None: the visible GPUs with ``hardware="auto"`` on a CUDA machine, else 1.
     :param nodes: nodes; the world size is ``gpus x nodes``.
+    :param hosts: where probes of several nodes run, ``"a,b"`` or a hostfile (None: the Slurm allocation,
+        else simulated nodes here; the CLI's ``--hosts``).
     :param global_batch: samples per optimizer step over every device; None: the space's own.
     :param space: a space name in ``search_spaces/`` or a YAML file; None: the default space.
     :param set: config keys to fix, ``{"zero_stage": 2}`` or ``["zero_stage=2"]`` (the CLI's ``--set``).
@@ -187,7 +201,7 @@ def estimate(
         (:class:`autofit.estimate.EstimateResult`; ``.fitting[0].deepspeed`` is the best one's DeepSpeed dict).
     """
     target, workload = _request(
-        model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, global_batch=global_batch, space=space,
+        model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, hosts=hosts, global_batch=global_batch, space=space,
         set=set, nvme_path=nvme_path, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
         optimizer=optimizer, precision=precision, allow=allow, lr=lr, weight_decay=weight_decay, betas=betas,
         eps=eps, momentum=momentum,
@@ -206,6 +220,7 @@ def ladder(
     memory: str | int | None = None,
     gpus: int | None = None,
     nodes: int = 1,
+    hosts: str | None = None,
     global_batch: int | None = None,
     set: Mapping[str, Any] | Sequence[str] | None = None,
     nvme_path: str | os.PathLike[str] | None = None,
@@ -237,7 +252,7 @@ def ladder(
     :returns: :class:`autofit.ladder.Ladder`, one row per rung (``.rows``; ``.to_dict()`` is ``--json``'s).
     """
     target, workload = _request(
-        model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, global_batch=global_batch, space=None,
+        model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, hosts=hosts, global_batch=global_batch, space=None,
         set=set, nvme_path=nvme_path, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
         optimizer=optimizer, precision=precision, allow=allow, lr=lr, weight_decay=weight_decay, betas=betas,
         eps=eps, momentum=momentum,
@@ -264,6 +279,7 @@ def search(
     memory: str | int | None = None,
     gpus: int | None = None,
     nodes: int = 1,
+    hosts: str | None = None,
     global_batch: int | None = None,
     space: str | os.PathLike[str] | None = None,
     set: Mapping[str, Any] | Sequence[str] | None = None,
@@ -310,7 +326,7 @@ def search(
     if isinstance(model, Workload):
         check_loadable(in_process_entry(model), "autofit.search")
     target, workload = _request(
-        model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, global_batch=global_batch, space=space,
+        model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, hosts=hosts, global_batch=global_batch, space=space,
         set=set, nvme_path=nvme_path, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
         optimizer=optimizer, precision=precision, allow=allow, lr=lr, weight_decay=weight_decay, betas=betas,
         eps=eps, momentum=momentum,
@@ -325,6 +341,7 @@ def search(
 
 
 def _request(model: str | Workload, *, hardware: str, memory: str | int | None, gpus: int | None, nodes: int,
+             hosts: str | None = None,
              global_batch: int | None, space: str | os.PathLike[str] | None,
              set: Mapping[str, Any] | Sequence[str] | None,
              nvme_path: str | os.PathLike[str] | None, seq_len: int | None, task: str | None,
@@ -336,7 +353,7 @@ def _request(model: str | Workload, *, hardware: str, memory: str | int | None, 
     if not isinstance(hardware, str):
         raise AutofitError(f"hardware must be a preset name, 'cpu' or 'auto', but got hardware={hardware!r}")
     target = Target(
-        entry=entry, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, global_batch=global_batch,
+        entry=entry, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, hosts=hosts, global_batch=global_batch,
         space=os.fspath(space) if space is not None else None, set_values=set_pairs(set),
         nvme_path=os.fspath(nvme_path) if nvme_path is not None else None, seq_len=seq_len, task=task,
         trust_remote_code=trust_remote_code, optimizer=optimizer, precision=precision, allow=names(allow, "allow"),

@@ -56,6 +56,9 @@ class Plan:
     recipe: Recipe | None = None
     """The user's training recipe (:mod:`autofit.recipe`): what the winner's JSON carries and is compared with.
     None (a plan made by hand): :func:`default_recipe` of the device and ``fixed``."""
+    hosts: tuple[str, ...] = ()
+    """``--hosts``: where the probes of several nodes run (:mod:`autofit.probe.nodes`); empty: the Slurm
+    allocation, else simulated nodes here."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -77,6 +80,7 @@ class Plan:
         software: Software | None = None,
         recipe: Recipe | None = None,
         narrow: bool = True,
+        hosts: tuple[str, ...] = (),
     ) -> Plan:
         """Enumerate the space under its rules and trace the workload once for every candidate's needs
         (``coefficients``: the prior, the device's own by default; ``facts``: a trace made earlier;
@@ -122,6 +126,7 @@ class Plan:
             coefficients=coefficients or Coefficients.for_hardware(hardware),
             software=software,
             recipe=recipe,
+            hosts=tuple(hosts),
         )
 
     @property

@@ -67,6 +67,11 @@ class Target:
     visible GPUs where ``hardware`` is ``auto`` and finds CUDA, else 1."""
     nodes: int = field(default=1, metadata=option("--nodes", help="Nodes.", minimum=1, show_default=True))
     """Nodes; the world size is ``gpus x nodes``."""
+    hosts: str | None = field(default=None, metadata=option(
+        "--hosts", help="Probe across these nodes (ssh): a,b or a hostfile, a host a line (default: the Slurm "
+        "allocation, else simulated nodes here).", metavar="HOSTS"))
+    """Where a probe of several nodes runs its agents: ``a,b`` or a hostfile (:func:`autofit.probe.nodes.read_hosts`);
+    None: the Slurm allocation, else nodes simulated on this machine (:mod:`autofit.probe.nodes`)."""
     global_batch: int | None = field(default=None, metadata=option(
         "--global-batch", help="Samples per optimizer step over all devices.", minimum=1))
     """Samples per optimizer step over all ranks; None: the space's own."""
@@ -199,6 +204,13 @@ class Setup:
         return self.target.global_batch
 
     @property
+    def hosts(self) -> tuple[str, ...]:
+        """``--hosts``, read (:func:`autofit.probe.nodes.read_hosts`); empty when not given."""
+        from autofit.probe.nodes import read_hosts
+
+        return read_hosts(self.target.hosts) if self.target.hosts is not None else ()
+
+    @property
     def entry_point(self) -> str:
         """ENTRY; an :class:`AutofitError` in script mode, which has none."""
         if self.target.entry is None:
@@ -224,7 +236,7 @@ class Setup:
 
         return Plan.make(self.entry_point, self.loaded_workload, self.hardware, self.space,
                          world_size=self.world_size, global_batch=self.global_batch, fixed=self.fixed,
-                         software=self.software, recipe=self.recipe)
+                         software=self.software, recipe=self.recipe, hosts=self.hosts)
 
 
 def prepare(target: Target, workload: Workload | None = None) -> Setup:

@@ -155,6 +155,7 @@ def run_probe(
     timeout_s: float = 300.0,
     memory_snapshot: str | None = None,
     software: Software | None = None,
+    hosts: tuple[str, ...] = (),
 ) -> ProbeResult:
     """Run ``config`` of the workload at ``entry`` on ``world_size`` ranks of ``hardware`` and measure it.
 
@@ -164,9 +165,12 @@ def run_probe(
     DeepSpeed start on a machine JIT-builds an op: allow ~2 minutes for it).
     ``memory_snapshot``: on CUDA, rank 0 records the allocator's history from the model build through the
     steps and writes it to this path (:mod:`autofit.probe.snapshot`); ignored on the CPU.
+    More ranks than ``hardware.devices_per_node`` span nodes, one agent each (:mod:`autofit.probe.elastic`): on
+    ``hosts`` (``--hosts``), else on the Slurm allocation, else simulated here (on CUDA each with its own GPUs);
+    where none can run them, an :class:`AutofitError` line before anything starts (:mod:`autofit.probe.nodes`).
     Never raises for what happens inside the probe: that is the result's ``status``.
     """
-    from autofit.probe.elastic import check_devices, launch_agents
+    from autofit.probe.elastic import check_devices, launch_agents, node_launch
     from autofit.probe.launch import launch
     from autofit.workload import check_loadable
 
@@ -181,28 +185,38 @@ def run_probe(
     if memory_snapshot is not None:
         spec["memory_snapshot"] = str(Path(memory_snapshot).resolve())
     ranks_per_node, n_nodes = hardware.ranks_on_a_node(world_size), hardware.n_nodes(world_size)
-    if mode == "real":
+    nodes = node_launch(hardware.kind, n_nodes, ranks_per_node, hosts) if mode == "real" and n_nodes > 1 else None
+    if mode == "real" and nodes is None:
         check_devices(hardware.kind, ranks_per_node, visible_cuda_devices() if hardware.kind == "cuda" else None)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="autofit-probe-") as tmp:
-        if mode == "real" and n_nodes > 1:  # one torch.distributed.run agent per node (probe/elastic.py)
-            outcomes, timed_out = launch_agents(spec, Path(tmp), n_nodes, ranks_per_node, timeout_s)
+        if nodes is not None:  # one elastic agent per node (probe/elastic.py)
+            outcomes, timed_out = launch_agents(spec, Path(tmp), nodes, world_size, timeout_s)
         else:  # fake mode simulates every rank in one process
             outcomes, timed_out = launch(spec, Path(tmp), 1 if mode == "fake" else world_size, timeout_s)
-    return _combine(config, outcomes, timed_out, world_size, mode, timeout_s, time.monotonic() - t0)
+    return _combine(config, outcomes, timed_out, world_size, mode, timeout_s, time.monotonic() - t0,
+                    launcher="direct" if nodes is None else "torch.distributed.run")
 
 
 def visible_cuda_devices() -> int | None:
     """CUDA devices this process may use: ``CUDA_VISIBLE_DEVICES`` where set, else what NVML counts."""
+    listed = visible_cuda_device_list()
+    return len(listed) if listed is not None else None
+
+
+def visible_cuda_device_list() -> list[str] | None:
+    """The CUDA devices this process may use, as ``CUDA_VISIBLE_DEVICES`` entries: its own entries where set
+    (up to the first empty one, where CUDA stops reading), else NVML's indices; None where neither is known."""
     import os
 
     from autofit.hardware import nvml_records
 
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
-        return len([d for d in listed.split(",") if d.strip()])
+        entries = [d.strip() for d in listed.split(",")]
+        return entries[:entries.index("")] if "" in entries else entries
     records = nvml_records()
-    return len(records) if records is not None else None
+    return [str(i) for i in range(len(records))] if records is not None else None
 
 
 def _spec(
@@ -230,7 +244,7 @@ def _spec(
 
 def _combine(
     config: Config, outcomes: list[RankOutcome], timed_out: bool, world_size: int, mode: str, timeout_s: float,
-    wall_s: float
+    wall_s: float, launcher: str = "direct"
 ) -> ProbeResult:
     """One result from the ranks' own: the worst status, the largest peak, the slowest rank's step."""
     results = [o.result for o in outcomes]
@@ -264,7 +278,7 @@ def _combine(
         per_rank_initialize_bytes=[r.initialize_peak_bytes if r else 0 for r in results],
         per_rank_param_elements=[r.param_elements if r else 0 for r in results],
         optimizer_state_bytes=first.optimizer_state_bytes if first else 0,
-        launcher="torch.distributed.run" if results and all(r and r.elastic_run_id for r in results) else "direct",
+        launcher=launcher,
         phases_s=phases,
         breakdown=dict(first.breakdown) if first else {},
         world_size=world_size,

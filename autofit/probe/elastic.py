@@ -1,20 +1,15 @@
-"""Multi-node probes through PyTorch's elastic launcher: one ``torch.distributed.run`` agent per node.
+"""Multi-node probes through PyTorch's elastic launcher: one agent per node, a c10d rendezvous.
 
-Each agent joins a c10d rendezvous (``--rdzv-backend=c10d``, a TCPStore at ``--rdzv-endpoint``),
-the agents agree on the world (``--nnodes`` x ``--nproc-per-node``) and each starts its node's
-workers (:mod:`autofit.probe.worker`) with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT set (torch/distributed/run.py, elastic/agent/server/local_elastic_agent.py). On one
-machine ``--nodes N`` starts N agents over loopback, the first hosting the store. On a Slurm
-cluster the same agent command runs once per node under ``srun`` (README, "Several nodes")::
+Each node runs :mod:`autofit.probe.agent` (``torch.distributed.launcher.api.elastic_launch``, what
+``torchrun`` runs), started as :func:`autofit.probe.nodes.plan_nodes` says: one ``srun`` step of one task
+per node on a Slurm allocation, ``ssh`` to each of ``--hosts``, or N agents on this machine (simulated nodes,
+each with its own slice of the GPUs). The agents agree on the world (``--nnodes`` x ``--nproc-per-node``)
+at the rendezvous store on the first node and each starts its node's ranks with RANK, LOCAL_RANK (0..G-1 on
+every node), WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (torch/distributed/elastic/agent/server/api.py).
 
-    srun --nodes=$NODES --ntasks-per-node=1 python -m torch.distributed.run \\
-        --nnodes=$NODES --nproc-per-node=$GPUS --rdzv-backend=c10d \\
-        --rdzv-endpoint=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29500 \\
-        --rdzv-id=$SLURM_JOB_ID -m autofit.probe.worker spec.json
-
-Workers run in sessions of their own (the agent's subprocess handler) and ask the kernel to kill
-them when their agent dies (:func:`autofit.probe.worker._die_with_parent`), so killing an agent's
-session ends its node.
+This process gives each agent the spec on its stdin and reads its ranks' results from its stdout (no
+filesystem shared between nodes); it closes the agents' stdin to end them (they end their ranks), and kills
+the process groups it started when they do not go. A Slurm step ends when srun does.
 """
 
 from __future__ import annotations
@@ -23,33 +18,17 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autofit.errors import AutofitError
-from autofit.probe.launch import FAILURE_GRACE_S, RankOutcome, _tail, free_port, kill_group, rank_env
-from autofit.probe.rank import read_rank_result
-
-
-def agent_command(spec_path: Path, n_nodes: int, ranks_per_node: int, endpoint: str, run_id: str, is_host: bool) -> list[str]:
-    """One node's ``torch.distributed.run`` command line (c10d rendezvous, no restarts: a probe fails once)."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={n_nodes}", f"--nproc-per-node={ranks_per_node}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
-        f"--rdzv-conf=is_host={int(is_host)}", "--max-restarts=0", "--monitor-interval=0.5",
-        "-m", "autofit.probe.worker", str(spec_path),
-    ]  # fmt: skip
-
-
-def agent_env(base: dict[str, str], world_size: int, kind: str) -> dict[str, str]:
-    """An agent's environment: the workers' allocator, threading and import settings (the agent sets the ranks)."""
-    env = rank_env(base, 0, world_size, 0, kind)
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        env.pop(key, None)
-    return env
+from autofit.probe.launch import FAILURE_GRACE_S, RankOutcome, _tail, kill_group
+from autofit.probe.nodes import NodeLaunch, plan_nodes
+from autofit.probe.rank import RankResult
 
 
 def check_devices(kind: str, ranks_per_node: int, visible: int | None) -> None:
@@ -58,56 +37,123 @@ def check_devices(kind: str, ranks_per_node: int, visible: int | None) -> None:
         raise AutofitError(f"--gpus {ranks_per_node} ranks per node, but this node has {visible} CUDA device(s)")
 
 
-def launch_agents(
-    spec: dict[str, Any], workdir: Path, n_nodes: int, ranks_per_node: int, timeout_s: float
-) -> tuple[list[RankOutcome], bool]:
-    """Run the probe as ``n_nodes`` elastic agents on this machine; each rank's outcome and whether the deadline passed."""
-    spec_path = workdir / "spec.json"
-    world_size = n_nodes * ranks_per_node
-    spec = dict(spec, result_dir=str(workdir), spawn_time=time.time())
-    spec_path.write_text(json.dumps(spec))
-    endpoint, run_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:12]
-    agents: list[subprocess.Popen[bytes]] = []
-    logs = []
+def node_launch(kind: str, n_nodes: int, ranks_per_node: int, hosts: tuple[str, ...] = ()) -> NodeLaunch:
+    """:func:`autofit.probe.nodes.plan_nodes` for this machine: its environment, GPUs, host name and tools."""
+    import shutil
+    import socket
+
+    from autofit.probe import visible_cuda_device_list
+    from autofit.probe.launch import free_port
+
+    return plan_nodes(kind, n_nodes, ranks_per_node, environ=dict(os.environ), hosts=hosts,
+                      visible_devices=visible_cuda_device_list() if kind == "cuda" else None, python=sys.executable,
+                      cwd=os.getcwd(), port=free_port(), run_id=uuid.uuid4().hex[:12], this_host=socket.gethostname(),
+                      which=shutil.which)
+
+
+@dataclass
+class _Agent:
+    """One started agent (or srun/ssh): its process, the records its stdout brought and the rest as log."""
+
+    proc: subprocess.Popen[bytes]
+    log: Any
+    results: dict[int, RankResult] = field(default_factory=dict)
+    exits: dict[int, dict[str, Any]] = field(default_factory=dict)
+    reader: threading.Thread | None = None
+
+    def read(self) -> None:
+        from autofit.probe.agent import parse_record
+
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace")
+            record = parse_record(line)
+            if record is None:
+                self.log.write(raw)
+                continue
+            name, data = record
+            rank = int(data.get("rank", -1))
+            if name == "result":
+                self.results[rank] = _rank_result(data, rank)
+            else:
+                self.exits[rank] = data
+                if data.get("result") is not None:
+                    self.results[rank] = _rank_result(data["result"], rank)
+        self.log.flush()
+
+
+def _rank_result(data: dict[str, Any], rank: int) -> RankResult:
     try:
-        for node in range(n_nodes):
-            logs.append(open(workdir / f"agent{node}.log", "wb"))
-            command = agent_command(spec_path, n_nodes, ranks_per_node, endpoint, run_id, is_host=node == 0)
-            agents.append(
-                subprocess.Popen(command, env=agent_env(dict(os.environ), world_size, spec["kind"]), stdin=subprocess.DEVNULL,
-                                 stdout=logs[-1], stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd())
-            )
-        timed_out = _wait_agents(agents, workdir, world_size, time.monotonic() + timeout_s)
+        return RankResult.from_json(data)
+    except AutofitError as exc:
+        return RankResult(rank=max(rank, 0), status="error", message=f"rank {rank} sent an unreadable result: {exc}"[:500])
+
+
+def launch_agents(spec: dict[str, Any], workdir: Path, launch: NodeLaunch, world_size: int,
+                  timeout_s: float) -> tuple[list[RankOutcome], bool]:
+    """Run the probe through ``launch``'s agents; each rank's outcome and whether the deadline passed."""
+    line = (json.dumps(dict(spec, spawn_time=time.time())) + "\n").encode()
+    agents: list[_Agent] = []
+    try:
+        for index, command in enumerate(launch.commands):
+            log = open(workdir / f"agent{index}.log", "wb")
+            proc = subprocess.Popen(command.argv, env={**os.environ, **command.env}, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                    cwd=os.getcwd())
+            agent = _Agent(proc, log)
+            agents.append(agent)
+            agent.reader = threading.Thread(target=agent.read, name=f"autofit-agent{index}", daemon=True)
+            agent.reader.start()
+            assert proc.stdin is not None
+            proc.stdin.write(line)
+            proc.stdin.flush()
+        timed_out = _wait_agents(agents, world_size, time.monotonic() + timeout_s)
     finally:
-        for agent in agents:
-            kill_group(agent)
-        for log in logs:
-            log.close()
-    return [_rank_outcome(workdir, rank, ranks_per_node, agents) for rank in range(world_size)], timed_out
+        _stop(agents)
+    return [_rank_outcome(workdir, rank, agents) for rank in range(world_size)], timed_out
 
 
-def _rank_outcome(workdir: Path, rank: int, ranks_per_node: int, agents: list[subprocess.Popen[bytes]]) -> RankOutcome:
-    """A rank's result file; its log is its node's agent log (c10d may number the nodes in any order)."""
-    result = read_rank_result(workdir / f"rank{rank}.json", rank)
-    node = rank // ranks_per_node
-    return RankOutcome(rank, agents[node].returncode, result, _tail(workdir / f"agent{node}.log"), pid=agents[node].pid)
+def _stop(agents: list[_Agent]) -> None:
+    """Close the agents' stdin (each ends itself and its ranks), give them a moment, then kill what is left."""
+    for agent in agents:
+        try:
+            assert agent.proc.stdin is not None
+            agent.proc.stdin.close()
+        except OSError:
+            pass
+    deadline = time.monotonic() + 5.0
+    for agent in agents:
+        try:
+            agent.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        kill_group(agent.proc)
+        if agent.reader is not None:
+            agent.reader.join(timeout=5.0)
+        agent.log.close()
 
 
-def _wait_agents(agents: list[subprocess.Popen[bytes]], workdir: Path, world_size: int, deadline: float) -> bool:
+def _rank_outcome(workdir: Path, rank: int, agents: list[_Agent]) -> RankOutcome:
+    """A rank's result, from whichever agent sent it; its log: that agent's (every agent's when none did)."""
+    owner = next((a for a in agents if rank in a.results or rank in a.exits), None)
+    exit_info = owner.exits.get(rank, {}) if owner else {}
+    logs = [owner] if owner else agents
+    tail = "".join(_tail(workdir / f"agent{agents.index(a)}.log") for a in logs)[-4000:]
+    returncode = exit_info.get("exitcode", owner.proc.returncode if owner else agents[0].proc.returncode)
+    pid = int(exit_info.get("pid", (owner or agents[0]).proc.pid))
+    return RankOutcome(rank, returncode, owner.results.get(rank) if owner else None, tail, pid=pid)
+
+
+def _wait_agents(agents: list[_Agent], world_size: int, deadline: float) -> bool:
     """Wait until every agent exits; stop a grace period after a rank reports a failure. True on the deadline."""
     failed_at: float | None = None
-    while any(agent.poll() is None for agent in agents):
+    while any(agent.proc.poll() is None for agent in agents):
         now = time.monotonic()
         if now > deadline:
             return True
-        if failed_at is None and any(_failed(workdir / f"rank{r}.json", r) for r in range(world_size)):
+        if failed_at is None and any(r.status != "ok" for a in agents for r in a.results.values()):
             failed_at = now
         if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
             return False
         time.sleep(0.1)
     return False
-
-
-def _failed(path: Path, rank: int) -> bool:
-    result = read_rank_result(path, rank)
-    return result is not None and result.status != "ok"

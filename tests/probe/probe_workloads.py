@@ -127,3 +127,14 @@ class ConvNet(nn.Module):
 
 def convnet() -> autofit.Workload:
     return autofit.Workload(model=ConvNet, batch=lambda n: (torch.randn(n, 3, 64, 64), torch.randint(0, 10, (n,))))
+
+
+def host_hog() -> autofit.Workload:
+    """``tiny``, except that rank ``AUTOFIT_TEST_OOM_RANK`` moves itself into the memory cgroup at
+    ``AUTOFIT_TEST_CGROUP`` and allocates past its limit: the kernel's OOM killer ends it."""
+    if os.environ.get("RANK") == os.environ.get("AUTOFIT_TEST_OOM_RANK"):
+        with open(os.path.join(os.environ["AUTOFIT_TEST_CGROUP"], "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+        hold = bytearray(400 * 2**20)
+        time.sleep(5 + len(hold) * 0)
+    return tiny()

@@ -1,0 +1,173 @@
+"""Multi-node probes: where each node's agent runs (:mod:`autofit.probe.nodes`) and a real elastic run."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from autofit.config import Config
+from autofit.errors import AutofitError
+from autofit.hardware import get_hardware
+from autofit.probe import run_probe
+from autofit.probe.agent import RESULT_MARK, exit_records, parse_args, parse_record
+from autofit.probe.nodes import device_slices, expand_nodelist, plan_nodes, read_hosts
+
+ENTRY = str(Path(__file__).with_name("probe_workloads.py"))
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-[07-08]", "SLURM_NNODES": "2", "PATH": "/usr/bin"}
+EIGHT = [str(i) for i in range(8)]
+
+
+def _plan(kind: str = "cuda", n_nodes: int = 2, ranks_per_node: int = 8, *, environ: dict[str, str] | None = None,
+          hosts: tuple[str, ...] = (), visible: list[str] | None = None, tools: tuple[str, ...] = ("srun", "ssh")):
+    return plan_nodes(kind, n_nodes, ranks_per_node, environ=environ or {}, hosts=hosts, visible_devices=visible,
+                      python="/opt/venv/bin/python", cwd="/home/u/proj", port=29511, run_id="abc123",
+                      this_host="login-1", which=lambda tool: f"/usr/bin/{tool}" if tool in tools else None)
+
+
+def test_a_slurm_allocation_runs_one_srun_task_per_node_with_a_c10d_rendezvous_on_its_first_node() -> None:
+    launch = _plan(environ=SLURM, visible=EIGHT)
+    assert launch.how == "slurm" and launch.endpoint == "gpu-07:29511"
+    [command] = launch.commands
+    srun = command.argv[:command.argv.index("/opt/venv/bin/python")]
+    assert srun[0] == "srun" and {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--input=all"} <= set(srun)
+    agent = parse_args(list(command.argv[len(srun) + 3:]))  # what the agent on each node reads
+    assert command.argv[len(srun):len(srun) + 3] == ("/opt/venv/bin/python", "-m", "autofit.probe.agent")
+    assert (agent.nnodes, agent.nproc_per_node, agent.rdzv_endpoint, agent.rdzv_id) == (2, 8, "gpu-07:29511", "abc123")
+    assert agent.ranks_on_host == 8 and agent.is_host is None  # torch picks the store's host by its name
+    with pytest.raises(AutofitError, match="srun is not on PATH"):
+        _plan(environ=SLURM, visible=EIGHT, tools=("ssh",))
+
+
+def test_named_hosts_run_an_agent_each_through_ssh_and_this_machine_directly() -> None:
+    environ = {"NCCL_IB_HCA": "mlx5", "PYTHONPATH": "/home/u/autofit", "CUDA_VISIBLE_DEVICES": "3", "SECRET": "x"}
+    launch = _plan(environ=environ, hosts=("login-1", "node-b"))
+    assert launch.how == "hosts" and launch.endpoint == "login-1:29511"
+    local, remote = launch.commands
+    assert parse_args(list(local.argv[3:])).is_host == 1
+    assert remote.argv[:4] == ("ssh", "-o", "BatchMode=yes", "node-b")
+    words = shlex.split(remote.argv[4])
+    assert words[:3] == ["cd", "/home/u/proj", "&&"]
+    assert "NCCL_IB_HCA=mlx5" in words and "PYTHONPATH=/home/u/autofit" in words
+    assert not any(w.startswith(("SECRET=", "CUDA_VISIBLE_DEVICES=")) for w in words)
+    agent = parse_args(words[words.index("autofit.probe.agent") + 1:])
+    assert (agent.nnodes, agent.nproc_per_node, agent.is_host, agent.rdzv_endpoint) == (2, 8, 0, "login-1:29511")
+    # hosts win over the Slurm allocation; their number must be the nodes'
+    assert _plan(environ=SLURM, hosts=("a", "b")).how == "hosts"
+    with pytest.raises(AutofitError, match="names 3 host"):
+        _plan(hosts=("a", "b", "c"))
+    with pytest.raises(AutofitError, match="needs ssh"):
+        _plan(hosts=("a", "b"), tools=())
+
+
+def test_simulated_nodes_get_disjoint_gpu_slices_and_need_all_their_gpus() -> None:
+    launch = _plan(n_nodes=2, ranks_per_node=4, visible=EIGHT)
+    assert launch.how == "local" and launch.endpoint == "127.0.0.1:29511"
+    slices = [c.env["CUDA_VISIBLE_DEVICES"].split(",") for c in launch.commands]
+    assert slices == [["0", "1", "2", "3"], ["4", "5", "6", "7"]]
+    assert [parse_args(list(c.argv[3:])).is_host for c in launch.commands] == [1, 0]
+    assert parse_args(list(launch.commands[0].argv[3:])).ranks_on_host == 8  # both nodes share these cores
+    uuids = [f"GPU-{uuid.uuid4()}" for _ in range(4)]
+    assert device_slices(uuids, 2, 2) == [",".join(uuids[:2]), ",".join(uuids[2:])]
+    # a one-node allocation asked for two nodes falls back to slices of its GPUs
+    one_node = dict(SLURM, SLURM_JOB_NODELIST="gpu-07", SLURM_NNODES="1")
+    assert _plan(n_nodes=2, ranks_per_node=4, environ=one_node, visible=EIGHT).how == "local"
+    # the CPU simulates nodes over loopback without devices
+    assert [c.env for c in _plan("cpu", 2, 1).commands] == [{}, {}]
+
+
+def test_nodes_that_cannot_be_placed_are_one_line_and_no_probe() -> None:
+    with pytest.raises(AutofitError) as refused:
+        _plan(n_nodes=2, ranks_per_node=8, visible=EIGHT)
+    line = str(refused.value)
+    assert "\n" not in line and "16 GPUs (8 visible)" in line and "--hosts" in line and "autofit estimate" in line
+    with pytest.raises(AutofitError, match="an unknown number of visible"):
+        _plan(visible=None)
+
+
+def test_run_probe_refuses_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(key, raising=False)
+    h100 = dataclasses.replace(get_hardware("h100-80gb"), devices_per_node=1)
+    with pytest.raises(AutofitError, match="2 GPUs \\(1 visible\\)"):
+        run_probe(f"{ENTRY}:tiny", Config(), h100, world_size=2, steps=1, timeout_s=5)
+
+
+def test_slurm_host_lists_and_hostfiles(tmp_path: Path) -> None:
+    assert expand_nodelist("gpu-[01-03,7],login1") == ["gpu-01", "gpu-02", "gpu-03", "gpu-7", "login1"]
+    assert expand_nodelist("node[8-10]-ib") == ["node8-ib", "node9-ib", "node10-ib"]
+    with pytest.raises(AutofitError, match="cannot read the Slurm host list"):
+        expand_nodelist("gpu-[a-b]")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# DeepSpeed's format\nworker-1 slots=8\n\nworker-2 slots=8  # second\n")
+    assert read_hosts(str(hostfile)) == ("worker-1", "worker-2")
+    assert read_hosts("a, b") == ("a", "b")
+    with pytest.raises(AutofitError, match="names no host"):
+        read_hosts(" , ")
+
+
+def test_the_agent_reports_a_rank_the_oom_killer_ended_from_torchs_process_failure(tmp_path: Path) -> None:
+    """A real process ended by SIGKILL, as torch's elastic agent reports it (``ProcessFailure``), with the
+    node's memory cgroup counter risen between the start and the end: a host ``oom``; without the rise, its
+    exit code only."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from autofit.probe.oom_killer import cgroup_oom_kills
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=20)
+    group = tmp_path / "job"
+    group.mkdir()
+    self_cgroup = tmp_path / "self"
+    self_cgroup.write_text("0::/job\n")
+    (group / "memory.events").write_text("oom 0\noom_kill 0\n")
+    before = cgroup_oom_kills(tmp_path, self_cgroup)
+    (group / "memory.events").write_text("oom 1\noom_kill 1\n")
+    after = cgroup_oom_kills(tmp_path, self_cgroup)
+    failures = {1: ProcessFailure(local_rank=0, pid=proc.pid, exitcode=proc.returncode, error_file="<N/A>"),
+                0: ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file="<N/A>")}
+    [record] = exit_records(failures, {0}, "", before, after)  # rank 0 wrote its own result
+    assert (record["rank"], record["exitcode"], record["pid"]) == (1, -9, proc.pid)
+    assert (record["result"]["status"], record["result"]["oom_on"]) == ("oom", "host")
+    [plain] = exit_records(failures, {0}, "", after, after)
+    assert plain["result"] is None and plain["exitcode"] == -9
+    line = f"partial output without newline{RESULT_MARK}" + '{"rank": 3, "status": "ok"}'
+    assert parse_record(line) == ("result", {"rank": 3, "status": "ok"})
+
+
+def _memory_cgroup(limit_bytes: int) -> Path | None:
+    group = Path("/sys/fs/cgroup/memory") / f"autofit-test-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+    except OSError:
+        return None
+    return group
+
+
+@pytest.mark.slow
+def test_two_simulated_nodes_mark_the_rank_the_oom_killer_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 nodes x 1 rank through the elastic agents (c10d on loopback, gloo); rank 1 is ended by the kernel's
+    OOM killer inside a 64 MiB memory cgroup: the probe is ``oom`` on the host, not an error."""
+    group = _memory_cgroup(64 * 2**20)
+    if group is None:
+        pytest.skip("cannot create a memory cgroup here (needs root and cgroup v1)")
+    monkeypatch.setenv("AUTOFIT_TEST_CGROUP", str(group))
+    monkeypatch.setenv("AUTOFIT_TEST_OOM_RANK", "1")
+    cpu = dataclasses.replace(get_hardware("cpu"), devices_per_node=1)
+    config = Config(zero_stage=2, optimizer="adamw", precision="fp32", micro_batch_size=2)
+    try:
+        result = run_probe(f"{ENTRY}:host_hog", config, cpu, world_size=2, steps=1, warmup_steps=0, timeout_s=240)
+    finally:
+        group.rmdir()
+    assert (result.status, result.oom_on) == ("oom", "host"), result.message
+    assert "OOM killer" in (result.message or "")
+    assert result.launcher == "torch.distributed.run"
