@@ -102,6 +102,8 @@ def _status(run: ScriptRun, metric: DeepSpeedMetric | None, timeout_s: float,
     if unreadable is not None:
         return "error", unreadable[:500], None
     if metric is not None and all(code == 0 for code in run.returncodes):
+        if run.unmeasured is not None:  # a peak of 0 is no measure: it would make every candidate fit
+            return "error", f"the script ran but its device memory is unmeasured: {run.unmeasured}"[:500], None
         return "ok", None, None
     for rank, (code, tail) in enumerate(zip(run.returncodes, run.log_tails, strict=True)):
         if code != 0 or metric is None:

@@ -19,7 +19,7 @@ from typing import Any
 from autofit.errors import AutofitError
 from autofit.probe.launch import free_port, kill_group, rank_env, wait_for_ranks
 from autofit.script.command import ScriptCommand
-from autofit.script.tree import TreeMeter, import_baseline_bytes
+from autofit.script.tree import TreeMeter, import_baseline_bytes, read_device_baselines
 
 #: characters of each rank's log kept for messages
 LOG_TAIL_CHARS = 4000
@@ -41,6 +41,8 @@ class ScriptRun:
     """A rank passed the CPU budget and the run was stopped."""
     wall_s: float
     """Seconds from the first start to the last exit."""
+    unmeasured: str | None = None
+    """CUDA: why a rank's device memory could not be measured (:meth:`TreeMeter.unmeasured`); None: measured."""
 
 
 def run_script(command: ScriptCommand, config_path: Path, workdir: Path, world_size: int, kind: str,
@@ -48,6 +50,7 @@ def run_script(command: ScriptCommand, config_path: Path, workdir: Path, world_s
     """Run ``world_size`` ranks of ``command`` with the JSON at ``config_path``, in the current directory."""
     port = free_port()
     baseline = import_baseline_bytes() if kind == "cpu" else 0
+    devices = read_device_baselines(world_size) if kind == "cuda" else None  # before any rank holds a GPU
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     started = time.monotonic()
@@ -56,7 +59,8 @@ def run_script(command: ScriptCommand, config_path: Path, workdir: Path, world_s
             log = open(workdir / f"script-rank{rank}.log", "wb")
             logs.append(log)
             procs.append(_start(command.argv(config_path), rank_env(dict(os.environ), rank, world_size, port, kind), log))
-        meter = TreeMeter([p.pid for p in procs], kind, budget_bytes, lambda used: _kill_all(procs), baseline)
+        meter = TreeMeter([p.pid for p in procs], kind, budget_bytes, lambda used: _kill_all(procs), baseline,
+                          device_baselines=devices)
         with meter:
             timed_out = wait_for_ranks(procs, time.monotonic() + timeout_s, lambda rank, code: code not in (None, 0))
     finally:
@@ -71,6 +75,7 @@ def run_script(command: ScriptCommand, config_path: Path, workdir: Path, world_s
         timed_out=timed_out,
         over_budget=meter.exceeded,
         wall_s=time.monotonic() - started,
+        unmeasured=meter.unmeasured(),
     )
 
 

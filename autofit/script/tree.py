@@ -9,7 +9,11 @@ sampled from this process every ``interval_s``:
   (:func:`import_baseline_bytes`), as docs/design.md subtracts the RSS after imports.
 - CUDA: the device memory NVML reports for each process of the tree
   (``nvmlDeviceGetComputeRunningProcesses``, every device: a rank's context, its caching allocator's
-  reservations, NCCL's buffers), summed.
+  reservations, NCCL's buffers), summed. Where NVML lists none of the tree's pids (a container: NVML
+  speaks the host's PID namespace) the rank's device's used memory (``nvmlDeviceGetMemoryInfo``) less what
+  it used before the script started stands in, when no process ran on that device then (the probe has it
+  alone); otherwise the rank is unmeasured, with the reason (:func:`rank_device_bytes`), and the probe is an
+  ``error``: a peak of 0 would make every candidate fit.
 
 Past ``budget_bytes`` (the CPU device's budget) ``on_exceeded`` is called, once.
 """
@@ -21,7 +25,8 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from autofit.probe.launch import MMAP_THRESHOLD_BYTES
@@ -53,17 +58,87 @@ def host_tree_bytes(pid: int) -> int:
     return total
 
 
-def nvml_tree_bytes(pids: set[int]) -> int:
-    """Device memory NVML attributes to ``pids``, over every device."""
+@dataclass(frozen=True)
+class DeviceBaseline:
+    """A rank's device before the script started: the memory used on it and the compute processes NVML listed."""
+
+    used_bytes: int
+    processes: int
+
+
+def rank_device_bytes(tree_bytes: int | None, device_used_bytes: int, baseline: DeviceBaseline | None,
+                      device: str) -> tuple[int | None, str | None]:
+    """A rank's device memory now, ``(bytes, None)``, or ``(None, why it cannot be measured)``.
+
+    ``tree_bytes``: what NVML lists for the rank's process tree (:func:`nvml_tree_bytes`; None: none of its
+    pids listed); ``device_used_bytes``: ``nvmlDeviceGetMemoryInfo(handle).used`` of the rank's device now;
+    ``baseline``: that device before the script (None: not read). The device's used memory less the baseline
+    counts only where no process held the device then: another's allocations would be read as the script's.
+    """
+    if tree_bytes is not None:
+        return tree_bytes, None
+    if baseline is None:
+        return None, f"NVML lists none of the script's processes on GPU {device} and its memory before the script is unknown"
+    if baseline.processes > 0:
+        return None, (f"NVML lists none of the script's processes on GPU {device} (a container's PID namespace?) and "
+                      f"{baseline.processes} other process(es) held that GPU when it started: its memory cannot be "
+                      "told apart; give the probe the GPU alone or run where NVML sees the script's pids")
+    return max(0, device_used_bytes - baseline.used_bytes), None
+
+
+def device_baselines(pynvml: Any, n_ranks: int, cuda_visible_devices: str | None) -> list[DeviceBaseline | None]:
+    """Each rank's device (``LOCAL_RANK`` = rank, through ``CUDA_VISIBLE_DEVICES``) before the script starts."""
+    from autofit.probe.nvml import open_handle
+
+    baselines: list[DeviceBaseline | None] = []
+    for rank in range(n_ranks):
+        try:
+            handle = open_handle(pynvml, None, cuda_visible_devices, rank)
+            baselines.append(DeviceBaseline(int(pynvml.nvmlDeviceGetMemoryInfo(handle).used),
+                                            len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))))
+        except Exception:  # no such device, an NVML error: no fallback for this rank
+            baselines.append(None)
+    return baselines
+
+
+def read_device_baselines(n_ranks: int) -> list[DeviceBaseline | None]:
+    """:func:`device_baselines` of this machine now (every None without NVML)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return [None] * n_ranks
+    try:
+        return device_baselines(pynvml, n_ranks, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def visible_entry(rank: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of a rank's device (its index where unset), for messages."""
+    from autofit.probe.nvml import visible_device
+
+    try:
+        return visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"), rank)
+    except ValueError:
+        return str(rank)
+
+
+def nvml_tree_bytes(pids: set[int]) -> int | None:
+    """Device memory NVML attributes to ``pids``, over every device; None where it lists none of them."""
     import pynvml
 
-    total = 0
-    for index in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if proc.pid in pids and proc.usedGpuMemory:
-                total += int(proc.usedGpuMemory)
-    return total
+    rows = [row for index in range(pynvml.nvmlDeviceGetCount())
+            for row in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(index))]
+    return listed_bytes(rows, pids)
+
+
+def listed_bytes(rows: Iterable[Any], pids: set[int]) -> int | None:
+    """Device bytes of NVML's process rows (``pid``, ``usedGpuMemory``: None where NVML cannot tell) that belong to
+    ``pids``; None where no row does (not 0: "not listed" is no measure)."""
+    mine = [row for row in rows if row.pid in pids]
+    return sum(int(row.usedGpuMemory or 0) for row in mine) if mine else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -83,11 +158,16 @@ class TreeMeter:
     """Samples the memory of each rank's tree in a thread; :attr:`peaks` holds each rank's most."""
 
     def __init__(self, pids: list[int], kind: str, budget_bytes: int | None, on_exceeded: Callable[[int], None],
-                 baseline_bytes: int = 0, interval_s: float = INTERVAL_S) -> None:
+                 baseline_bytes: int = 0, interval_s: float = INTERVAL_S,
+                 device_baselines: list[DeviceBaseline | None] | None = None) -> None:
         self.pids, self.kind, self.budget_bytes, self.on_exceeded = pids, kind, budget_bytes, on_exceeded
         self.baseline_bytes = baseline_bytes
         self.interval_s = interval_s
         self.peaks = [0] * len(pids)
+        self.device_baselines = device_baselines or [None] * len(pids)
+        self.reasons: list[str | None] = [None] * len(pids)
+        """CUDA: why a rank's sample could not be measured (the last such sample)."""
+        self._handles: dict[int, Any] = {}
         self.exceeded = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="autofit-tree-meter", daemon=True)
@@ -112,13 +192,39 @@ class TreeMeter:
         """Read every rank's tree once; call ``on_exceeded`` the first time one passes the budget."""
         for rank, pid in enumerate(self.pids):
             if self.kind == "cuda":
-                used = nvml_tree_bytes(set(tree_pids(pid)))
+                measured, reason = self._device_bytes(rank, pid)
+                if measured is None:
+                    self.reasons[rank] = reason
+                    continue
+                used = measured
             else:
                 used = max(0, host_tree_bytes(pid) - self.baseline_bytes)
             self.peaks[rank] = max(self.peaks[rank], used)
             if self.budget_bytes is not None and used > self.budget_bytes and not self.exceeded:
                 self.exceeded = True
                 self.on_exceeded(used)
+
+    def unmeasured(self) -> str | None:
+        """CUDA: why a rank that never showed device memory has no measure (None: every rank measured)."""
+        if self.kind != "cuda":
+            return None
+        for rank, peak in enumerate(self.peaks):
+            if peak == 0:
+                return self.reasons[rank] or f"NVML measured no device memory for rank {rank}"
+        return None
+
+    def _device_bytes(self, rank: int, pid: int) -> tuple[int | None, str | None]:
+        tree_bytes = nvml_tree_bytes(set(tree_pids(pid)))
+        baseline = self.device_baselines[rank]
+        device = visible_entry(rank)
+        used = 0
+        if tree_bytes is None and baseline is not None:
+            from autofit.probe.nvml import open_handle
+
+            if rank not in self._handles:
+                self._handles[rank] = open_handle(self._nvml, None, os.environ.get("CUDA_VISIBLE_DEVICES"), rank)
+            used = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handles[rank]).used)
+        return rank_device_bytes(tree_bytes, used, baseline, device)
 
     def _run(self) -> None:
         while not self._stop.is_set():
