@@ -3,6 +3,8 @@
     python benchmarks/cuda_accuracy.py                       # every model x bf16/fp8 x ZeRO 0-3
     python benchmarks/cuda_accuracy.py --quick               # ZeRO 0 and 3 only
     python benchmarks/cuda_accuracy.py --models llama t5 --out benchmarks/results/cuda
+    python benchmarks/cuda_accuracy.py --parts               # the parts, and which rows each has measured
+    python benchmarks/cuda_accuracy.py --part 3              # one part: fits one 10-minute command
 
 One command, unchanged on an H100 or H200: the world size is the number of GPUs present, the
 hardware is detected (``--hardware auto``), fp8 rows run where the device and torchao have it (else
@@ -12,16 +14,27 @@ steps after 2 warm-up): the measured peak is NVML's per-process figure (docs/des
 are the uncalibrated cost model's (``Coefficients.for_hardware``). Writes ``cuda_accuracy.md``
 (the table) and ``cuda_accuracy.json`` (every row, with the device's name) into ``--out``.
 
-Without a CUDA device it prints one line and exits with status 1.
+In parts: part K is one model in one precision (its ZeRO stages, 4 rows or 2 with ``--quick``; ``--parts``
+lists them). Every row is appended to ``cuda_accuracy.json`` as soon as it is measured, and a run skips the
+rows that file already holds for this device and world size (``--retry-failed``: also re-run its error and
+timeout rows), so a part cut short by the command's limit goes on where it stopped when run again. A run
+starts no row it cannot finish within ``--budget`` seconds (540 by default: a 10-minute command, less the
+start), reckoned from the slowest row so far; the probe's own timeout is cut to what is left. A results
+file from another device or world size is refused, in one line.
+
+Without a CUDA device it prints one line and exits with status 1. What to carry to a GPU machine without
+internet: docs/guides/cuda.md, "Running the GPU benchmark in parts".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,13 +139,125 @@ def summary(rows: list[dict[str, Any]]) -> str:
             f"{max(peak):.1%}; throughput median |error| {statistics.median(speed):.1%}, worst {max(speed):.1%}")
 
 
-def main() -> int:
+#: seconds a part may run: a 10-minute command less the machine's start and the transfers
+PART_BUDGET_S = 540.0
+#: what a row is reckoned to take before one has run in this command (a 0.7 B probe: start, 7 steps)
+FIRST_ROW_S = 150.0
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of the benchmark: one model in one precision, its configs (the ZeRO stages)."""
+
+    number: int
+    model: str
+    precision: str
+    configs: tuple[Any, ...]
+
+
+def parts_of(models: list[str], quick: bool) -> list[Part]:
+    """The parts, numbered from 1 in model then precision order; together they are the whole grid, once."""
+    parts: list[Part] = []
+    for model in models:
+        configs = configs_for(MODELS[model][1], quick)
+        for precision in PRECISIONS:
+            chosen = tuple(c for c in configs if c.precision == precision)
+            parts.append(Part(len(parts) + 1, model, precision, chosen))
+    return parts
+
+
+def row_key(model: str, label: str) -> str:
+    return f"{model}/{label}"
+
+
+def load_results(path: Path, device: str, world_size: int) -> dict[str, Any]:
+    """The results file as far as it goes (a new one where there is none); one line (SystemExit) where it
+    was measured on another device or world size: rows of two machines never share a table."""
+    if not path.exists():
+        return {"device": device, "world_size": world_size, "rows": [], "pruned": []}
+    try:
+        results = json.loads(path.read_text())
+    except ValueError as exc:
+        raise SystemExit(f"cuda_accuracy: {path} is not JSON ({exc}); move it away to start again") from None
+    if (results.get("device"), results.get("world_size")) != (device, world_size):
+        raise SystemExit(f"cuda_accuracy: {path} holds rows of {results.get('device')} x {results.get('world_size')}, "
+                         f"this is {device} x {world_size}; give another --out")
+    results.setdefault("rows", [])
+    results.setdefault("pruned", [])
+    return results
+
+
+def pending(part: Part, results: dict[str, Any], retry_failed: bool = False) -> list[Any]:
+    """The part's configs the results file does not hold yet (with ``retry_failed``: nor as a success or an oom)."""
+    kept = {"ok", "oom"} if retry_failed else {"ok", "oom", "error", "timeout"}
+    done = {row_key(r["model"], r["label"]) for r in results["rows"] if r["status"] in kept}
+    return [c for c in part.configs if row_key(part.model, c.label()) not in done]
+
+
+def add_row(path: Path, results: dict[str, Any], row: dict[str, Any]) -> None:
+    """Put ``row`` in the results (replacing a failed one of the same key) and write the file atomically."""
+    key = row_key(row["model"], row["label"])
+    results["rows"] = [r for r in results["rows"] if row_key(r["model"], r["label"]) != key] + [row]
+    write_json(path, results)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def room_for_a_row(elapsed_s: float, row_walls_s: list[float], budget_s: float) -> float:
+    """Seconds a next row may take within the budget (0: start none), reckoned from the slowest row so far."""
+    expected = max(row_walls_s, default=FIRST_ROW_S)
+    left = budget_s - elapsed_s
+    return left if left >= expected else 0.0
+
+
+def listing(parts: list[Part], results: dict[str, Any] | None) -> list[str]:
+    lines = []
+    for part in parts:
+        left = len(pending(part, results)) if results is not None else len(part.configs)
+        labels = ", ".join(c.label() for c in part.configs)
+        lines.append(f"part {part.number}: {part.model} {part.precision}, {len(part.configs)} rows "
+                     f"({len(part.configs) - left} measured): {labels}")
+    return lines
+
+
+def write_table(out: Path, results: dict[str, Any]) -> list[str]:
+    rows, pruned = results["rows"], results["pruned"]
+    lines = [f"{results['device']} x {results['world_size']} ({time.strftime('%Y-%m-%d')})", "", *table(rows), "",
+             summary(rows)]
+    lines += ["", "pruned:", *pruned] if pruned else []
+    (out / "cuda_accuracy.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--timeout", type=float, default=900.0, help="Seconds per probe.")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cuda"), help="Folder for the table and JSON.")
-    args = parser.parse_args()
+    parser.add_argument("--parts", action="store_true", help="List the parts and what each has measured; run nothing.")
+    parser.add_argument("--part", type=int, action="append", default=None, metavar="K",
+                        help="Run part K only (repeatable); rows the results file holds are skipped.")
+    parser.add_argument("--budget", type=float, default=None,
+                        help=f"Seconds this run may take (default with --part: {PART_BUDGET_S:g}; else none).")
+    parser.add_argument("--retry-failed", action="store_true", help="Re-run the error and timeout rows too.")
+    args = parser.parse_args(argv)
+    parts = parts_of(args.models, args.quick)
+    out = Path(args.out)
+    path = out / "cuda_accuracy.json"
+    if args.parts:
+        existing = json.loads(path.read_text()) if path.exists() else None
+        print("\n".join(listing(parts, existing)))
+        return 0
+    unknown = sorted(set(args.part or []) - {p.number for p in parts})
+    if unknown:
+        print(f"cuda_accuracy: no part {unknown[0]}; there are {len(parts)} (--parts lists them)")
+        return 2
     import torch
 
     if not torch.cuda.is_available():
@@ -143,29 +268,37 @@ def main() -> int:
     from autofit.probe.ops import prepare_ops
     from autofit.workload import load_workload
 
+    started = time.monotonic()
+    budget = args.budget if args.budget is not None else (PART_BUDGET_S if args.part else float("inf"))
     hardware, world_size = get_hardware("auto"), torch.cuda.device_count()
     device = torch.cuda.get_device_name(0)
     print(f"{device} x {world_size}, hardware {hardware.name}", flush=True)
-    rows: list[dict[str, Any]] = []
-    pruned: list[str] = []
-    for name in args.models:
-        entry, micro_batch = MODELS[name]
-        configs, reasons = runnable(configs_for(micro_batch, args.quick), hardware, world_size)
-        pruned += [f"{name}: {line}" for line in reasons]
+    results = load_results(path, device, world_size)
+    walls: list[float] = []
+    chosen = [p for p in parts if not args.part or p.number in args.part]
+    for part in chosen:
+        entry, _ = MODELS[part.model]
+        configs, reasons = runnable(list(part.configs), hardware, world_size)
+        results["pruned"] = sorted(set(results["pruned"]) | {f"{part.model}: {line}" for line in reasons})
+        configs = [c for c in configs if c in pending(part, results, args.retry_failed)]
+        if not configs:
+            continue
         prepare_ops(configs, hardware)
         facts = trace_for(load_workload(entry), configs)
         for config in configs:
-            row = {"model": name} | measure(str(ROOT / entry), config, facts, hardware, world_size, args.timeout)
-            rows.append(row)
+            room = room_for_a_row(time.monotonic() - started, walls, budget)
+            if room <= 0:
+                print(f"cuda_accuracy: the budget ({budget:g} s) has no room for another row; run the same command "
+                      "again to go on", flush=True)
+                write_table(out, results)
+                return 0
+            row = {"model": part.model} | measure(str(ROOT / entry), config, facts, hardware, world_size,
+                                                  min(args.timeout, room))
+            walls.append(row["wall_s"])
+            add_row(path, results, row)
             print(table([row])[-1], flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    lines = [f"{device} x {world_size} ({time.strftime('%Y-%m-%d')})", "", *table(rows), "", summary(rows)]
-    lines += ["", "pruned:", *pruned] if pruned else []
-    (out / "cuda_accuracy.md").write_text("\n".join(lines) + "\n")
-    (out / "cuda_accuracy.json").write_text(json.dumps({"device": device, "world_size": world_size,
-                                                        "hardware": hardware.to_dict(), "rows": rows,
-                                                        "pruned": pruned}, indent=1))
+    write_json(path, results)
+    lines = write_table(out, results)
     print("\n".join(lines[2:]))
     return 0
 
