@@ -45,7 +45,10 @@ def node_launch(kind: str, n_nodes: int, ranks_per_node: int, hosts: tuple[str, 
     from autofit.probe import visible_cuda_device_list
     from autofit.probe.launch import free_port
 
-    return plan_nodes(kind, n_nodes, ranks_per_node, environ=dict(os.environ), hosts=hosts,
+    environ = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])  # this autofit, for the agents
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environ.get("PYTHONPATH")) if p)
+    return plan_nodes(kind, n_nodes, ranks_per_node, environ=environ, hosts=hosts,
                       visible_devices=visible_cuda_device_list() if kind == "cuda" else None, python=sys.executable,
                       cwd=os.getcwd(), port=free_port(), run_id=uuid.uuid4().hex[:12], this_host=socket.gethostname(),
                       which=shutil.which)

@@ -121,8 +121,11 @@ def plan_nodes(
     simulated nodes here (module docstring); an :class:`AutofitError` line where none can run it.
 
     ``visible_devices``: the CUDA devices this process sees (``CUDA_VISIBLE_DEVICES`` entries, else NVML's
-    indices; None: unknown); ``which``: :func:`shutil.which`; ``this_host``: :func:`socket.gethostname`."""
+    indices; None: unknown); ``which``: :func:`shutil.which`; ``this_host``: :func:`socket.gethostname`;
+    ``environ``'s ``PYTHONPATH`` goes to every agent (it must import this autofit)."""
     shape = f"--nodes {n_nodes} x --gpus {ranks_per_node}"
+    # the agent imports this autofit wherever it runs (ssh forwards it: remote_command)
+    carried = {"PYTHONPATH": environ["PYTHONPATH"]} if environ.get("PYTHONPATH") else {}
     if hosts:
         return _on_hosts(hosts, n_nodes, ranks_per_node, environ, python, cwd, port, run_id, this_host, which, shape)
     allocation = slurm_hosts(environ)
@@ -134,7 +137,7 @@ def plan_nodes(
         srun = ("srun", f"--nodes={n_nodes}", f"--ntasks={n_nodes}", "--ntasks-per-node=1", "--input=all",
                 "--kill-on-bad-exit=1", "--overlap", f"--chdir={cwd}")
         agent = agent_argv(python, n_nodes, ranks_per_node, endpoint, run_id, ranks_per_node)
-        return NodeLaunch("slurm", (NodeCommand(srun + agent),), endpoint)
+        return NodeLaunch("slurm", (NodeCommand(srun + agent, carried),), endpoint)
     endpoint = f"127.0.0.1:{port}"
     slices: list[str | None] = [None] * n_nodes
     if kind == "cuda":
@@ -149,7 +152,7 @@ def plan_nodes(
     commands = tuple(
         NodeCommand(agent_argv(python, n_nodes, ranks_per_node, endpoint, run_id, n_nodes * ranks_per_node,
                                is_host=node == 0),
-                    {} if slices[node] is None else {"CUDA_VISIBLE_DEVICES": str(slices[node])})
+                    carried if slices[node] is None else carried | {"CUDA_VISIBLE_DEVICES": str(slices[node])})
         for node in range(n_nodes)
     )
     return NodeLaunch("local", commands, endpoint)
@@ -169,7 +172,7 @@ def _on_hosts(hosts: tuple[str, ...], n_nodes: int, ranks_per_node: int, environ
     for node, host in enumerate(hosts):
         agent = agent_argv(python, n_nodes, ranks_per_node, endpoint, run_id, ranks_per_node, is_host=node == 0)
         if host in local:
-            commands.append(NodeCommand(agent))
+            commands.append(NodeCommand(agent, {"PYTHONPATH": environ["PYTHONPATH"]} if environ.get("PYTHONPATH") else {}))
         else:
             commands.append(NodeCommand(("ssh", "-o", "BatchMode=yes", host, remote_command(agent, cwd, environ))))
     return NodeLaunch("hosts", tuple(commands), endpoint)

@@ -78,8 +78,10 @@ def test_simulated_nodes_get_disjoint_gpu_slices_and_need_all_their_gpus() -> No
     # a one-node allocation asked for two nodes falls back to slices of its GPUs
     one_node = dict(SLURM, SLURM_JOB_NODELIST="gpu-07", SLURM_NNODES="1")
     assert _plan(n_nodes=2, ranks_per_node=4, environ=one_node, visible=EIGHT).how == "local"
-    # the CPU simulates nodes over loopback without devices
+    # the CPU simulates nodes over loopback without devices; every agent imports the same autofit
     assert [c.env for c in _plan("cpu", 2, 1).commands] == [{}, {}]
+    assert [c.env for c in _plan("cpu", 2, 1, environ={"PYTHONPATH": "/src/autofit"}).commands] == [
+        {"PYTHONPATH": "/src/autofit"}] * 2
 
 
 def test_nodes_that_cannot_be_placed_are_one_line_and_no_probe() -> None:
