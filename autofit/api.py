@@ -107,7 +107,7 @@ def search_target(target: Target, settings: SearchSettings, *, out: str | os.Pat
             plan, prober = script_plan_and_prober(setup, script, stack)
         else:
             check_loadable(setup.entry_point, "a search")
-            _check_nodes(setup)
+            check_nodes(setup)
             say(f"autofit: {setup.tracing_note()}")
             plan, prober = setup.plan(), None
         say(f"autofit: {len(plan.candidates)} candidates")
@@ -127,7 +127,7 @@ def search_target(target: Target, settings: SearchSettings, *, out: str | os.Pat
     return dataclasses.replace(result, report_path=str(index))
 
 
-def _check_nodes(setup: Setup) -> None:
+def check_nodes(setup: Setup) -> None:
     """Where the probes of several nodes cannot run here, one line before the search starts (nothing written):
     :func:`autofit.probe.elastic.node_launch`."""
     n_nodes = setup.hardware.n_nodes(setup.world_size)

@@ -171,10 +171,13 @@ def estimate(shared: Shared) -> None:
               help="CUDA: record the allocator's history into this pickle (open it at https://pytorch.org/memory_viz).")
 def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, snapshot_path: str | None) -> None:
     """Run one candidate (the fastest predicted that fits, after --set) for a few real steps."""
+    from autofit.api import check_nodes
     from autofit.estimate import estimate as run_estimate
     from autofit.probe import run_probe
 
     setup = prepare(shared.target)
+    if mode == "real":
+        check_nodes(setup)  # nodes that cannot be placed: one line before the trace and the ops
     result = run_estimate(setup.plan())
     chosen = (result.fitting or result.candidates)[0]
     if mode == "real":

@@ -173,3 +173,21 @@ def test_two_simulated_nodes_mark_the_rank_the_oom_killer_ended(monkeypatch: pyt
     assert (result.status, result.oom_on) == ("oom", "host"), result.message
     assert "OOM killer" in (result.message or "")
     assert result.launcher == "torch.distributed.run"
+
+
+@pytest.mark.slow
+def test_autofit_probe_and_run_refuse_unplaceable_nodes_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from autofit.cli import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(tmp_path)
+    shared = [f"{ENTRY}:tiny", "--hardware", "h100-80gb", "--gpus", "1", "--nodes", "2"]
+    for argv in (["probe", *shared], ["run", *shared, "--trials", "1"]):
+        done = CliRunner().invoke(main, argv)
+        assert done.exit_code == 1, done.output
+        assert done.output.strip().count("\n") == 0 and "2 GPUs (1 visible)" in done.output
+    assert not list(tmp_path.iterdir())  # no study, no JSON: nothing half-written
