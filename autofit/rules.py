@@ -160,6 +160,16 @@ def granularity_needs_checkpointing(ctx: Context, checkpoint_granularity: str, c
     return "checkpoint_granularity=attention with checkpoint_ratio 0 checkpoints nothing (the same config as block)"
 
 
+def compile_needs_a_compiler(ctx: Context, compile: str) -> str | None:
+    # inductor builds a CPU graph's kernels with a C++ compiler (torch/_inductor/cpp_builder.py) and a CUDA
+    # graph's in Triton (torch/_inductor/codegen/triton.py)
+    if compile == "off":
+        return None
+    if ctx.hardware.kind == "cuda":
+        return None if ctx.software.triton else "compile on a CUDA device needs triton, which is not installed"
+    return None if ctx.software.cxx_compiler else "compile on a CPU device needs a C++ compiler (inductor), none found"
+
+
 def adam_mini_installed(ctx: Context, optimizer: str) -> str | None:
     if optimizer != "adam_mini" or ctx.software.adam_mini:
         return None
@@ -206,6 +216,7 @@ RULES: tuple[Rule, ...] = (
     Rule("deepspeed_op_loadable", ("optimizer", "offload_optimizer"), deepspeed_op_loadable),
     Rule("nvme_offload_ready", ("offload_optimizer", "offload_params"), nvme_offload_ready),
     Rule("granularity_needs_checkpointing", ("checkpoint_granularity", "checkpoint_ratio"), granularity_needs_checkpointing),
+    Rule("compile_needs_a_compiler", ("compile",), compile_needs_a_compiler),
     Rule("adam_mini_installed", ("optimizer",), adam_mini_installed),
     Rule("adam_mini_needs_zero0", ("optimizer", "zero_stage"), adam_mini_needs_zero0),
 )

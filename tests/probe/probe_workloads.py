@@ -127,3 +127,17 @@ class ConvNet(nn.Module):
 
 def convnet() -> autofit.Workload:
     return autofit.Workload(model=ConvNet, batch=lambda n: (torch.randn(n, 3, 64, 64), torch.randint(0, 10, (n,))))
+
+
+class Uncompilable(Net):
+    """Trains eagerly; under ``torch.compile`` its forward multiplies mismatched shapes, which dynamo's fake-tensor
+    trace raises (``suppress_errors`` is off by default): a model torch.compile cannot take."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            x = x @ torch.ones(3, 3)
+        return super().forward(x, y)
+
+
+def uncompilable() -> autofit.Workload:
+    return autofit.Workload(model=lambda: Uncompilable(), batch=_batch(WIDTH, 16), tokens_per_sample=16)
