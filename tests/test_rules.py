@@ -123,3 +123,9 @@ def test_compile_needs_inductors_compiler_on_its_device() -> None:
     assert {c.compile for c in result.candidates} == {"off"}
     assert any("needs triton" in reason for _, reason in result.rejected)
 
+
+def test_fp8_with_zero3_is_pruned_with_torchaos_reason() -> None:
+    reason = check("fp8_not_with_zero3", precision="fp8", zero_stage=3)
+    assert "Float8Linear" in reason and "memory_efficient_linear" in reason
+    assert check("fp8_not_with_zero3", precision="fp8", zero_stage=2) is None
+    assert check("fp8_not_with_zero3", precision="bf16", zero_stage=3) is None
