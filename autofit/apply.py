@@ -1,4 +1,5 @@
-"""Apply what DeepSpeed's JSON cannot say: checkpointing (ratio, granularity), fp8 (torchao), a client optimizer.
+"""Apply what DeepSpeed's JSON cannot say: checkpointing (ratio, granularity), fp8 (torchao), a client optimizer,
+``engine.compile()``.
 
 ``emit.deepspeed_config`` writes these into the JSON's ``"autofit"`` section; a
 training script (and the probe) calls :func:`apply_to_model` before
@@ -11,6 +12,7 @@ training script (and the probe) calls :func:`apply_to_model` before
     optimizer = client_optimizer(model, ds)   # None when DeepSpeed builds it
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                       optimizer=optimizer, config=ds)
+    compile_engine(engine, ds)                # engine.compile() where the JSON says "compile": "on"
 
 Under ZeRO-3 the model is built inside ``deepspeed.zero.Init(config_dict_or_path=ds)``
 (:func:`build_context`): each module's parameters are partitioned over the ranks as soon as
@@ -203,6 +205,21 @@ def apply_fp8(model: Any, recipe: str) -> int:
 
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=accept)
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
+def compile_engine(engine: Any, ds: dict[str, Any]) -> bool:
+    """``engine.compile()`` where the JSON's ``"autofit"`` section says ``"compile": "on"``; returns whether it did.
+
+    DeepSpeed's own compile support (``DeepSpeedEngine.compile``, deepspeed/runtime/engine.py): it compiles the
+    wrapped module with the accelerator's backend (inductor on CUDA and on the CPU) and keeps DeepSpeed's ZeRO
+    hooks outside the graph (deepspeed/runtime/compiler.py). Call it after ``deepspeed.initialize``; the graph
+    is built by the first forward and backward, which is why that step is slow (the probe times it apart as
+    ``compile_s``). A model wrapped by hand in ``torch.compile`` would hide the parameters DeepSpeed hooks.
+    """
+    if str(ds.get("autofit", {}).get("compile", "off")) != "on":
+        return False
+    engine.compile()
+    return True
 
 
 def apply_to_model(model: Any, ds: dict[str, Any], layers: Sequence[Any],

@@ -18,6 +18,7 @@ OffloadDevice = Literal["none", "cpu", "nvme"]
 Attention = Literal["eager", "sdpa", "flash"]
 TraceDtype = Literal["fp32", "bf16"]
 Granularity = Literal["block", "attention"]
+Compile = Literal["off", "on"]
 
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
@@ -25,6 +26,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_DEVICES: tuple[OffloadDevice, ...] = get_args(OffloadDevice)
 ATTENTIONS: tuple[Attention, ...] = get_args(Attention)
 GRANULARITIES: tuple[Granularity, ...] = get_args(Granularity)
+COMPILES: tuple[Compile, ...] = get_args(Compile)
 
 #: bytes of one element of the 16-bit (or 8-bit) working copy for each precision
 WORKING_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -55,6 +57,9 @@ class Config:
     checkpoint_granularity: Granularity = "block"
     """What each checkpointed layer recomputes: the whole ``block``, or only its ``attention`` sub-module
     (selective checkpointing; :meth:`autofit.workload.Workload.attention_of` finds it)."""
+    compile: Compile = "off"
+    """``on``: the model runs under ``torch.compile`` through DeepSpeed's own ``engine.compile()``
+    (:func:`autofit.apply.compile_engine`; inductor); the first step compiles, timed apart from the step."""
 
     def __post_init__(self) -> None:
         _check_int("micro_batch_size", self.micro_batch_size)
@@ -69,6 +74,7 @@ class Config:
         _check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
         _check_choice("attention", self.attention, ATTENTIONS)
         _check_choice("checkpoint_granularity", self.checkpoint_granularity, GRANULARITIES)
+        _check_choice("compile", self.compile, COMPILES)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +116,8 @@ class Config:
             f"ckpt{self.checkpoint_ratio:g}{'attn' if self.checkpoint_granularity == 'attention' else ''}",
             self.attention,
         ]
+        if self.compile == "on":
+            parts.append("compiled")
         if self.offload_optimizer != "none":
             parts.append(f"opt>{self.offload_optimizer}")
         if self.offload_params != "none":
@@ -139,6 +147,8 @@ def coerce_value(key: str, value: Any) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             return float(value)
+        if key == "compile" and isinstance(value, bool):
+            return "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
         return str(value).lower()
     except (TypeError, ValueError):
         kind = "an integer" if key in _INT_KEYS else "a number"

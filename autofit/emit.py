@@ -1,7 +1,7 @@
 """The DeepSpeed JSON of a candidate: every DeepSpeed key is written here, once.
 
 DeepSpeed's JSON cannot say everything a config means: the checkpoint ratio and granularity, the
-attention kernel and a bitsandbytes optimizer go in an ``"autofit"`` section that
+attention kernel, ``compile`` (``engine.compile()`` is a call, not a JSON field) and a bitsandbytes optimizer go in an ``"autofit"`` section that
 DeepSpeed ignores and :func:`autofit.apply.apply_to_model` (or the user, see the
 README) applies. ``train_batch_size``, the micro-batch and the accumulation are
 all written, so DeepSpeed checks the global batch itself.
@@ -111,6 +111,9 @@ def autofit_section(config: Config, client: bool, recipe: Recipe | None = None) 
         "checkpoint_ratio": config.checkpoint_ratio,
         "checkpoint_granularity": config.checkpoint_granularity,
         "attention": config.attention,
+        # DeepSpeed's own "compile" section configures DeepCompile (deepspeed/compile/config.py) and compiles
+        # nothing by itself: the script calls engine.compile() (autofit.apply.compile_engine reads this)
+        "compile": config.compile,
     }
     params = optimizer_params(config, recipe)
     if recipe is None:

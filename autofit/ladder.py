@@ -108,6 +108,7 @@ def ladder_space(ladder: tuple[Rung, ...], micro_batch_size: int) -> SearchSpace
     values["micro_batch_size"] = [micro_batch_size]
     values["attention"] = [DEFAULT_ATTENTION]
     values["checkpoint_granularity"] = ["block"]  # the seed's rung checkpoints whole blocks
+    values["compile"] = ["off"]  # the ladder's rungs run eager
     for config in rung_configs(Config(), ladder):
         for key in LADDER_KEYS:
             if getattr(config, key) not in values[key]:

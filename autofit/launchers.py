@@ -132,6 +132,11 @@ def _uses_16bit(ds: Mapping[str, Any], section: str) -> bool | str:
     return bool(enabled)
 
 
+def compiles(ds: Mapping[str, Any]) -> bool:
+    """Whether the JSON's ``"autofit"`` section says ``"compile": "on"`` (DeepSpeed's ``engine.compile()``)."""
+    return _lookup(ds, "autofit.compile") == "on"
+
+
 def checkpointing_by_trainer(ds: Mapping[str, Any]) -> bool:
     """Whether the Trainer's own activation checkpointing is the JSON's: every layer, whole blocks.
 
@@ -227,6 +232,10 @@ def trainer_keywords(ds: Mapping[str, Any], user_kwargs: Mapping[str, Any], *, c
     optim = trainer_optim(ds)
     if optim is not None:
         kwargs["optim"] = optim
+    if compiles(ds):
+        # the Trainer hands torch_compile to accelerate's dynamo plugin, which calls DeepSpeed's engine.compile()
+        # after deepspeed.initialize (accelerate/accelerator.py): what autofit.apply.compile_engine calls
+        kwargs["torch_compile"] = True
     if "deepspeed" not in user_kwargs:
         # the Trainer fills "auto" in place: hand it a copy, not the caller's mapping
         kwargs["deepspeed"] = copy.deepcopy(dict(ds))
@@ -315,6 +324,9 @@ def accelerate_config(ds_config: Mapping[str, Any], path_to_json: str | os.PathL
         "use_cpu": False,
         "debug": False,
     }
+    if compiles(ds_config):
+        # accelerate's dynamo plugin calls DeepSpeed's engine.compile(backend="inductor") after deepspeed.initialize
+        config["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     if main_process_ip is not None:
         config["main_process_ip"] = main_process_ip
     if main_process_port is not None:

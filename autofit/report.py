@@ -73,7 +73,7 @@ def _ladder_part(result: SearchResult, ladder: Ladder | None, folder: Path) -> t
 
 
 PVM_HEADER = ["trial", "phase", "config", "status", "pred. peak", "meas. peak", "peak ratio", "pred. samples/s",
-              "meas. samples/s", "wall s"]
+              "meas. samples/s", "compile s", "wall s"]
 PRUNED_TEXT = (
     "Candidates never probed: memory (predicted past the usable budget), dominated (predicted "
     "slower than the winner) or rule (a space rule refused the partial config)."
@@ -173,8 +173,15 @@ def _pvm_row(t: TrialRecord) -> list[str]:
         ratio,
         _num(t.predicted.get("samples_per_s")),
         _num(t.samples_per_s) if t.status == "ok" else "-",
+        _compile_cell(t),
         f"{t.wall_s:.1f}",
     ]
+
+
+def _compile_cell(t: TrialRecord) -> str:
+    """Seconds of the step that compiled (part of the wall time, not of samples/s); ``-`` where nothing compiled."""
+    seconds = t.measured.phases_s.get("compile_s")
+    return f"{seconds:.1f}" if seconds is not None else "-"
 
 
 def _partial_label(values: dict[str, Any]) -> str:

@@ -160,6 +160,30 @@ def granularity_needs_checkpointing(ctx: Context, checkpoint_granularity: str, c
     return "checkpoint_granularity=attention with checkpoint_ratio 0 checkpoints nothing (the same config as block)"
 
 
+def compile_needs_a_compiler(ctx: Context, compile: str) -> str | None:
+    # inductor builds a CPU graph's kernels with a C++ compiler (torch/_inductor/cpp_builder.py) and a CUDA
+    # graph's in Triton (torch/_inductor/codegen/triton.py)
+    if compile == "off":
+        return None
+    if ctx.hardware.kind == "cuda":
+        return None if ctx.software.triton else "compile on a CUDA device needs triton, which is not installed"
+    return None if ctx.software.cxx_compiler else "compile on a CPU device needs a C++ compiler (inductor), none found"
+
+
+def fp8_not_with_zero3(ctx: Context, precision: str, zero_stage: int) -> str | None:
+    # ZeRO-3 frees each gathered weight after its module's forward; a plain Linear's saved weight goes through
+    # DeepSpeed's own LinearFunctionForZeroStage3 (deepspeed/runtime/zero/linear.py, memory_efficient_linear), which
+    # re-gathers it in backward. torchao's Float8Linear runs its own autograd function (matmul_with_hp_or_float8_args,
+    # torchao/float8/float8_linear.py) that saves weight.t(), a view holding the gathered storage until its backward:
+    # every converted layer's full weight stays alive through the step (torchao's README asks FSDP users for
+    # force_recompute_fp8_weight_in_bwd for this reason). Not measured here (torchao's fp8 matmul needs a CUDA
+    # device of compute capability 8.9+), so pruned rather than priced.
+    if precision != "fp8" or zero_stage != 3:
+        return None
+    return ("fp8 with ZeRO-3: torchao's Float8Linear saves each gathered weight for backward outside DeepSpeed's "
+            "memory_efficient_linear, so ZeRO-3's weight partitioning would not hold (unmeasured; pruned)")
+
+
 def adam_mini_installed(ctx: Context, optimizer: str) -> str | None:
     if optimizer != "adam_mini" or ctx.software.adam_mini:
         return None
@@ -206,6 +230,8 @@ RULES: tuple[Rule, ...] = (
     Rule("deepspeed_op_loadable", ("optimizer", "offload_optimizer"), deepspeed_op_loadable),
     Rule("nvme_offload_ready", ("offload_optimizer", "offload_params"), nvme_offload_ready),
     Rule("granularity_needs_checkpointing", ("checkpoint_granularity", "checkpoint_ratio"), granularity_needs_checkpointing),
+    Rule("compile_needs_a_compiler", ("compile",), compile_needs_a_compiler),
+    Rule("fp8_not_with_zero3", ("precision", "zero_stage"), fp8_not_with_zero3),
     Rule("adam_mini_installed", ("optimizer",), adam_mini_installed),
     Rule("adam_mini_needs_zero0", ("optimizer", "zero_stage"), adam_mini_needs_zero0),
 )

@@ -33,6 +33,11 @@ class Software:
     """``adam_mini`` is importable: the ``adam_mini`` optimizer (the ``adam-mini`` package, ``.[train]``)."""
     cuda_toolkit: bool = True
     """``nvcc`` is found (as ``torch.utils.cpp_extension`` finds it): DeepSpeed's CUDA ops can be JIT-built."""
+    cxx_compiler: bool = True
+    """Inductor's C++ compiler is found (``$CXX``, else ``g++``: torch/_inductor/config.py, ``cpp.cxx``):
+    ``torch.compile`` of a CPU device builds its kernels with it."""
+    triton: bool = True
+    """``triton`` is importable: ``torch.compile`` of a CUDA device generates its kernels in Triton (inductor)."""
     prebuilt_ops: frozenset[str] = field(default_factory=frozenset)
     """DeepSpeed ops compiled at install time (``DS_BUILD_OPS=1``): ``fused_adam``, ``cpu_adam``, ..."""
     nvme_path: str | None = "/local_nvme"
@@ -55,6 +60,8 @@ def detect_software() -> Software:
         flash_attn=_has_module("flash_attn"),
         adam_mini=_has_module("adam_mini"),
         cuda_toolkit=find_nvcc() is not None,
+        cxx_compiler=shutil.which(os.environ.get("CXX", "g++")) is not None,
+        triton=_has_module("triton"),
         prebuilt_ops=frozenset(op for op, built in deepspeed_installed_ops().items() if built),
         nvme_path=os.environ.get(NVME_PATH_ENV) or None,
         pin_memory=can_pin_memory(),

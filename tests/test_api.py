@@ -25,6 +25,7 @@ TINY = f"{ROOT}/tests/search/tiny.py:tiny_workload"
 FIXED: dict[str, Any] = {
     "micro_batch_size": 2, "checkpoint_ratio": 0.5, "precision": "bf16", "optimizer": "adamw", "zero_stage": 2,
     "offload_optimizer": "none", "offload_params": "none", "attention": "sdpa", "checkpoint_granularity": "block",
+    "compile": "off",
 }
 
 

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from autofit.apply import apply_checkpointing, apply_to_model, client_optimizer, is_checkpointed, n_checkpointed
+from autofit.apply import (
+    apply_checkpointing,
+    apply_to_model,
+    client_optimizer,
+    compile_engine,
+    is_checkpointed,
+    n_checkpointed,
+)
 from autofit.config import Config
 from autofit.emit import deepspeed_config
 from autofit.errors import AutofitError
@@ -98,3 +107,43 @@ def test_client_optimizer_only_when_the_json_names_none() -> None:
     bnb = pytest.importorskip("bitsandbytes")
     optimizer = client_optimizer(model.parameters(), deepspeed_config(Config(optimizer="adamw8bit")))
     assert isinstance(optimizer, bnb.optim.AdamW8bit)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_a_json_that_says_compile_trains_a_tiny_model_compiled_on_the_cpu(tmp_path) -> None:
+    """The emitted JSON's ``"compile": "on"`` through autofit.apply: compile_engine calls DeepSpeed's engine.compile()
+    (inductor, gcc on the CPU) and the tiny model trains three steps (a subprocess, one gloo rank), the first
+    of which compiles."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    out = tmp_path / "result.json"
+    env = os.environ | {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                        "PYTHONPATH": os.pathsep.join([str(tests.parent), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(tests / "compiled_script.py"), str(out)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["compiled"] and result["is_compiled"]
+    assert len(result["losses"]) == 3 and all(map(math.isfinite, result["losses"]))
+    assert result["losses"][-1] < result["losses"][0]
+    assert result["seconds"][0] > max(result["seconds"][1:])  # the first step compiled
+
+
+def test_compile_engine_does_nothing_where_the_json_says_off() -> None:
+    ds = deepspeed_config(Config())
+    assert ds["autofit"]["compile"] == "off"
+    assert compile_engine(None, ds) is False  # the engine is not touched

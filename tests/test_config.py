@@ -6,6 +6,7 @@ import pytest
 
 from autofit.config import (
     ATTENTIONS,
+    COMPILES,
     CONFIG_KEYS,
     GRANULARITIES,
     OFFLOAD_DEVICES,
@@ -31,6 +32,7 @@ def test_config_keys_are_the_design_table():
         "offload_params",
         "attention",
         "checkpoint_granularity",
+        "compile",
     )
 
 
@@ -181,3 +183,14 @@ def test_parse_set_errors_name_the_key_and_the_value(pair, words):
     assert "\n" not in message
     for word in words:
         assert word in message
+
+
+def test_compile_is_off_or_on_from_yaml_booleans_and_set() -> None:
+    assert COMPILES == ("off", "on")
+    assert Config().compile == "off"
+    # YAML 1.1 reads a bare on/off as a boolean: the key takes it back as the word
+    assert coerce_value("compile", True) == "on" and coerce_value("compile", False) == "off"
+    assert parse_set(["compile=on"]) == {"compile": "on"}
+    assert "compiled" in Config(compile="on").label() and "compiled" not in Config().label()
+    with pytest.raises(AutofitError, match="compile must be one of off, on"):
+        Config(compile="yes")

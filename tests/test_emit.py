@@ -92,6 +92,17 @@ def test_autofit_section_carries_what_deepspeed_cannot_say():
     assert ds["bf16"] == {"enabled": True}
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_compile_goes_in_the_autofit_section_and_deepspeed_accepts_the_json(precision):
+    """DeepSpeed's "compile" section configures DeepCompile and compiles nothing: compile is a call,
+    engine.compile(), which autofit.apply.compile_engine makes where the section says "on"."""
+    ds = deepspeed_config(Config(precision=precision, zero_stage=2, compile="on"))
+    assert ds["autofit"]["compile"] == "on"
+    assert "compile" not in ds  # DeepCompile stays off
+    check_with_deepspeed(ds)
+    assert deepspeed_config(Config())["autofit"]["compile"] == "off"
+
+
 def test_adamw_runs_as_torch_adam_where_fused_adam_cannot_be_built():
     config = Config(optimizer="adamw", precision="bf16")
     no_nvcc = Software(cuda_toolkit=False)

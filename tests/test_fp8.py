@@ -6,6 +6,7 @@ import pytest
 
 from autofit.apply import apply_to_model
 from autofit.config import Config
+from autofit.cost_model.fp8 import fp8_cast_seconds, fp8_cast_traffic_bytes, fp8_rows
 from autofit.emit import deepspeed_config
 from autofit.fp8 import convertible_linear
 from autofit.software import Software
@@ -68,7 +69,7 @@ def _without_fp8(facts):
     profiles = {
         key: replace(p, points=tuple(replace(point, fp8_flops=0) for point in p.points)) for key, p in facts.profiles.items()
     }
-    return replace(facts, profiles=profiles, fp8_largest_linear=(0, 0))
+    return replace(facts, profiles=profiles, fp8_largest_linear=(0, 0), fp8_weight_elements=0, fp8_feature_elements=0)
 
 
 def test_the_trace_counts_the_flops_of_the_converted_linears(gpt_facts):
@@ -87,10 +88,31 @@ def test_fp8_speeds_up_only_the_converted_linears_and_adds_its_casts(gpt_facts):
     facts, h100, coefficients = gpt_facts, PRESETS["h100-80gb"], Coefficients()
     bf16 = predict(Config(micro_batch_size=4, precision="bf16", attention="eager"), facts, h100, 1, coefficients)
     fp8 = predict(Config(micro_batch_size=4, precision="fp8", attention="eager"), facts, h100, 1, coefficients)
-    assert fp8.time_breakdown["compute"] < bf16.time_breakdown["compute"]
+    casts = fp8_cast_seconds(Config(micro_batch_size=4, precision="fp8", attention="eager"), facts, h100)
+    # the matmuls run faster; the casts (unfused without compile) are what fp8 adds
+    assert 0 < casts < fp8.time_breakdown["compute"]
+    assert fp8.time_breakdown["compute"] - casts < bf16.time_breakdown["compute"]
     assert fp8.peak_bytes > bf16.peak_bytes  # the fp8 casts of the running layer
     # a model torchao converts nothing of runs fp8 exactly as bf16
     none = _without_fp8(facts)
     fp8_none = predict(Config(micro_batch_size=4, precision="fp8", attention="eager"), none, h100, 1, coefficients)
     assert fp8_none.time_breakdown["compute"] == pytest.approx(bf16.time_breakdown["compute"])
     assert fp8_none.peak_bytes == bf16.peak_bytes
+
+
+def test_fp8_casts_are_fused_only_under_compile(gpt_facts):
+    from autofit.cost_model import Coefficients, predict
+    from autofit.hardware import PRESETS
+
+    facts, h100 = gpt_facts, PRESETS["h100-80gb"]
+    eager = Config(micro_batch_size=4, precision="fp8", attention="eager")
+    compiled = eager.with_(compile="on")
+    # the rows each converted Linear sees come from the traced FLOPs: a micro-batch of 4 x 128 tokens
+    assert fp8_rows(eager, facts) == pytest.approx(4 * facts.tokens_per_sample)
+    unfused, fused = fp8_cast_traffic_bytes(eager, facts), fp8_cast_traffic_bytes(compiled, facts)
+    assert 0 < fused < unfused / 5  # torchao's roofline: 6-8 bytes an element fused, 66 unfused
+    assert fp8_cast_traffic_bytes(eager.with_(precision="bf16"), facts) == 0
+    slow = predict(eager, facts, h100, 1, Coefficients()).time_breakdown["compute"]
+    fast = predict(compiled, facts, h100, 1, Coefficients()).time_breakdown["compute"]
+    assert fast < slow
+    assert slow - fast == pytest.approx(fp8_cast_seconds(eager, facts, h100) - fp8_cast_seconds(compiled, facts, h100))

@@ -255,7 +255,7 @@ ESTIMATED = {
 #: one candidate with every key fixed: bf16, ZeRO-2, half the blocks checkpointed (the blocks matter)
 FIXED = {"micro_batch_size": 4, "checkpoint_ratio": 0.5, "checkpoint_granularity": "block", "precision": "bf16",
          "optimizer": "adamw", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none",
-         "attention": "sdpa"}
+         "attention": "sdpa", "compile": "off"}
 
 
 def _estimated_peak(entry: str, hardware: str = "h100-80gb") -> tuple[int, int]:

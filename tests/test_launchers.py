@@ -221,3 +221,17 @@ def test_lightning_takes_the_emitted_json_once_the_script_filled_it() -> None:
         lightning_arguments(_as_emitted())
     config, _ = lightning_arguments(fill_auto(_as_emitted(), **SCRIPT))
     assert "auto" not in config["optimizer"]["params"].values()
+
+
+def test_compile_reaches_the_trainer_and_accelerate_as_their_dynamo_setting(tmp_path: Path) -> None:
+    """Both end in accelerate's dynamo plugin, which calls DeepSpeed's engine.compile() after initialize."""
+    compiled, eager = _ds(compile="on"), _ds()
+    assert trainer_keywords(compiled, {}, cuda_available=False)["torch_compile"] is True
+    assert "torch_compile" not in trainer_keywords(eager, {}, cuda_available=False)
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    (tmp_path / "ds.json").write_text(json.dumps(compiled))
+    written = write_accelerate_config(tmp_path / "accelerate.yaml", accelerate_config(compiled, tmp_path / "ds.json"))
+    assert load_config_from_file(str(written)).dynamo_config == {"dynamo_backend": "INDUCTOR"}
+    assert "dynamo_config" not in accelerate_config(eager, tmp_path / "ds.json")

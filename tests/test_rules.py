@@ -108,3 +108,24 @@ def test_nvme_path_must_be_a_writable_directory(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(AutofitError, match="not an existing directory"):
         check_nvme_path(str(tmp_path / "file"))
+
+
+def test_compile_needs_inductors_compiler_on_its_device() -> None:
+    assert check("compile_needs_a_compiler", compile="off") is None
+    assert check("compile_needs_a_compiler", compile="on") is None
+    no_triton, no_cxx = Software(triton=False), Software(cxx_compiler=False)
+    assert "needs triton" in check_with("compile_needs_a_compiler", no_triton, H100, compile="on")
+    assert check_with("compile_needs_a_compiler", no_triton, CPU, compile="on") is None
+    assert "C++ compiler" in check_with("compile_needs_a_compiler", no_cxx, CPU, compile="on")
+    # the space says why compile went: one reason for the pruned group
+    space = load_space("single_gpu")
+    result = enum(space, software=no_triton, fixed={"precision": "bf16", "zero_stage": 2})
+    assert {c.compile for c in result.candidates} == {"off"}
+    assert any("needs triton" in reason for _, reason in result.rejected)
+
+
+def test_fp8_with_zero3_is_pruned_with_torchaos_reason() -> None:
+    reason = check("fp8_not_with_zero3", precision="fp8", zero_stage=3)
+    assert "Float8Linear" in reason and "memory_efficient_linear" in reason
+    assert check("fp8_not_with_zero3", precision="fp8", zero_stage=2) is None
+    assert check("fp8_not_with_zero3", precision="bf16", zero_stage=3) is None

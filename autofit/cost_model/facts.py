@@ -110,6 +110,10 @@ class ModelFacts:
     view a 4-D convolution or a ``(1, 1, d)`` token named like an embedding per row); empty where it can."""
     fp8_largest_linear: tuple[int, int] = (0, 0)
     """``(in_features, out_features)`` of the largest Linear fp8 training converts; (0, 0): none."""
+    fp8_weight_elements: int = 0
+    """``sum(in x out)`` over the Linear layers fp8 training converts: the weights its casts read."""
+    fp8_feature_elements: int = 0
+    """``sum(in + out)`` over the same layers: elements its casts read per row of input (input and output grad)."""
     profiles: dict[str, ActivationProfile] = field(default_factory=dict)
     """Traced activation profiles by :meth:`ActivationProfile.key`."""
     attention_traces: dict[str, str] = field(default_factory=dict)

@@ -418,6 +418,28 @@ def kernel_footprint_bytes(config: Config, facts: ModelFacts, hardware: Hardware
     return coefficients.kernel_footprint_bytes + (coefficients.runtime_16bit_extra_bytes if config.precision != "fp32" else 0)
 
 
+#: what ``torch.compile`` (inductor) keeps resident on a CPU device: dynamo, inductor and the compiled graphs' code.
+#: Measured with the probe (tests/probe/probe_workloads.py, compile on against off, one gloo rank): ``tiny``
+#: (0.6 M parameters) +50 MB at micro-batches 2 and 8 (ZeRO-0, fp32), +41 MB bf16 ZeRO-2, +38 MB bf16 ZeRO-1 half
+#: checkpointed; ``medium`` (34 M) +34 MB at 2 and 8 -- a fixed cost, not one that grows with the model or the
+#: batch; the largest is taken ...
+COMPILED_CPU_RUNTIME_BYTES = 50 * 10**6
+#: ... and under ZeRO-3, whose hooks break the graph into more compiled pieces: ``tiny`` at micro-batch 4 +72 MB,
+#: +81 MB fully checkpointed
+COMPILED_CPU_RUNTIME_BYTES_ZERO3 = 81 * 10**6
+
+
+def compile_bytes(config: Config, hardware: Hardware) -> int:
+    """What ``compile=on`` adds to the runtime: the compiler's resident memory on a CPU device
+    (:data:`COMPILED_CPU_RUNTIME_BYTES`, more under ZeRO-3). On a GPU nothing: inductor's graph holds no tensors eager does not
+    (its partitioner saves for backward no more than the traced eager step, and fusion frees intermediates),
+    so the eager trace is priced as an upper bound and the search's correction learns the compiled family
+    apart (``compile`` is one of :data:`autofit.cost_model.memory_correction.FAMILY_KEYS`)."""
+    if config.compile != "on" or hardware.kind != "cpu":
+        return 0
+    return COMPILED_CPU_RUNTIME_BYTES_ZERO3 if config.zero_stage == 3 else COMPILED_CPU_RUNTIME_BYTES
+
+
 def memory_phases(
     config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, coefficients: Coefficients
 ) -> dict[str, MemoryBreakdown]:
@@ -425,7 +447,7 @@ def memory_phases(
     docstring)."""
     states = model_states(config, facts, world_size, hardware.kind)
     runtime = int(hardware.context_bytes + coefficients.runtime_overhead_bytes + facts.buffer_bytes
-                  + kernel_footprint_bytes(config, facts, hardware, coefficients))
+                  + kernel_footprint_bytes(config, facts, hardware, coefficients) + compile_bytes(config, hardware))
     runtime_at_init = int(hardware.context_bytes + min(coefficients.runtime_at_init_bytes,
                                                         coefficients.runtime_overhead_bytes) + facts.buffer_bytes)
     # plain autograd keeps each gradient where it is produced (ZeRO 0; ZeRO-1, which reduces them only after

@@ -5,7 +5,8 @@ Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
 * compute = a x FLOPs(micro-batch) / (peak FLOP/s[dtype] x efficiency[dtype]); FLOPs are counted
   on the traced model (``torch.utils.flop_counter``), so the recompute that checkpointing adds is in them:
   a whole block's forward again, or only its attention's at ``checkpoint_granularity=attention``.
-  fp8 speeds up only the Linear layers torchao converts (:mod:`autofit.cost_model.fp8`).
+  fp8 speeds up only the Linear layers torchao converts, and adds their casts, memory-bound passes that only
+  ``compile`` fuses (:mod:`autofit.cost_model.fp8`).
 * communication (ZeRO paper sec. 7): data parallelism all-reduces gradients, 2 Psi elements per
   step (reduce-scatter + all-gather); ZeRO-2 reduce-scatters every micro-batch and all-gathers
   the updated parameters once; ZeRO-3 moves 3 Psi per micro-batch (all-gather in forward, again
@@ -25,7 +26,7 @@ from autofit.config import WORKING_BYTES, Config
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.comm import communication_seconds
 from autofit.cost_model.facts import ModelFacts
-from autofit.cost_model.fp8 import fp8_flops
+from autofit.cost_model.fp8 import fp8_cast_seconds, fp8_flops
 from autofit.cost_model.memory import optimizer_state_bytes
 from autofit.hardware import Hardware
 
@@ -53,7 +54,8 @@ def micro_batch_compute_s(config: Config, facts: ModelFacts, hardware: Hardware,
     if dtype != "fp8":
         return flops / rate(dtype)
     converted = min(flops, fp8_flops(config, facts))
-    return (flops - converted) / rate("bf16") + converted / rate("fp8")
+    casts = fp8_cast_seconds(config, facts, hardware)  # amax, scale, cast: fused only under compile
+    return (flops - converted) / rate("bf16") + converted / rate("fp8") + casts
 
 
 def offload_bytes(config: Config, facts: ModelFacts, world_size: int) -> float:

@@ -55,11 +55,13 @@ class ProbeResult:
     message: str | None
     """One line: why it failed, or a note (fake mode)."""
     overhead_s: float
-    """Seconds before the first step: process start + imports + model build + ``deepspeed.initialize``."""
+    """Seconds before the first step: process start + imports + model build + ``deepspeed.initialize``, and the
+    step that compiles where the config compiles (``phases_s["compile_s"]``): start-up, never step time."""
     per_rank_peak_bytes: list[int] = field(default_factory=list)
     """``peak_bytes`` of each rank, rank order."""
     phases_s: dict[str, float] = field(default_factory=dict)
-    """Rank 0's overhead by phase: process_start_s, imports_s, model_build_s, initialize_s, steps_s."""
+    """Rank 0's overhead by phase: process_start_s, imports_s, model_build_s, initialize_s, steps_s, and where the
+    model is compiled compile_s (its first step, within steps_s)."""
     breakdown: dict[str, int] = field(default_factory=dict)
     """Fake mode: bytes by category at the peak (params, grads, optimizer, activations, other)."""
     world_size: int = 1

@@ -20,6 +20,8 @@ class StepTimes:
     step_times_s: list[float] = field(default_factory=list)
     optimizer_times_s: list[float] = field(default_factory=list)
     loss: float = float("nan")
+    compile_s: float | None = None
+    """Seconds of the first warm-up step where the model is compiled (it builds the graph); None otherwise."""
 
     def step_time_s(self) -> float:
         """The median timed step (0.0 when none was timed)."""
@@ -62,6 +64,9 @@ def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: in
     def step() -> tuple:
         return train_step(engine, compute_loss, grad_accum_steps, meter.sync)
 
+    # the compiling step comes before the warm-up ones, which then run the compiled graph (a recompile a guard
+    # triggers in the second step lands in warm-up, not in the timed steps)
+    compile_s = compile_step(step) if compiles(spec) else None
     for _ in range(spec["warmup_steps"]):
         step()
     peak = 0
@@ -71,7 +76,7 @@ def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: in
         meter.stop_watchdog()
         if memory.use_default_allocator():
             step()
-    times = StepTimes(peak_bytes=peak)
+    times = StepTimes(peak_bytes=peak, compile_s=compile_s)
     for _ in range(spec["steps"]):
         step_s, optimizer_s, loss = step()
         times.step_times_s.append(step_s)
@@ -80,3 +85,46 @@ def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: in
     if meter.cuda:
         times.peak_bytes = meter.peak_bytes()
     return times
+
+
+class CompileError(RuntimeError):
+    """The step that compiles the model raised: ``torch.compile`` cannot run this config."""
+
+
+def compiles(spec: dict) -> bool:
+    """Whether the probe's JSON compiles the model (``"autofit": {"compile": "on"}``)."""
+    return str(spec.get("deepspeed", {}).get("autofit", {}).get("compile", "off")) == "on"
+
+
+def compile_step(step: Callable[[], tuple]) -> float:
+    """Run the first step, the one that compiles (dynamo traces, inductor builds forward and backward); return its
+    seconds. It counts in the probe's wall time, never in its samples/s. An error in it is a
+    :class:`CompileError` naming the cause, unless it ran out of memory (that stays an out-of-memory)."""
+    from autofit.probe.failure import oom_location
+
+    t0 = time.perf_counter()
+    try:
+        step()
+    except Exception as exc:
+        name, text = type(exc).__name__, str(exc).strip()
+        if oom_location(name, text) is not None:
+            raise
+        root = root_cause(exc)
+        why = f"{name} ({type(root).__name__}: {_first_line(str(root))})" if root is not exc else f"{name}: {_first_line(text)}"
+        raise CompileError(f"torch.compile failed in the first step: {why}"[:400]) from exc
+    return time.perf_counter() - t0
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost error under dynamo's wrappers (``BackendCompilerFailed.inner_exception``, ``__cause__``)."""
+    seen = {id(exc)}
+    while True:
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if inner is None or id(inner) in seen:
+            return exc
+        seen.add(id(inner))
+        exc = inner
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")

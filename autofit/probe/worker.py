@@ -111,6 +111,9 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
 
     t0 = time.time()
     engine = _initialize(deepspeed, model, ds)
+    from autofit.apply import compile_engine
+
+    compile_engine(engine, ds)  # lazy: the first step builds the graph (run_steps times it as compile_s)
     phases["initialize_s"] = time.time() - t0
     initialize_peak_bytes = meter.peak_bytes(final=False)
 
@@ -119,6 +122,8 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     t_steps = time.time()
     times = run_steps(engine, lambda: workload.compute_loss(engine, batch), config.grad_accum_steps, meter, spec)
     phases["steps_s"] = time.time() - t_steps
+    if times.compile_s is not None:
+        phases["compile_s"] = times.compile_s
     if snapshot_path:
         snapshot.dump(torch, snapshot_path)
     trains = math.isfinite(times.loss)

@@ -136,8 +136,8 @@ def script_plan(command: ScriptCommand, hardware: Hardware, space: SearchSpace, 
                 timeout_s: float = 600.0, software: Software | None = None, recipe: Recipe | None = None) -> Plan:
     """The plan of a script search: what a DeepSpeed JSON alone can change, priced from the script's profile.
 
-    The checkpoint ratio is fixed at 0 and client optimizers and fp8 are left out (a script that does not
-    call :mod:`autofit.apply` ignores the JSON's ``autofit`` section), unless ``--set`` fixes them: then the
+    The checkpoint ratio is fixed at 0, ``compile`` at ``off`` and client optimizers and fp8 are left out (a
+    script that does not call :mod:`autofit.apply` ignores the JSON's ``autofit`` section), unless ``--set`` fixes them: then the
     script is taken to read that section. The attention kernel is the script's own. ``software``: what the
     machine runs (``--nvme-path`` included), this one's by default. The optimizer and precision are the
     ``recipe``'s (default: :func:`autofit.plan.default_recipe`) and its allowed substitutes; its learning rate is
@@ -148,7 +148,7 @@ def script_plan(command: ScriptCommand, hardware: Hardware, space: SearchSpace, 
     recipe = for_plain_deepspeed(recipe if recipe is not None else default_recipe(hardware, fixed))
     space = narrow_space(space, recipe)
     enumeration = enumerate_candidates(space, hardware=hardware, world_size=world_size, global_batch=global_batch,
-                                       fixed={"checkpoint_ratio": 0.0} | fixed, searches_attention=False,
+                                       fixed=SCRIPT_FIXED | fixed, searches_attention=False,
                                        software=software)
     candidates, rejected = [], list(enumeration.rejected)
     for config in enumeration.candidates:
@@ -161,9 +161,13 @@ def script_plan(command: ScriptCommand, hardware: Hardware, space: SearchSpace, 
         raise AutofitError(f"no config of search space {space.name!r} can be given to a script through its JSON alone")
     facts = profile_script(command, candidates, hardware, world_size, workdir, timeout_s, software).facts(command.name)
     return Plan(entry=command.template, name=command.name, hardware=hardware, space=space, world_size=world_size,
-                global_batch=global_batch, fixed={"checkpoint_ratio": 0.0} | fixed, candidates=tuple(candidates),
+                global_batch=global_batch, fixed=SCRIPT_FIXED | fixed, candidates=tuple(candidates),
                 rejected=tuple(rejected), facts=facts, coefficients=Coefficients.for_hardware(hardware),
                 software=software, recipe=recipe)
+
+
+#: what a script that ignores the JSON's ``autofit`` section runs: no checkpointing, no engine.compile()
+SCRIPT_FIXED: dict[str, Any] = {"checkpoint_ratio": 0.0, "compile": "off"}
 
 
 def script_cannot(config: Config, device_kind: str, fixed: dict[str, Any]) -> str | None:

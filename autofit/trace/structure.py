@@ -46,6 +46,10 @@ def model_structure(workload: Workload) -> dict[str, Any]:
         # ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank
         "n_persistent_params": sum(p.numel() for p in params if p.numel() < STAGE3_PERSISTENCE_THRESHOLD),
         "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+        # what fp8's casts move (autofit.cost_model.fp8.fp8_cast_traffic_bytes): each converted weight, and per
+        # row of input the input's and the output gradient's features
+        "fp8_weight_elements": sum(m.in_features * m.out_features for _, m in fp8_linears(model)),
+        "fp8_feature_elements": sum(m.in_features + m.out_features for _, m in fp8_linears(model)),
         "fp8_largest_linear": max(
             ((m.in_features, m.out_features) for _, m in fp8_linears(model)), key=lambda d: d[0] * d[1], default=(0, 0)
         ),

@@ -219,3 +219,21 @@ def test_accumulating_zero1_and_zero2_hold_the_gradients_as_zero0_does() -> None
         one = predict(Config(micro_batch_size=8, zero_stage=stage), FACTS, CPU, 1).breakdown
         four = predict(Config(micro_batch_size=8, grad_accum_steps=4, zero_stage=stage), FACTS, CPU, 1).breakdown
         assert four.grads >= one.grads + held[stage] or four.total >= one.total + held[stage]
+
+
+def test_compile_adds_the_compilers_resident_memory_on_a_cpu_device_only() -> None:
+    from autofit.cost_model.memory import COMPILED_CPU_RUNTIME_BYTES, COMPILED_CPU_RUNTIME_BYTES_ZERO3
+    from autofit.cost_model.memory_correction import family
+
+    facts, coefficients = facts_with(10**6), Coefficients()
+    for name, extra in (("cpu", COMPILED_CPU_RUNTIME_BYTES), ("h100-80gb", 0)):
+        hardware = get_hardware(name) if name != "cpu" else get_hardware("cpu", memory_bytes=8 * 2**30)
+        eager = predict(Config(micro_batch_size=2), facts, hardware, 1, coefficients)
+        compiled = predict(Config(micro_batch_size=2, compile="on"), facts, hardware, 1, coefficients)
+        assert compiled.peak_bytes - eager.peak_bytes == extra
+        assert compiled.step_time_s == eager.step_time_s  # fp32: nothing of its step is priced differently
+    cpu = get_hardware("cpu", memory_bytes=8 * 2**30)
+    zero3 = [predict(Config(zero_stage=3, compile=c), facts, cpu, 1, coefficients).peak_bytes for c in ("off", "on")]
+    assert zero3[1] - zero3[0] == COMPILED_CPU_RUNTIME_BYTES_ZERO3 > COMPILED_CPU_RUNTIME_BYTES
+    # the search's memory correction learns the compiled family apart
+    assert family(Config(compile="on")) != family(Config())

@@ -138,3 +138,17 @@ def host_hog() -> autofit.Workload:
         hold = bytearray(400 * 2**20)
         time.sleep(5 + len(hold) * 0)
     return tiny()
+
+
+class Uncompilable(Net):
+    """Trains eagerly; under ``torch.compile`` its forward multiplies mismatched shapes, which dynamo's fake-tensor
+    trace raises (``suppress_errors`` is off by default): a model torch.compile cannot take."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            x = x @ torch.ones(3, 3)
+        return super().forward(x, y)
+
+
+def uncompilable() -> autofit.Workload:
+    return autofit.Workload(model=lambda: Uncompilable(), batch=_batch(WIDTH, 16), tokens_per_sample=16)

@@ -285,3 +285,33 @@ def test_zero3_reduces_its_last_gradient_bucket_through_a_flat_copy_after_backwa
     assert phases["reduce"].total > others
     assert result.peak_bytes == pytest.approx(phases["reduce"].total, rel=0.05)
     assert result.peak_bytes > 1.1 * others
+
+
+@pytest.mark.slow
+def test_a_compiled_probe_times_its_compile_apart_from_its_steps() -> None:
+    """compile=on runs engine.compile() (inductor, the C++ compiler on the CPU): the step that compiles is timed
+    apart as compile_s (start-up, in the wall time), never among the timed steps samples/s is made of."""
+    config = Config(micro_batch_size=4, checkpoint_ratio=0.5, compile="on")
+    result = run_probe(entry("tiny"), config, CPU, steps=3, warmup_steps=1, timeout_s=START_S)
+    assert result.status == "ok", result.message
+    compile_s = result.phases_s["compile_s"]
+    assert len(result.step_times_s) == 3
+    # compiling is slower than any compiled step, and part of the start-up, not of the step time
+    assert compile_s > max(result.step_times_s)
+    assert result.overhead_s >= compile_s
+    assert result.samples_per_s == pytest.approx(4 / result.step_time_s)
+    assert result.wall_s > compile_s
+
+
+@pytest.mark.slow
+def test_a_compile_that_fails_is_an_error_naming_compile() -> None:
+    """A model whose forward torch.compile cannot trace (it trains eagerly): the first step raises, and the
+    candidate is an error that says compile failed and why, not a measurement; the same model eager trains."""
+    result = run_probe(entry("uncompilable"), Config(compile="on"), CPU, steps=1, warmup_steps=0, timeout_s=START_S)
+    assert result.status == "error"
+    message = result.message or ""
+    assert message.startswith("CompileError: torch.compile failed in the first step"), message
+    assert "TorchRuntimeError" in message and "\n" not in message, message  # dynamo's own error, one line
+    assert result.step_time_s == 0.0
+    eager = run_probe(entry("uncompilable"), Config(), CPU, steps=1, warmup_steps=0, timeout_s=START_S)
+    assert eager.status == "ok", eager.message
