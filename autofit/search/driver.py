@@ -232,7 +232,8 @@ def run_search(
         raise AutofitError(
             nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
         )
-    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe)
+    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe,
+                          largest_param_numel=plan.facts.largest_param_numel)
     check_with_deepspeed(ds)
     written = str(out_path) if out_path is not None else None
     result = search.result(winner, ds, stop_reason, storage, study_name, written, time.monotonic() - started)
