@@ -71,3 +71,17 @@ def optimizer_swap_pinned_bytes(trainable_numel: float, world_size: int) -> floa
     """Pinned host bytes of one rank's optimizer swapper: ``buffer_count`` fp32 buffers of its largest sub-group."""
     largest = io_aligned(math.ceil(min(trainable_numel / world_size, SUB_GROUP_ELEMENTS)), MASTER_BYTES)
     return float(OPTIMIZER_SWAP_BUFFER_COUNT * largest * MASTER_BYTES)
+
+
+def nvme_swap_bytes(offload_params: str, offload_optimizer: str, optimizer_state_bytes: float,
+                    partitioned_numel: float, trainable_numel: float, world_size: int, ranks_on_node: int,
+                    element_bytes: int) -> float:
+    """Bytes one node's ranks write to the NVMe directory: each rank's w-byte parameter partition
+    (``zero_stage_3/<dtype>params/rank<R>``, partitioned_param_swapper.py) and its fp32 master partition, fp32
+    gradient and ``optimizer_state_bytes`` of optimizer states (``zero_stage_3/optimizer``, optimizer_utils.py)."""
+    per_rank = 0.0
+    if offload_params == "nvme":
+        per_rank += element_bytes * partitioned_numel / world_size
+    if offload_optimizer == "nvme":
+        per_rank += 2 * MASTER_BYTES * trainable_numel / world_size + optimizer_state_bytes
+    return per_rank * ranks_on_node

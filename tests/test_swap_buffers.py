@@ -12,9 +12,11 @@ import torch
 from autofit import swap_buffers
 from autofit.config import Config
 from autofit.emit import check_with_deepspeed, deepspeed_config
+from autofit.hardware import PRESETS
 from autofit.software import Software
 
 ROOT = Path(__file__).resolve().parents[1]
+PRESETS_H100 = PRESETS["h100-80gb"]
 #: LLaMA-1 7B's embedding (examples/llama_7b.py: vocabulary 32000 x hidden 4096), its largest parameter
 LLAMA_7B_EMBEDDING = 32000 * 4096
 
@@ -127,7 +129,6 @@ def test_nvme_pins_the_swap_buffers_on_the_host_instead_of_the_partitions() -> N
 def test_the_7b_nvme_candidates_json_passes_deepspeeds_parser_and_swapper(tmp_path: Path) -> None:
     """examples/llama_7b.py traced and priced on one H100 with --nvme-path: its NVMe candidate's JSON."""
     from autofit.estimate import estimate
-    from autofit.hardware import PRESETS
     from autofit.plan import Plan
     from autofit.space import load_space
     from autofit.workload import load_workload
@@ -150,7 +151,6 @@ def test_a_zero3_candidate_on_eight_gpus_passes_deepspeeds_parser() -> None:
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     from autofit.estimate import estimate
-    from autofit.hardware import PRESETS
     from autofit.plan import Plan
     from autofit.space import load_space
     from autofit.workload import load_workload
@@ -165,6 +165,7 @@ def test_a_zero3_candidate_on_eight_gpus_passes_deepspeeds_parser() -> None:
     assert DeepSpeedZeroConfig(**ds["zero_optimization"]).stage == 3
 
 
+@pytest.mark.slow
 def test_a_probe_sizes_the_buffers_from_its_models_largest_parameter(tmp_path: Path) -> None:
     """The probe's JSON is written without the traced facts: the worker sizes it from a meta-device build."""
     from autofit.probe.worker import sized_param_swap_buffers
@@ -176,3 +177,64 @@ def test_a_probe_sizes_the_buffers_from_its_models_largest_parameter(tmp_path: P
     assert sized["zero_optimization"]["offload_param"]["buffer_size"] == swap_buffers.io_aligned(3000 * 700 // 2, 2)
     swapper_get_buffer(sized, torch.bfloat16, zero3_partition_numel(3000 * 700, 2))
     assert sized_param_swap_buffers(sized, workload, NVME, 2, torch) is sized
+
+
+def _nvme_room(software: Software, **config: object):
+    from autofit.plan import within_nvme_room
+    from tests.toy_facts import FACTS
+
+    return within_nvme_room((replace(NVME, **config),), FACTS, PRESETS_H100, 1, software)
+
+
+def test_nvme_candidates_whose_swap_files_outgrow_the_drive_are_rejected(tmp_path: Path) -> None:
+    from autofit.errors import AutofitError
+    from tests.toy_facts import FACTS
+
+    roomy = Software(nvme_path=str(tmp_path), nvme_free_bytes=10**12)
+    kept, rejected = _nvme_room(roomy)
+    assert len(kept) == 1 and rejected == []
+    # ZeRO-Infinity writes the bf16 parameters and the fp32 master, gradient and AdamW states (8 B) per element
+    need = 2 * FACTS.n_trainable_params + (4 + 4 + 8) * FACTS.n_trainable_params
+    assert _nvme_room(replace(roomy, nvme_free_bytes=int(need)))[0]
+    with pytest.raises(AutofitError, match="NVMe offload writes .* which has .* free"):
+        _nvme_room(replace(roomy, nvme_free_bytes=int(need) - 1))
+    unknown = replace(roomy, nvme_free_bytes=None)  # free space not checked (a plan without --nvme-path's check)
+    assert _nvme_room(unknown)[0]
+
+
+def test_nvme_swap_buffers_past_rlimit_memlock_are_rejected(tmp_path: Path) -> None:
+    """DeepSpeed mlocks the swap buffers (csrc/pin_memory/page_alloc.cpp); cudaHostAlloc's pinning is not bound."""
+    from autofit.errors import AutofitError
+
+    limited = Software(nvme_path=str(tmp_path), memlock_bytes=8 * 2**20)  # a common container default: 8 MiB
+    with pytest.raises(AutofitError, match="RLIMIT_MEMLOCK"):
+        _nvme_room(limited)
+    cpu_offload = replace(NVME, offload_params="cpu", offload_optimizer="cpu")
+    from autofit.plan import within_nvme_room
+    from tests.toy_facts import FACTS
+
+    assert within_nvme_room((cpu_offload,), FACTS, PRESETS_H100, 1, limited)[0] == (cpu_offload,)
+    assert _nvme_room(replace(limited, memlock_bytes=None))[0]
+
+
+def test_this_machines_memlock_limit_and_pinning(tmp_path: Path) -> None:
+    import os
+    import resource
+
+    from autofit.software import detect_software, memlock_limit_bytes
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    expected = None if os.geteuid() == 0 or soft == resource.RLIM_INFINITY else soft
+    assert memlock_limit_bytes() == expected
+    assert detect_software().pin_memory  # cudaHostAlloc pins whatever RLIMIT_MEMLOCK says
+
+
+def test_nvme_path_gets_checked_for_o_direct_and_free_space(tmp_path: Path) -> None:
+    from autofit.software import o_direct_refused
+    from autofit.target import machine_software
+
+    assert o_direct_refused(tmp_path) is None and not list(tmp_path.iterdir())  # the test file is gone
+    assert "No such file" in (o_direct_refused(tmp_path / "missing") or "")
+    software = machine_software(str(tmp_path))
+    assert software.nvme_path == str(tmp_path.resolve())
+    assert software.nvme_free_bytes is not None and software.nvme_free_bytes > 0

@@ -183,6 +183,9 @@ def run_probe(
     ranks_per_node, n_nodes = hardware.ranks_on_a_node(world_size), hardware.n_nodes(world_size)
     if mode == "real":
         check_devices(hardware.kind, ranks_per_node, visible_cuda_devices() if hardware.kind == "cuda" else None)
+        from autofit.probe.ops import clear_stale_locks
+
+        clear_stale_locks()  # before every probe: one killed at its timeout mid-build leaves a lock for the next
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="autofit-probe-") as tmp:
         if mode == "real" and n_nodes > 1:  # one torch.distributed.run agent per node (probe/elastic.py)
