@@ -37,7 +37,10 @@ def test_presets_are_cuda_with_flash_and_bf16(name):
     assert hardware.peak_flops["bf16"] > hardware.peak_flops["fp32"]
 
 
-@pytest.mark.parametrize(("name", "fp8"), [("h100-80gb", True), ("h100-pcie-80gb", True), ("h200", True), ("a100-40gb", False), ("l4", True)])
+@pytest.mark.parametrize(
+    ("name", "fp8"),
+    [("h100-80gb", True), ("h100-pcie-80gb", True), ("h200", True), ("a100-40gb", False), ("l4", True)],
+)
 def test_fp8_only_where_the_hardware_has_it(name, fp8):
     assert PRESETS[name].supports_precision("fp8") == fp8
 
