@@ -274,7 +274,8 @@ def _closest_preset(device_name: str, memory_bytes: int) -> tuple[str, Hardware]
     said = [f for f in FORM_FACTORS if f in compact]
     specific = [(k, p) for k, p in matches if any(f in k.split("-") for f in said)]
     plain = [(k, p) for k, p in matches if not any(f in k.split("-") for f in FORM_FACTORS)]
-    return (specific or plain or [None])[0]
+    chosen = specific or plain
+    return chosen[0] if chosen else None
 
 
 def nvml_records() -> list[DeviceRecord] | None:
