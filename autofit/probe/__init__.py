@@ -213,6 +213,7 @@ def _spec(
     software: Software | None = None,
 ) -> dict[str, Any]:
     """What the worker reads: the workload, the config and its DeepSpeed JSON, the steps and the device."""
+    from autofit.cost_model.cuda_runtime import nccl_buffer_bytes
     from autofit.emit import deepspeed_config
 
     return {
@@ -227,6 +228,8 @@ def _spec(
         "budget_bytes": hardware.memory_bytes if hardware.kind == "cpu" and mode == "real" else None,
         "memory_bytes": hardware.memory_bytes,
         "context_bytes": hardware.context_bytes,
+        # what NCCL will hold outside the allocator once it connects: --memory's cap leaves room for it
+        "nccl_bytes": nccl_buffer_bytes(world_size) if hardware.kind == "cuda" else 0,
         "hardware": {k: v for k, v in asdict(hardware).items()},
     }
 

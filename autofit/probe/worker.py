@@ -122,7 +122,8 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
                                           message=message))
         os._exit(0)
 
-    meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded, device_budget_bytes=spec.get("memory_bytes"))
+    meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded, device_budget_bytes=spec.get("memory_bytes"),
+                  later_outside_bytes=int(spec.get("nccl_bytes") or 0))
     _METERS.append(meter)
     snapshot_path = spec.get("memory_snapshot") if meter.cuda and rank == 0 else None
     if snapshot_path:
