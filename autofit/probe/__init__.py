@@ -238,7 +238,15 @@ def _combine(
     config: Config, outcomes: list[RankOutcome], timed_out: bool, world_size: int, mode: str, timeout_s: float,
     wall_s: float
 ) -> ProbeResult:
-    """One result from the ranks' own: the worst status, the largest peak, the slowest rank's step."""
+    """One result from the ranks' own: the worst status, the largest peak, the slowest rank's step. A rank that
+    wrote none but logged an out-of-memory line (DeepSpeed's failed mlock) is that ``oom``."""
+    from autofit.probe.failure import classify_log_tail
+    from autofit.probe.rank import RankResult
+
+    for outcome in outcomes:
+        verdict = classify_log_tail(outcome.log_tail) if outcome.result is None and not outcome.killed_by_us else None
+        if verdict is not None:
+            outcome.result = RankResult(rank=outcome.rank, **verdict)
     results = [o.result for o in outcomes]
     statuses = [_rank_status(r, timed_out) for r in results]
     status = max(statuses, key=_STATUS_RANK.__getitem__)

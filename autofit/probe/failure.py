@@ -177,6 +177,17 @@ def _dmesg() -> str:
     return done.stdout if done.returncode == 0 else ""
 
 
+def classify_log_tail(log_tail: str) -> Failure | None:
+    """The result of a rank that wrote none but left an out-of-memory line in its log, or None: DeepSpeed's
+    failed ``mlock`` of a swap buffer is written to stderr and the rank dies on the null buffer (SIGSEGV or an
+    abort), before Python can raise."""
+    found = oom_location("", log_tail)
+    if found is None:
+        return None
+    where, line = found
+    return {"status": "oom", "oom_on": where, "message": _one_line("rank log", line)}
+
+
 def classify_exit(
     returncode: int | None,
     pid: int,

@@ -217,3 +217,16 @@ def test_an_out_of_memory_reports_the_peak_reached_before_it_never_a_measured_ze
     assert unmetered.peak_bytes == 0 and "peak unknown" in (unmetered.message or "")
     error = failure_result(0, {}, ValueError("bad entry"), "traceback", None)
     assert error.message == "ValueError: bad entry"
+
+
+def test_a_rank_that_died_on_a_failed_mlock_is_oom_on_the_host() -> None:
+    """DeepSpeed writes the mlock failure to stderr, then the rank dies on the null buffer: no result file."""
+    from autofit.config import Config
+    from autofit.probe import _combine
+
+    tail = f"[2026-11-25] [INFO] Tensor Swapping: Adding optimizer tensors\n{MLOCK_FAILED}\n"
+    outcomes = [RankOutcome(0, -signal.SIGSEGV, None, tail, pid=1), RankOutcome(1, -signal.SIGKILL, None, "", pid=2,
+                                                                                killed_by_us=True)]
+    result = _combine(Config(), outcomes, False, 2, "real", 60.0, 1.0)
+    assert (result.status, result.oom_on) == ("oom", "host")
+    assert "mlock failed to allocate" in (result.message or "")
