@@ -129,12 +129,15 @@ def main() -> None:
     """Find the fastest training configuration that fits a device."""
 
 
-def _prepare_ops(configs: list[Any], setup: Setup) -> None:
-    """Build or load the DeepSpeed ops the configs need, as its own step (not in a probe's time)."""
+def _prepare_ops(configs: list[Any], setup: Setup) -> Any:
+    """Build or load the DeepSpeed ops the configs need, as its own step (not in a probe's time); the setup's
+    software with the failed builds marked (AdamW runs as ``torch_adam`` where FusedAdam failed)."""
     from autofit.probe.ops import prepare_ops
 
-    for line in prepare_ops(configs, setup.hardware, setup.software).lines():
+    report = prepare_ops(configs, setup.hardware, setup.software)
+    for line in report.lines():
         say(line)
+    return report.software(setup.software)
 
 
 def _say_fragmentation(measured: Any) -> None:
@@ -180,12 +183,13 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
         check_nodes(setup)  # nodes that cannot be placed: one line before the trace and the ops
     result = run_estimate(setup.plan())
     chosen = (result.fitting or result.candidates)[0]
+    software = setup.software
     if mode == "real":
-        _prepare_ops([chosen.config], setup)
+        software = _prepare_ops([chosen.config], setup)
     say(f"probing {chosen.config.label()} ({mode})")
     measured = run_probe(setup.entry_point, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,
                          warmup_steps=warmup, timeout_s=timeout_s, memory_snapshot=snapshot_path,
-                         software=setup.software, hosts=setup.hosts)
+                         software=software, hosts=setup.hosts)
     _say_fragmentation(measured)
     document = measured.to_json() | {"predicted": chosen.prediction.to_dict()}
     if shared.as_json:

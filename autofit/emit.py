@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autofit.config import Config
+from autofit.config import WORKING_BYTES, Config
 from autofit.ds_constants import (
     ALLGATHER_BUCKET_ELEMENTS,
     REDUCE_BUCKET_ELEMENTS,
@@ -28,6 +28,7 @@ from autofit.errors import AutofitError
 from autofit.fp8 import FP8_RECIPE
 from autofit.recipe import AUTO_NOTE, Recipe, differences, measuring_params
 from autofit.software import Software, detect_software, uses_torch_adam
+from autofit.swap_buffers import PARAM_SWAP_BUFFER_COUNT, param_swap_buffer_elements
 
 #: optimizer key -> DeepSpeed "optimizer.type"; DeepSpeed falls back to ``getattr(torch.optim, type)``
 #: for names outside its own list (deepspeed/runtime/engine.py, _configure_basic_optimizer)
@@ -46,7 +47,7 @@ MODEL_CLIENT_OPTIMIZERS = ("adam_mini",)
 
 def deepspeed_config(
     config: Config, world_size: int = 1, device_kind: str = "cuda", software: Software | None = None,
-    recipe: Recipe | None = None,
+    recipe: Recipe | None = None, largest_param_numel: int | None = None,
 ) -> dict[str, Any]:
     """The exact DeepSpeed config ``config`` runs with on ``world_size`` data-parallel ranks.
 
@@ -60,6 +61,9 @@ def deepspeed_config(
     (FusedLion is CUDA-only) unless the optimizer is offloaded, so Lion goes as a client optimizer.
     ``software`` (default: this machine's) decides ``torch_adam`` where FusedAdam cannot be built,
     the NVMe path and whether offload buffers are pinned.
+    ``largest_param_numel``: the traced model's largest parameter, which sizes NVMe parameter offload's swap
+    buffers (:func:`with_param_swap_buffers`); None leaves DeepSpeed's default (the probe's worker sizes it from
+    the real model).
     """
     software = software if software is not None else detect_software()
     ds: dict[str, Any] = {
@@ -71,6 +75,8 @@ def deepspeed_config(
         "wall_clock_breakdown": False,
         "zero_optimization": _zero_section(config, software),
     }
+    if largest_param_numel:
+        ds = with_param_swap_buffers(ds, largest_param_numel, world_size, WORKING_BYTES[config.precision])
     if config.precision in ("bf16", "fp8"):
         ds["bf16"] = {"enabled": True}
     elif config.precision == "fp16":
@@ -169,6 +175,19 @@ def _offload(device: str, software: Software) -> dict[str, Any]:
             raise AutofitError("NVMe offload needs --nvme-path DIR (a writable directory on the NVMe drive)")
         section["nvme_path"] = software.nvme_path
     return section
+
+
+def with_param_swap_buffers(ds: dict[str, Any], largest_param_numel: int, world_size: int,
+                            element_bytes: int) -> dict[str, Any]:
+    """``ds`` with NVMe parameter offload's ``buffer_count`` and ``buffer_size`` sized for the largest parameter's
+    partition (:func:`autofit.swap_buffers.param_swap_buffer_elements`); ``ds`` itself where no parameter goes
+    to NVMe. DeepSpeed's default ``buffer_size`` (1e8 elements) fails ``get_buffer``'s check on a 7 B model."""
+    offload = ds.get("zero_optimization", {}).get("offload_param")
+    if not offload or offload.get("device") != "nvme":
+        return ds
+    sized = {**offload, "buffer_count": PARAM_SWAP_BUFFER_COUNT,
+             "buffer_size": param_swap_buffer_elements(largest_param_numel, world_size, element_bytes)}
+    return {**ds, "zero_optimization": {**ds["zero_optimization"], "offload_param": sized}}
 
 
 def check_with_deepspeed(ds: dict[str, Any]) -> None:

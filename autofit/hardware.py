@@ -119,8 +119,20 @@ def _ampere(name: str, memory_mib: int, bandwidth: float) -> Hardware:
     )
 
 
+def _hopper_pcie(name: str, memory_mib: int) -> Hardware:
+    """H100 PCIe (NVIDIA H100 Tensor Core GPU datasheet, "H100 PCIe" column; 300-350 W): FP32 51 TFLOPS,
+    BF16/FP16 1,513 and FP8 3,026 TFLOPS with sparsity, so 756 and 1,513 dense; HBM2e at 2 TB/s; PCIe Gen5
+    128 GB/s (64 one direction). Its NVLink bridge joins pairs only, so the node's links are PCIe's."""
+    return replace(
+        _hopper(name, memory_mib, 2.0e12),
+        peak_flops={"fp32": 51 * TFLOPS, "bf16": 756 * TFLOPS, "fp16": 756 * TFLOPS, "fp8": 1513 * TFLOPS},
+        intra_node_bytes_per_s=64 * GB,
+    )
+
+
 PRESETS: dict[str, Hardware] = {
     "h100-80gb": _hopper("h100-80gb", 81559, 3.35e12),
+    "h100-pcie-80gb": _hopper_pcie("h100-pcie-80gb", 81559),
     "h200": _hopper("h200", 143771, 4.8e12),
     "a100-40gb": _ampere("a100-40gb", 40960, 1.555e12),
     "a100-80gb": _ampere("a100-80gb", 81920, 2.039e12),
@@ -242,18 +254,28 @@ def node_hardware(records: list[DeviceRecord]) -> Hardware | None:
         return None
     key, preset = base
     hardware = replace(preset, name=f"{key} ({first.name})", memory_bytes=first.memory_bytes)
-    if not first.nvlink:
+    if not first.nvlink and "pcie" not in key:
         hardware = replace(hardware, name=f"{key} PCIe ({first.name})", intra_node_bytes_per_s=preset.pcie_bytes_per_s)
     return replace(hardware, devices_per_node=len(records))
 
 
+#: form factors a preset's name may carry (``h100-pcie-80gb``): a device whose name says one gets that preset
+FORM_FACTORS = ("pcie",)
+
+
 def _closest_preset(device_name: str, memory_bytes: int) -> tuple[str, Hardware] | None:
+    """The preset of the device's family and memory; where the name says its form factor ("NVIDIA H100 PCIe"),
+    the preset of that form factor, else the family's plain (SXM) one."""
     compact = device_name.lower().replace(" ", "")
-    for key, preset in PRESETS.items():
-        family = key.split("-")[0]
-        if family in compact and abs(preset.memory_bytes - memory_bytes) < 0.1 * preset.memory_bytes:
-            return key, preset
-    return None
+    matches = [
+        (key, preset) for key, preset in PRESETS.items()
+        if key.split("-")[0] in compact and abs(preset.memory_bytes - memory_bytes) < 0.1 * preset.memory_bytes
+    ]
+    said = [f for f in FORM_FACTORS if f in compact]
+    specific = [(k, p) for k, p in matches if any(f in k.split("-") for f in said)]
+    plain = [(k, p) for k, p in matches if not any(f in k.split("-") for f in FORM_FACTORS)]
+    chosen = specific or plain
+    return chosen[0] if chosen else None
 
 
 def nvml_records() -> list[DeviceRecord] | None:
@@ -303,12 +325,10 @@ def detect_cuda() -> Hardware | None:
     if not torch.cuda.is_available():
         return None
     props = torch.cuda.get_device_properties(0)
-    device_name = props.name.lower()
-    for key, preset in PRESETS.items():
-        family = key.split("-")[0]
-        close = abs(preset.memory_bytes - props.total_memory) < 0.1 * preset.memory_bytes
-        if family in device_name.replace(" ", "") and close:
-            return replace(preset, name=f"{key} ({props.name})", memory_bytes=props.total_memory)
+    closest = _closest_preset(props.name, props.total_memory)
+    if closest is not None:
+        key, preset = closest
+        return replace(preset, name=f"{key} ({props.name})", memory_bytes=props.total_memory)
     major = props.major
     base = PRESETS["h100-80gb"] if major >= 9 else PRESETS["a100-80gb"]
     # bf16 tensor math needs sm80 (Ampere), fp8 sm89 (Ada/Hopper): an older card must not claim them

@@ -279,14 +279,17 @@ def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: flo
     default; ``say``: one progress line at a time (the CLI prints them on stderr)."""
     from autofit.probe import run_probe
     from autofit.probe.ops import prepare_ops
+    from autofit.software import detect_software
 
     check_can_measure(ladder.hardware)
     fitting = [row for row in ladder.rows if row.fits]
     if not fitting:
         say("autofit: no rung is predicted to fit: nothing to probe")
         return ladder
-    for line in prepare_ops([row.config for row in fitting], ladder.hardware, software).lines():
+    report = prepare_ops([row.config for row in fitting], ladder.hardware, software)
+    for line in report.lines():
         say(line)
+    software = report.software(software if software is not None else detect_software())
     measured = {}
     for row in fitting:
         say(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}")

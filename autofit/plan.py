@@ -112,6 +112,7 @@ class Plan:
         )
         configs = tuple(enumeration.candidates)
         facts = facts or trace_for(workload, configs)
+        configs, no_room = within_nvme_room(configs, facts, hardware, world_size, software)
         return cls(
             entry=entry,
             name=workload.name or entry,
@@ -121,7 +122,7 @@ class Plan:
             global_batch=global_batch,
             fixed=fixed,
             candidates=configs,
-            rejected=tuple(enumeration.rejected),
+            rejected=(*enumeration.rejected, *no_room),
             facts=with_kernel_footprints(facts, entry, configs) if hardware.kind == "cpu" else facts,
             coefficients=coefficients or Coefficients.for_hardware(hardware),
             software=software,
@@ -151,6 +152,49 @@ class Plan:
         priced = [(c, self.predict(c, calibration)) for c in self.candidates]
         priced.sort(key=lambda cp: -cp[1].samples_per_s)
         return priced
+
+
+def within_nvme_room(configs: tuple[Config, ...], facts: ModelFacts, hardware: Hardware, world_size: int,
+                     software: Software) -> tuple[tuple[Config, ...], list[tuple[dict[str, Any], str]]]:
+    """``configs`` less the NVMe-offload ones the machine cannot hold, and why each kind was rejected: swap files
+    past the ``--nvme-path`` filesystem's free space (:func:`autofit.swap_buffers.nvme_swap_bytes`), or a rank's
+    ``mlock``-ed swap buffers past ``RLIMIT_MEMLOCK`` (:attr:`autofit.software.Software.memlock_bytes`). What is
+    not known (free space, a limit) rejects nothing."""
+    from autofit.config import WORKING_BYTES
+    from autofit.cost_model.memory import optimizer_state_bytes
+    from autofit.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes, param_swap_pinned_bytes
+    from autofit.units import format_bytes
+
+    kept: list[Config] = []
+    rejected: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = {}
+    shard = facts.n_trainable_params / world_size
+    partitioned = facts.n_trainable_params - facts.n_persistent_params
+    for c in configs:
+        w = WORKING_BYTES[c.precision]
+        reason = None
+        free = software.nvme_free_bytes
+        need = nvme_swap_bytes(c.offload_params, c.offload_optimizer,
+                               optimizer_state_bytes(c.optimizer, facts, shard, flat=True), partitioned,
+                               facts.n_trainable_params, world_size, hardware.ranks_on_a_node(world_size), w)
+        if free is not None and need > free:
+            reason = (f"NVMe offload writes {format_bytes(need)} to --nvme-path {software.nvme_path}, "
+                      f"which has {format_bytes(free)} free")
+        locked = ((param_swap_pinned_bytes(facts.largest_param_numel, partitioned, world_size, w)
+                   if c.offload_params == "nvme" else 0.0)
+                  + (optimizer_swap_pinned_bytes(facts.n_trainable_params, world_size)
+                     if c.offload_optimizer == "nvme" else 0.0))
+        if reason is None and software.memlock_bytes is not None and locked > software.memlock_bytes:
+            reason = (f"NVMe offload mlocks {format_bytes(locked)} of swap buffers per rank but RLIMIT_MEMLOCK is "
+                      f"{format_bytes(software.memlock_bytes)} (raise it: ulimit -l unlimited)")
+        if reason is None:
+            kept.append(c)
+            continue
+        key = (c.offload_params, c.offload_optimizer, c.optimizer, c.precision)
+        names = ("offload_params", "offload_optimizer", "optimizer", "precision")
+        rejected.setdefault(key, (dict(zip(names, key, strict=True)), reason))
+    if configs and not kept:
+        raise AutofitError(f"no candidate is left: {next(iter(rejected.values()))[1]}")
+    return tuple(kept), list(rejected.values())
 
 
 def default_recipe(hardware: Hardware, fixed: dict[str, Any] | None = None) -> Recipe:

@@ -14,6 +14,8 @@ import functools
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,18 +40,47 @@ class Software:
     ``torch.compile`` of a CPU device builds its kernels with it."""
     triton: bool = True
     """``triton`` is importable: ``torch.compile`` of a CUDA device generates its kernels in Triton (inductor)."""
+    host_compiler: bool = True
+    """A C++ compiler (``$CXX`` or ``c++``, as ``torch.utils.cpp_extension`` picks it) is found: DeepSpeed's host
+    ops (CPU Adam/Lion, :data:`HOST_OPS`) can be JIT-built, with or without nvcc."""
+    libaio: bool | None = True
+    """DeepSpeed's async_io op can be built here (``AsyncIOBuilder().is_compatible()``: libaio's headers and
+    library link); None: not checked yet, :func:`async_io_compatible` is asked (once a process) the first
+    time an NVMe candidate needs it."""
+    failed_ops: frozenset[str] = frozenset()
+    """Ops whose build failed this run (:meth:`autofit.probe.ops.OpsReport.software`): not loadable, whatever
+    the tools say."""
     prebuilt_ops: frozenset[str] = field(default_factory=frozenset)
     """DeepSpeed ops compiled at install time (``DS_BUILD_OPS=1``): ``fused_adam``, ``cpu_adam``, ..."""
     nvme_path: str | None = "/local_nvme"
     """Where NVMe offload swaps (``--nvme-path``, checked by :func:`check_nvme_path`); None: NVMe is pruned.
     The default is a placeholder for planning without a machine."""
+    nvme_free_bytes: int | None = None
+    """Free bytes on ``nvme_path``'s filesystem (``shutil.disk_usage``) when it was checked; None: not known.
+    A candidate whose swap files would not fit is rejected (:func:`autofit.swap_buffers.nvme_swap_bytes`)."""
     pin_memory: bool = True
-    """Whether offload buffers may be page-locked: root, or an unlimited ``RLIMIT_MEMLOCK`` (pinned pages
-    cannot be swapped out; containers often cap them)."""
+    """Whether offload buffers are page-locked: yes. DeepSpeed pins them with ``cudaHostAlloc`` (torch's
+    ``pin_memory``), which ``RLIMIT_MEMLOCK`` does not bound; pinned pages are host RAM that cannot be swapped
+    out, which the host model checks against the node's available RAM (:mod:`autofit.cost_model.host`)."""
+    memlock_bytes: int | None = None
+    """``RLIMIT_MEMLOCK``'s soft limit where it binds (not root, not unlimited), else None. It binds DeepSpeed's
+    NVMe swap buffers: ``new_cpu_locked_tensor`` allocates them with ``mlock`` (csrc/pin_memory/page_alloc.cpp),
+    so an NVMe candidate whose pinned swap pools pass it is rejected."""
 
     def can_load_op(self, op: str) -> bool:
-        """Whether DeepSpeed's CUDA op ``op`` is installed pre-built or can be JIT-built here."""
-        return op in self.prebuilt_ops or self.cuda_toolkit
+        """Whether DeepSpeed's op ``op`` is installed pre-built or can be JIT-built here: a host op (CPU Adam/Lion)
+        with the C++ compiler, a CUDA op with nvcc, async_io also with libaio; never one whose build failed."""
+        if op in self.failed_ops:
+            return False
+        if op in self.prebuilt_ops:
+            return True
+        if op in HOST_OPS:
+            return self.host_compiler
+        return self.cuda_toolkit and (op != "async_io" or self.has_libaio())
+
+    def has_libaio(self) -> bool:
+        """:attr:`libaio`, checked with DeepSpeed's builder where it was not yet."""
+        return self.libaio if self.libaio is not None else async_io_compatible()
 
 
 @functools.lru_cache(maxsize=1)
@@ -62,9 +93,11 @@ def detect_software() -> Software:
         cuda_toolkit=find_nvcc() is not None,
         cxx_compiler=shutil.which(os.environ.get("CXX", "g++")) is not None,
         triton=_has_module("triton"),
+        host_compiler=find_host_compiler() is not None,
         prebuilt_ops=frozenset(op for op, built in deepspeed_installed_ops().items() if built),
         nvme_path=os.environ.get(NVME_PATH_ENV) or None,
-        pin_memory=can_pin_memory(),
+        memlock_bytes=memlock_limit_bytes(),
+        libaio=None,
     )
 
 
@@ -82,19 +115,40 @@ def check_nvme_path(path: str) -> str:
             pass
     except OSError as error:
         raise AutofitError(f"--nvme-path {path!r} is not writable: {error.strerror}") from None
+    refused = o_direct_refused(folder)
+    if refused:
+        raise AutofitError(f"--nvme-path {path!r} refuses O_DIRECT ({refused}): DeepSpeed's async_io opens its swap "
+                           "files with O_DIRECT (csrc/aio/common/deepspeed_aio_common.cpp); use a directory on the "
+                           "NVMe drive's own filesystem")
     return str(folder.resolve())
 
 
-def can_pin_memory() -> bool:
-    """Root, or ``RLIMIT_MEMLOCK`` unlimited: the host lets offload buffers be page-locked."""
+def o_direct_refused(folder: Path) -> str | None:
+    """Why a file in ``folder`` cannot be opened with ``O_DIRECT`` (its filesystem refuses it), or None."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return "this system has no O_DIRECT"
+    path = folder / f".autofit-odirect-{os.getpid()}"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL | flag, 0o600)
+    except OSError as error:
+        return error.strerror or str(error)
+    os.close(fd)
+    path.unlink(missing_ok=True)
+    return None
+
+
+def memlock_limit_bytes() -> int | None:
+    """``RLIMIT_MEMLOCK``'s soft limit in bytes where it binds ``mlock``; None for root (``CAP_IPC_LOCK``) or
+    an unlimited limit. Only DeepSpeed's NVMe swap buffers are ``mlock``-ed; ``cudaHostAlloc`` ignores it."""
     if hasattr(os, "geteuid") and os.geteuid() == 0:
-        return True
+        return None
     try:
         import resource
     except ImportError:
-        return False
+        return None
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return soft == resource.RLIM_INFINITY
+    return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def _has_module(name: str) -> bool:
@@ -102,6 +156,26 @@ def _has_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+def find_host_compiler() -> Path | None:
+    """The C++ compiler ``torch.utils.cpp_extension.get_cxx_compiler`` uses on Linux: ``$CXX``, else ``c++``."""
+    found = shutil.which(os.environ.get("CXX") or "c++")
+    return Path(found) if found else None
+
+
+@functools.lru_cache(maxsize=1)
+def async_io_compatible(timeout_s: float = 120.0) -> bool:
+    """DeepSpeed's ``AsyncIOBuilder().is_compatible()`` (it compiles and links a test of libaio's ``io_submit``),
+    in a subprocess: DeepSpeed's import and its compiler run stay out of this process."""
+    code = ("from deepspeed.ops.op_builder.async_io import AsyncIOBuilder\n"
+            "print('AIO', AsyncIOBuilder().is_compatible(verbose=False))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "AIO True" in done.stdout
 
 
 def find_nvcc() -> Path | None:
@@ -144,6 +218,12 @@ def installed_ops_from_source(tree: ast.Module) -> dict[str, bool]:
             return {str(k): bool(v) for k, v in value.items()} if isinstance(value, dict) else {}
     return {}
 
+
+#: ops compiled by the host's C++ compiler, nvcc or not: on the CUDA accelerator CPUAdamBuilder and CPULionBuilder
+#: are the CPU accelerator's (deepspeed/accelerator/cuda_accelerator.py ``_lazy_init_class_dict``: "Host-side
+#: optimizers run on the CPU"), ``CPUOpBuilder`` subclasses built as a ``CppExtension``
+#: (deepspeed/ops/op_builder/cpu/builder.py)
+HOST_OPS = frozenset({"cpu_adam", "cpu_lion", "cpu_adagrad", "deepspeed_shm_comm"})
 
 #: DeepSpeed op builders by op name (deepspeed/ops/op_builder: FusedAdamBuilder.NAME == "fused_adam", ...)
 OP_BUILDERS = {

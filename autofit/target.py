@@ -14,6 +14,7 @@ makes its shared options from these fields, so an option every command takes is 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -278,10 +279,12 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
 
 def machine_software(nvme_path: str | None) -> Software:
     """This machine's software (:func:`autofit.software.detect_software`), with ``nvme_path`` checked and put in
-    where given: the rules, the DeepSpeed JSONs and the probes get it from the setup, not the environment."""
+    where given, with its filesystem's free space (NVMe candidates whose swap files outgrow it are rejected): the
+    rules, the DeepSpeed JSONs and the probes get it from the setup, not the environment."""
     from autofit.software import check_nvme_path, detect_software
 
     software = detect_software()
     if nvme_path is None:
         return software
-    return dataclasses.replace(software, nvme_path=check_nvme_path(nvme_path))
+    checked = check_nvme_path(nvme_path)
+    return dataclasses.replace(software, nvme_path=checked, nvme_free_bytes=shutil.disk_usage(checked).free)

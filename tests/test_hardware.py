@@ -7,7 +7,7 @@ import pytest
 from autofit.errors import AutofitError
 from autofit.hardware import HARDWARE_NAMES, PRESETS, Hardware, default_gpus, detect_cpu, get_hardware
 
-PRESET_NAMES = ["h100-80gb", "h200", "a100-40gb", "a100-80gb", "l4", "rtx4090"]
+PRESET_NAMES = ["h100-80gb", "h100-pcie-80gb", "h200", "a100-40gb", "a100-80gb", "l4", "rtx4090"]
 
 
 def test_the_documented_names_exist():
@@ -37,7 +37,10 @@ def test_presets_are_cuda_with_flash_and_bf16(name):
     assert hardware.peak_flops["bf16"] > hardware.peak_flops["fp32"]
 
 
-@pytest.mark.parametrize(("name", "fp8"), [("h100-80gb", True), ("h200", True), ("a100-40gb", False), ("l4", True)])
+@pytest.mark.parametrize(
+    ("name", "fp8"),
+    [("h100-80gb", True), ("h100-pcie-80gb", True), ("h200", True), ("a100-40gb", False), ("l4", True)],
+)
 def test_fp8_only_where_the_hardware_has_it(name, fp8):
     assert PRESETS[name].supports_precision("fp8") == fp8
 
@@ -45,7 +48,7 @@ def test_fp8_only_where_the_hardware_has_it(name, fp8):
 def test_memory_sizes_are_ordered_as_the_cards():
     mem = {name: PRESETS[name].memory_bytes for name in PRESET_NAMES}
     assert mem["a100-40gb"] < mem["a100-80gb"]
-    assert mem["h100-80gb"] < mem["h200"]
+    assert mem["h100-80gb"] == mem["h100-pcie-80gb"] < mem["h200"]
     assert mem["l4"] < mem["rtx4090"] < mem["a100-40gb"]
 
 
@@ -120,14 +123,34 @@ def _h100(name: str = "NVIDIA H100 80GB HBM3", nvlink: bool = True):  # noqa: AN
 
 
 def test_node_detection_reads_every_device_and_tells_pcie_from_sxm():
-    from autofit.hardware import PRESETS, node_hardware
+    from autofit.hardware import PRESETS, DeviceRecord, node_hardware
 
     sxm = node_hardware([_h100() for _ in range(8)])
     assert sxm.devices_per_node == 8
     assert sxm.intra_node_bytes_per_s == PRESETS["h100-80gb"].intra_node_bytes_per_s
     pcie = node_hardware([_h100("NVIDIA H100 PCIe", nvlink=False) for _ in range(4)])
-    assert "PCIe" in pcie.name
+    assert pcie.name == "h100-pcie-80gb (NVIDIA H100 PCIe)" and pcie.devices_per_node == 4
     assert pcie.intra_node_bytes_per_s == PRESETS["h100-80gb"].pcie_bytes_per_s < sxm.intra_node_bytes_per_s
+    # its own FLOPs and bandwidth (the datasheet's PCIe column), not SXM's
+    assert pcie.peak_flops["bf16"] < sxm.peak_flops["bf16"] and pcie.peak_flops["fp32"] < sxm.peak_flops["fp32"]
+    assert pcie.memory_bandwidth_bytes_per_s < sxm.memory_bandwidth_bytes_per_s
+    bridged = node_hardware([_h100("NVIDIA H100 PCIe", nvlink=True) for _ in range(2)])  # an NVLink bridge pairs two
+    assert bridged.peak_flops == pcie.peak_flops
+    # a PCIe card of a family with no PCIe preset keeps the family's figures, with PCIe's links
+    a100 = node_hardware([DeviceRecord("NVIDIA A100-PCIE-40GB", 40960 * 2**20, nvlink=False)])
+    assert a100.name == "a100-40gb PCIe (NVIDIA A100-PCIE-40GB)"
+    assert a100.intra_node_bytes_per_s == PRESETS["a100-40gb"].pcie_bytes_per_s
+
+
+def test_the_h100_pcie_preset_prices_a_slower_step_than_sxm():
+    from autofit.config import Config
+    from autofit.cost_model import predict
+    from tests.toy_facts import FACTS
+
+    config = Config(precision="bf16", micro_batch_size=2, grad_accum_steps=1)
+    sxm = predict(config, FACTS, PRESETS["h100-80gb"])
+    pcie = predict(config, FACTS, PRESETS["h100-pcie-80gb"])
+    assert pcie.step_time_s > sxm.step_time_s
 
 
 def test_a_mixed_node_is_one_line_of_error():

@@ -78,8 +78,13 @@ def test_flash_needs_flash_attn_and_16_bit():
     ("optimizer", "offload", "software", "ok"),
     [
         ("lion", "none", NOTHING, False),  # FusedLion is JIT-built with nvcc
-        ("lion", "cpu", NOTHING, False),  # so is DeepSpeedCPULion on a CUDA build
-        ("adamw", "cpu", NOTHING, False),
+        # CPU Adam/Lion are the CPU accelerator's builders on CUDA too, built by the host compiler: a pip-only
+        # machine without nvcc keeps ZeRO-Offload
+        ("lion", "cpu", NOTHING, True),
+        ("adamw", "cpu", NOTHING, True),
+        ("adamw", "cpu", replace(NOTHING, host_compiler=False), False),
+        ("adamw", "cpu", replace(NOTHING, host_compiler=False, prebuilt_ops=frozenset({"cpu_adam"})), True),
+        ("adamw", "cpu", Software(failed_ops=frozenset({"cpu_adam"})), False),  # its build failed this run
         ("adamw", "none", NOTHING, True),  # torch_adam instead
         ("lion", "none", Software(cuda_toolkit=False, prebuilt_ops=frozenset({"fused_lion"})), True),
         ("lion", "none", Software(), True),
@@ -99,6 +104,37 @@ def test_nvme_offload_needs_a_path_and_async_io():
     no_build = replace(Software(), cuda_toolkit=False)
     assert "async_io" in check_with("nvme_offload_ready", no_build, offload_optimizer="nvme", offload_params="none")
     assert check_with("nvme_offload_ready", Software(), offload_optimizer="none", offload_params="nvme") is None
+    no_libaio = replace(Software(), libaio=False)
+    assert "libaio" in check_with("nvme_offload_ready", no_libaio, offload_optimizer="none", offload_params="nvme")
+    prebuilt = replace(no_libaio, prebuilt_ops=frozenset({"async_io"}))
+    assert check_with("nvme_offload_ready", prebuilt, offload_optimizer="none", offload_params="nvme") is None
+
+
+@pytest.mark.slow
+def test_cpu_adam_and_lion_are_host_ops_on_the_cuda_accelerator():
+    """Why autofit.software.HOST_OPS holds them: DeepSpeed's CUDA accelerator hands out the CPU builders."""
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+    from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+    from deepspeed.ops.op_builder.cpu.builder import CPUOpBuilder
+
+    from autofit.software import HOST_OPS, OP_BUILDERS
+
+    accelerator = CUDA_Accelerator()
+    for op, builder in OP_BUILDERS.items():
+        cls = accelerator.get_op_builder(builder)
+        if cls is not None and op != "deepspeed_shm_comm":
+            assert issubclass(cls, CPUOpBuilder) == (op in HOST_OPS), op
+            assert issubclass(cls, CUDAOpBuilder) == (op not in HOST_OPS), op
+
+
+@pytest.mark.slow
+def test_libaio_is_checked_with_deepspeeds_own_builder():
+    """This machine has no libaio headers: DeepSpeed's AsyncIOBuilder says so, and so does autofit."""
+    from deepspeed.ops.op_builder.async_io import AsyncIOBuilder
+
+    from autofit.software import async_io_compatible
+
+    assert async_io_compatible() == bool(AsyncIOBuilder().is_compatible(verbose=False))
 
 
 def test_nvme_path_must_be_a_writable_directory(tmp_path):

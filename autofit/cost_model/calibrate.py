@@ -49,6 +49,7 @@ from autofit.boundary import Status, as_status
 from autofit.config import Config
 from autofit.cost_model import Coefficients, ModelFacts, Prediction, predict
 from autofit.cost_model.coefficients import MAX_EFFICIENCY
+from autofit.cost_model.cuda_runtime import learned_outside_allocator_bytes, runtime_bytes
 from autofit.cost_model.memory_correction import MemoryCorrection, fit_correction
 from autofit.hardware import Hardware
 
@@ -83,6 +84,10 @@ class Observation:
     time_lower_bound_s: float = 0.0
     """For a timeout: the least one step can have taken (the probe's time less its start-up, over the steps it
     did not finish); 0.0 otherwise or when unknown."""
+    outside_allocator_bytes: int | None = None
+    """CUDA: what the probe held outside the caching allocator at its peak (NVML's peak less
+    ``max_memory_reserved``, :func:`autofit.cost_model.cuda_runtime.measured_outside_allocator_bytes`); None
+    where not measured (the CPU, NVML without per-process rows)."""
 
     @property
     def split(self) -> bool:
@@ -99,6 +104,8 @@ class Observation:
             budget_bytes=int(data.get("budget_bytes", 0)),
             optimizer_time_s=float(data.get("optimizer_time_s", 0.0)),
             time_lower_bound_s=float(data.get("time_lower_bound_s", 0.0)),
+            outside_allocator_bytes=(int(data["outside_allocator_bytes"])
+                                     if data.get("outside_allocator_bytes") is not None else None),
         )
 
 
@@ -327,14 +334,27 @@ def fit_memory(
     prior: Coefficients,
     predictor: Predictor = predict,
 ) -> MemoryCorrection:
-    """The memory correction learned from ok and oom probes, family by family (:mod:`.memory_correction`)."""
+    """The memory correction learned from ok and oom probes, family by family (:mod:`.memory_correction`); on
+    CUDA the ratio is fitted to the peak less the additive runtime term, which is not a ratio
+    (:func:`autofit.cost_model.cuda_runtime.runtime_bytes`)."""
     unscaled = prior.with_(memory_scale=1.0)
 
     def base(config: Config) -> float:
         return float(predictor(config, facts, hardware, world_size, unscaled).peak_bytes)
 
     measured = [(o.config, o.status, o.peak_bytes, o.budget_bytes) for o in observations]
-    return fit_correction(measured, base, prior.memory_scale)
+    fixed = runtime_bytes(hardware, world_size, prior.outside_allocator_bytes)
+    return fit_correction(measured, base, prior.memory_scale, fixed)
+
+
+def fit_runtime(observations: Sequence[Observation], hardware: Hardware, prior: Coefficients) -> Coefficients:
+    """CUDA: ``prior`` with the outside-allocator offset the probes measured (their median; the first probe's
+    alone until there are more); the prior's where none measured it, and on the CPU."""
+    if hardware.kind != "cuda":
+        return prior
+    learned = learned_outside_allocator_bytes(
+        [o.outside_allocator_bytes for o in observations if o.status in ("ok", "oom")])
+    return prior if learned is None else prior.with_(outside_allocator_bytes=learned)
 
 
 def fit_time_factors(
@@ -375,7 +395,7 @@ def calibrate(
     predictor: Predictor = predict,
 ) -> Calibration:
     """Everything probes say, in one :class:`Calibration` (time, then memory, then residual factors)."""
-    prior = prior or Coefficients.for_hardware(hardware)
+    prior = fit_runtime(observations, hardware, prior or Coefficients.for_hardware(hardware))
     coefficients = fit_time(observations, facts, hardware, world_size, prior, predictor)
     memory = fit_memory(observations, facts, hardware, world_size, coefficients, predictor)
     coefficients = coefficients.with_(memory_scale=memory.global_scale)
@@ -414,6 +434,7 @@ __all__ = [
     "TimeTerms",
     "calibrate",
     "fit_memory",
+    "fit_runtime",
     "fit_time",
     "fit_time_factors",
     "slower_where_timed_out",

@@ -53,7 +53,12 @@ class Coefficients:
     """The part of ``runtime_overhead_bytes`` already held while ``deepspeed.initialize`` runs (the
     communicator's buffers); the rest appears with the first forward and backward."""
     memory_scale: float = 1.0
-    """Multiplicative correction of the predicted peak, fitted from probes (1.0 = uncalibrated)."""
+    """Multiplicative correction of the predicted peak, fitted from probes (1.0 = uncalibrated); on CUDA it
+    scales the peak less the additive runtime term (:mod:`autofit.cost_model.cuda_runtime`)."""
+    outside_allocator_bytes: int | None = None
+    """CUDA: device memory a rank holds outside PyTorch's caching allocator (context, NCCL's buffers, lazily
+    loaded kernels), learned from probes (NVML's peak less the allocator's); None: priced
+    (:func:`autofit.cost_model.cuda_runtime.priced_outside_allocator_bytes`). Unused on the CPU."""
 
     def __post_init__(self) -> None:
         for dtype, value in self.compute_efficiency.items():

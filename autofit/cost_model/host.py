@@ -18,6 +18,10 @@ what one rank holds there. One rank holds, at its peak, the larger of two phases
   Optimizer offload, ZeRO-3 (stage3.py): the fp32 partition, its fp32 gradient (``subgroup_gradient_buffer``),
   the optimizer states and the w-byte gradient partition (``grad_partitions_flat_buffer`` on ``self.device='cpu'``).
   Parameter offload, ZeRO-3: the w-byte parameter partition (``param_groups_fp16_flat_cpu_memory``).
+  NVMe offload keeps those partitions on the drive and pins swap buffers instead (:mod:`autofit.swap_buffers`):
+  the parameter swapper's ``buffer_count x buffer_size`` pool and fp16 reuse buffer, the optimizer swapper's
+  ``buffer_count`` fp32 sub-group buffers; the optimizer's gradients stay on the host (fp32 and w-byte,
+  counted whole: an upper bound, the fp32 one is swapped between steps).
   Pinned or not, these are host pages; pinning only makes them unswappable.
 
 Plus the process itself (:data:`HOST_RUNTIME_BYTES`). A CPU device *is* the host: there the
@@ -30,6 +34,7 @@ from autofit.config import WORKING_BYTES, Config
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.memory import FP32, optimizer_state_bytes
 from autofit.hardware import Hardware
+from autofit.swap_buffers import optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 
 #: host RSS of one CUDA training rank before any model: Python, torch, DeepSpeed and the CUDA
 #: runtime's host-side libraries. An assumption, not measured here (no GPU in the session that wrote
@@ -52,15 +57,20 @@ def host_steady_bytes(config: Config, facts: ModelFacts, world_size: int) -> flo
     w = WORKING_BYTES[config.precision]
     shard = facts.n_trainable_params / world_size
     held = 0.0
-    if config.offload_optimizer != "none":
+    if config.offload_optimizer == "nvme":  # ZeRO-3 only (rules.optimizer_offload_needs_zero)
+        held += (FP32 + w) * shard + optimizer_swap_pinned_bytes(facts.n_trainable_params, world_size)
+    elif config.offload_optimizer != "none":
         held += 2 * FP32 * shard + optimizer_state_bytes(config.optimizer, facts, shard, flat=True)
         if config.zero_stage == 3:
             held += w * shard
         else:
             held += w * facts.largest_param_numel + (w * shard if config.grad_accum_steps > 1 else 0.0)
     if config.offload_params != "none" and config.zero_stage == 3:
-        persistent = facts.n_persistent_params
-        held += w * (facts.n_trainable_params - persistent) / world_size
+        partitioned = facts.n_trainable_params - facts.n_persistent_params
+        if config.offload_params == "nvme":
+            held += param_swap_pinned_bytes(facts.largest_param_numel, partitioned, world_size, w)
+        else:
+            held += w * partitioned / world_size
     return held
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 
 from autofit.config import WORKING_BYTES, Config
 from autofit.cost_model.coefficients import Coefficients
+from autofit.cost_model.cuda_runtime import cublas_workspace_bytes, outside_allocator_bytes, runtime_bytes
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_bytes
 from autofit.ds_constants import (
@@ -403,7 +404,10 @@ def predict_memory(
 ) -> MemoryBreakdown:
     """The peak over the init, backward and step phases, split by what holds the bytes."""
     peak = max(memory_phases(config, facts, hardware, world_size, coefficients).values(), key=lambda m: m.total)
-    return _scaled(peak, coefficients.memory_scale) if coefficients.memory_scale != 1.0 else peak
+    if coefficients.memory_scale == 1.0:
+        return peak
+    fixed = runtime_bytes(hardware, world_size, coefficients.outside_allocator_bytes)  # CUDA's offset; CPU: 0
+    return _scaled(peak, coefficients.memory_scale, fixed)
 
 
 def kernel_footprint_bytes(config: Config, facts: ModelFacts, hardware: Hardware, coefficients: Coefficients) -> int:
@@ -446,10 +450,18 @@ def memory_phases(
     """The bytes held at the worst moment of each phase (``init``, ``backward``, ``reduce``, ``step``; module
     docstring)."""
     states = model_states(config, facts, world_size, hardware.kind)
-    runtime = int(hardware.context_bytes + coefficients.runtime_overhead_bytes + facts.buffer_bytes
-                  + kernel_footprint_bytes(config, facts, hardware, coefficients) + compile_bytes(config, hardware))
-    runtime_at_init = int(hardware.context_bytes + min(coefficients.runtime_at_init_bytes,
-                                                        coefficients.runtime_overhead_bytes) + facts.buffer_bytes)
+    # CUDA: the context, NCCL's buffers and cuBLAS's workspace, priced or learned (cost_model/cuda_runtime.py);
+    # the workspace comes with the first matmul, after initialize. CPU: the preset's context (0)
+    outside = hardware.context_bytes
+    workspace = 0
+    if hardware.kind == "cuda":
+        outside = outside_allocator_bytes(hardware, world_size, coefficients.outside_allocator_bytes)
+        workspace = cublas_workspace_bytes(hardware)
+    runtime = int(outside + workspace + coefficients.runtime_overhead_bytes + facts.buffer_bytes
+                  + kernel_footprint_bytes(config, facts, hardware, coefficients)
+                  + compile_bytes(config, hardware))
+    runtime_at_init = int(outside + min(coefficients.runtime_at_init_bytes,
+                                        coefficients.runtime_overhead_bytes) + facts.buffer_bytes)
     # plain autograd keeps each gradient where it is produced (ZeRO 0; ZeRO-1, which reduces them only after
     # backward); on a CPU, ZeRO-2's reduce bucket is written as gradients arrive, so it too grows with them
     # while the activations free (a GPU's bucket is reserved whole: grads_resident). With accumulation the
@@ -489,9 +501,10 @@ def memory_phases(
     }
 
 
-def _scaled(breakdown: MemoryBreakdown, scale: float) -> MemoryBreakdown:
-    """Calibration applies to the activations and runtime, the parts the formulas know least."""
-    extra = (scale - 1.0) * breakdown.total
+def _scaled(breakdown: MemoryBreakdown, scale: float, fixed: int = 0) -> MemoryBreakdown:
+    """Calibration applies to the activations and runtime, the parts the formulas know least. ``fixed``: an
+    additive term the ratio does not scale (CUDA's runtime, :mod:`autofit.cost_model.cuda_runtime`)."""
+    extra = (scale - 1.0) * max(0, breakdown.total - fixed)
     return MemoryBreakdown(
         params=breakdown.params,
         grads=breakdown.grads,

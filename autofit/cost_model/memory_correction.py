@@ -93,20 +93,25 @@ def _family_config(values: tuple[object, ...]) -> Config:
 
 
 def fit_correction(
-    measured: Sequence[tuple[Config, str, int, int]], base: Callable[[Config], float], prior_scale: float = 1.0
+    measured: Sequence[tuple[Config, str, int, int]], base: Callable[[Config], float], prior_scale: float = 1.0,
+    fixed: float = 0.0,
 ) -> MemoryCorrection:
     """The correction from ``(config, status, peak_bytes, budget_bytes)`` probes; ``base(config)`` is the
-    uncorrected predicted peak. ok probes give ratios, oom probes lower bounds; others say nothing."""
+    uncorrected predicted peak. ok probes give ratios, oom probes lower bounds; others say nothing.
+
+    ``fixed``: an additive term of every peak that the ratio must not scale (CUDA's runtime: context, NCCL's
+    buffers, cuBLAS's workspace, :mod:`autofit.cost_model.cuda_runtime`): the ratio is then that of what is
+    left, ``(peak - fixed) / (base - fixed)``. 0 (the CPU): the ratio of the whole peaks."""
     by_family: dict[tuple[object, ...], list[float]] = {}
     for c, status, peak, _ in measured:
-        if status == "ok" and peak > 0 and base(c) > 0:
-            by_family.setdefault(family(c), []).append(peak / base(c))
+        if status == "ok" and peak > fixed and base(c) > fixed:
+            by_family.setdefault(family(c), []).append((peak - fixed) / (base(c) - fixed))
     all_ratios = [r for rs in by_family.values() for r in rs]
     ratios = tuple((f, statistics.median(rs)) for f, rs in by_family.items())
     bounds = tuple(
-        (family(c), OOM_HEADROOM * budget / base(c))
+        (family(c), OOM_HEADROOM * (budget - fixed) / (base(c) - fixed))
         for c, status, _, budget in measured
-        if status == "oom" and budget > 0 and base(c) > 0
+        if status == "oom" and budget > fixed and base(c) > fixed
     )
     global_scale = statistics.median(all_ratios) if all_ratios else prior_scale
     return MemoryCorrection(global_scale=_clamp(global_scale), ratios=ratios, oom_bounds=bounds)

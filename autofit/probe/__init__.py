@@ -190,6 +190,9 @@ def run_probe(
     nodes = node_launch(hardware.kind, n_nodes, ranks_per_node, hosts) if mode == "real" and n_nodes > 1 else None
     if mode == "real" and nodes is None:
         check_devices(hardware.kind, ranks_per_node, visible_cuda_devices() if hardware.kind == "cuda" else None)
+        from autofit.probe.ops import clear_stale_locks
+
+        clear_stale_locks()  # before every probe: one killed at its timeout mid-build leaves a lock for the next
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="autofit-probe-") as tmp:
         if nodes is not None:  # one elastic agent per node (probe/elastic.py)
@@ -226,6 +229,7 @@ def _spec(
     software: Software | None = None,
 ) -> dict[str, Any]:
     """What the worker reads: the workload, the config and its DeepSpeed JSON, the steps and the device."""
+    from autofit.cost_model.cuda_runtime import nccl_buffer_bytes
     from autofit.emit import deepspeed_config
 
     return {
@@ -240,6 +244,8 @@ def _spec(
         "budget_bytes": hardware.memory_bytes if hardware.kind == "cpu" and mode == "real" else None,
         "memory_bytes": hardware.memory_bytes,
         "context_bytes": hardware.context_bytes,
+        # what NCCL will hold outside the allocator once it connects: --memory's cap leaves room for it
+        "nccl_bytes": nccl_buffer_bytes(world_size) if hardware.kind == "cuda" else 0,
         "hardware": {k: v for k, v in asdict(hardware).items()},
     }
 
@@ -248,7 +254,15 @@ def _combine(
     config: Config, outcomes: list[RankOutcome], timed_out: bool, world_size: int, mode: str, timeout_s: float,
     wall_s: float, launcher: str = "direct"
 ) -> ProbeResult:
-    """One result from the ranks' own: the worst status, the largest peak, the slowest rank's step."""
+    """One result from the ranks' own: the worst status, the largest peak, the slowest rank's step. A rank that
+    wrote none but logged an out-of-memory line (DeepSpeed's failed mlock) is that ``oom``."""
+    from autofit.probe.failure import classify_log_tail
+    from autofit.probe.rank import RankResult
+
+    for outcome in outcomes:
+        verdict = classify_log_tail(outcome.log_tail) if outcome.result is None and not outcome.killed_by_us else None
+        if verdict is not None:
+            outcome.result = RankResult(rank=outcome.rank, **verdict)
     results = [o.result for o in outcomes]
     statuses = [_rank_status(r, timed_out) for r in results]
     status = max(statuses, key=_STATUS_RANK.__getitem__)

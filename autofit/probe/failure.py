@@ -13,8 +13,18 @@ Two ways a rank fails:
     (``AT_CUDNN_CHECK``; ATen/cuda/Exceptions.h);
   - NCCL: ``torch.distributed.DistBackendError`` "NCCL error in: ...ProcessGroupNCCL.cpp, unhandled cuda
     error ... Last error: Cuda failure 'out of memory'" (c10d ``C10D_NCCL_CHECK`` + NCCL's ``CUDACHECK``);
+  - cuBLAS handle creation on a full device: "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling
+    `cublasCreate(handle)`" (``TORCH_CUDABLAS_CHECK`` in ATen/cuda/CublasHandlePool.cpp; cuBLAS returns
+    NOT_INITIALIZED, not ALLOC_FAILED, when it cannot allocate its resources), only with ``cublasCreate``
+    / ``cublasLtCreate`` (NOT_INITIALIZED elsewhere is a setup error);
+  - NCCL's own device buffers: "Failed to CUDA calloc 6291456 bytes" (NCCL's ``WARN`` in include/alloc.h,
+    ``ncclCudaCalloc``; torch appends NCCL's last error after "Last error:"), "Failed to CUDA calloc async";
   - the host: "DefaultCPUAllocator: can't allocate memory" (c10/core/impl/alloc_cpu.cpp) and Python's
-    ``MemoryError``.
+    ``MemoryError``;
+  - pinned host memory: "mlock failed to allocate N bytes" (DeepSpeed's csrc/pin_memory/page_alloc.cpp, the
+    NVMe swap buffers; written to stderr, read from a rank's log tail); and a "CUDA error: out of memory"
+    raised by a pinning call (PyTorch's CachingHostAllocator ``C10_CUDA_CHECK(cudaHostAlloc(...))``): the
+    innermost frame of the traceback pins (``pin_memory``, ``new_cpu_locked_tensor``), so it is the host's.
 
 * it dies without writing a result. A rank ended by SIGKILL that this process did not send is ``oom``
   on the host when the kernel's OOM killer marked it: its pid in a kernel log line "Out of memory:
@@ -29,13 +39,17 @@ import os
 import re
 import signal
 import subprocess
+import traceback
 from typing import TypedDict
 
 from autofit.boundary import OomOn, Status
 
 #: (pattern over the exception text, where memory ran out); the first match wins
 OOM_PATTERNS: tuple[tuple[re.Pattern[str], OomOn], ...] = (
+    (re.compile(r"mlock failed to allocate \d+ bytes"), "host"),
     (re.compile(r"CUDA out of memory"), "device"),
+    (re.compile(r"CUBLAS(?:LT)?_STATUS_NOT_INITIALIZED when calling `cublas(?:Lt)?Create"), "device"),
+    (re.compile(r"Failed to CUDA calloc"), "device"),
     (re.compile(r"\b(?:CUBLAS|CUBLASLT|CUDNN|CUSOLVER|CUSPARSE|CUFFT)_STATUS_ALLOC_FAILED\b"), "device"),
     (re.compile(r"CUDA error: out of memory"), "device"),
     (re.compile(r"NCCL error[\s\S]*out of memory|Cuda failure[^\n]*out of memory"), "device"),
@@ -47,14 +61,23 @@ _OOM_TYPES: dict[str, OomOn] = {"OutOfMemoryError": "device", "MemoryError": "ho
 _KILLED_RE = re.compile(r"(?:Out of memory|out of memory)[^:\n]*: Killed process (\d+) \(")
 
 
-def oom_location(name: str, text: str) -> tuple[OomOn, str] | None:
+#: a source line or function that pins host memory: torch's ``pin_memory``, DeepSpeed's accelerator
+#: ``pin_memory`` and its aio handles' ``new_cpu_locked_tensor``
+_PINNING_RE = re.compile(r"pin_memory(?!\s*=\s*False)|new_cpu_locked_tensor|cudaHostAlloc|cudaHostRegister")
+
+
+def oom_location(name: str, text: str, innermost: str = "") -> tuple[OomOn, str] | None:
     """``(where, line)`` when an exception of class ``name`` with ``text`` is an out-of-memory, else None.
 
-    ``where`` is ``device`` or ``host``; ``line`` is the line of ``text`` that says so.
+    ``where`` is ``device`` or ``host``; ``line`` is the line of ``text`` that says so. ``innermost``: the
+    function name and source line of the traceback's innermost frame; a CUDA out-of-memory raised where it
+    pins memory is the host's (cudaHostAlloc reports cudaErrorMemoryAllocation as "out of memory").
     """
     for pattern, where in OOM_PATTERNS:
         match = pattern.search(text)
         if match:
+            if where == "device" and _PINNING_RE.search(innermost):
+                where = "host"
             return where, _line_at(text, match.end() - 1)
     if name in _OOM_TYPES:
         return _OOM_TYPES[name], _first_line(text)
@@ -73,11 +96,18 @@ def classify_exception(exc: BaseException) -> Failure:
     """``oom`` on the ``device`` or the ``host``, or ``error``; with one line saying so."""
     name = type(exc).__name__
     text = str(exc).strip()
-    found = oom_location(name, text)
+    found = oom_location(name, text, innermost_frame(exc))
     if found is not None:
         where, line = found
         return {"status": "oom", "message": _one_line(name, line), "oom_on": where}
     return {"status": "error", "message": _one_line(name, _first_line(text)), "oom_on": None}
+
+
+def innermost_frame(exc: BaseException) -> str:
+    """``function: source line`` of the innermost Python frame of ``exc``'s traceback ("" without one): the call
+    into the library that raised (a C++ error has no frame of its own)."""
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    return f"{frames[-1].name}: {frames[-1].line or ''}" if frames else ""
 
 
 def _one_line(name: str, line: str) -> str:
@@ -145,6 +175,17 @@ def _dmesg() -> str:
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout if done.returncode == 0 else ""
+
+
+def classify_log_tail(log_tail: str) -> Failure | None:
+    """The result of a rank that wrote none but left an out-of-memory line in its log, or None: DeepSpeed's
+    failed ``mlock`` of a swap buffer is written to stderr and the rank dies on the null buffer (SIGSEGV or an
+    abort), before Python can raise."""
+    found = oom_location("", log_tail)
+    if found is None:
+        return None
+    where, line = found
+    return {"status": "oom", "oom_on": where, "message": _one_line("rank log", line)}
 
 
 def classify_exit(

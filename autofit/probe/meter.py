@@ -6,7 +6,10 @@ passes the budget. CUDA: the most device memory NVML lists for this process, sam
 from the context's creation through the steps (:mod:`autofit.probe.nvml`); ``max_memory_reserved``
 and the context beside it, and their sum where NVML has no figure. ``--memory`` is enforced:
 ``torch.cuda.set_per_process_memory_fraction`` caps the caching allocator at the budget less the
-context, so a candidate past it fails with the allocator's own out-of-memory error.
+context and what NCCL will add outside the allocator once it connects (priced by world size,
+:func:`autofit.cost_model.cuda_runtime.nccl_buffer_bytes`: the context is measured before NCCL starts),
+so a candidate past it fails with the allocator's own out-of-memory error. cuBLAS's workspace is allocated
+through the allocator, within the cap.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ class Meter:
     """Start metering at construction (after the imports); :meth:`peak_bytes` reads the peak so far.
 
     ``on_exceeded(used_bytes)`` is called from the CPU watchdog's thread once resident memory
-    passes ``budget_bytes`` (``None``: no budget); it is never called on CUDA.
+    passes ``budget_bytes`` (``None``: no budget); it is never called on CUDA. ``later_outside_bytes``: CUDA,
+    what will live outside the allocator beyond the context measured here (NCCL's buffers), left out of the
+    allocator's cap under ``device_budget_bytes``.
     """
 
     def __init__(self, torch: Any, kind: str, budget_bytes: int | None, on_exceeded: Callable[[int], None],
-                 device_budget_bytes: int | None = None) -> None:
+                 device_budget_bytes: int | None = None, later_outside_bytes: int = 0) -> None:
         self.torch = torch
         self.cuda = kind == "cuda"
         self.context_bytes = 0
@@ -40,7 +45,7 @@ class Meter:
             self.context_bytes = cuda_context_bytes(torch, local_rank)
             self.sampler = start_sampler(torch, local_rank, os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES"))
             if device_budget_bytes is not None:
-                enforce_budget(torch, local_rank, device_budget_bytes, self.context_bytes)
+                enforce_budget(torch, local_rank, device_budget_bytes, self.context_bytes + later_outside_bytes)
             torch.cuda.reset_peak_memory_stats()
             self.device = torch.device("cuda", local_rank)
         else:

@@ -10,7 +10,10 @@ find them built in torch's extension cache.
 
 Where the search calls it (wired by the search's owner): once after enumeration and before the
 first probe, ``prepare_ops(candidates, hardware)``, reported as a progress step; its seconds are
-not a probe's.
+not a probe's. A failed build is no dead end: :meth:`OpsReport.software` marks it, and the probes and the
+emitted JSON run AdamW as DeepSpeed's ``torch_adam`` where FusedAdam failed. Stale locks are cleared
+again before every probe (:func:`autofit.probe.run_probe`): a probe killed at its timeout mid-build
+leaves one for the next.
 
 A lock is torch's ``FileBaton`` (``<build dir>/lock``, torch/utils/cpp_extension.py): a file whose
 existence is the lock, with no owner recorded. A build that is killed leaves it, and every later
@@ -25,7 +28,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,13 @@ class OpsReport:
     """Stale lock files removed first."""
     seconds: float = 0.0
     """Wall seconds of the whole step."""
+
+    def software(self, base: Software) -> Software:
+        """``base`` with the ops whose build failed marked (:attr:`Software.failed_ops`): AdamW then runs as
+        ``torch_adam`` where FusedAdam failed (:func:`autofit.software.uses_torch_adam`); a probe of a candidate
+        needing another failed op fails with its error (and a later enumeration's rules prune it)."""
+        failed = frozenset(op for op, state in self.loaded.items() if state != "ok")
+        return replace(base, failed_ops=base.failed_ops | failed) if failed else base
 
     def lines(self) -> list[str]:
         """What it did, one progress line each: the locks removed, then each op's state."""

@@ -43,12 +43,33 @@ def main(argv: list[str]) -> int:
         else:
             result = _run_real(spec, rank, phases, out)
     except BaseException as exc:  # everything the user's code or DeepSpeed raises becomes a result
-        result = RankResult(rank=rank, phases_s=phases, traceback=traceback.format_exc()[-4000:], **classify_exception(exc))
+        result = failure_result(rank, phases, exc, traceback.format_exc()[-4000:], _METERS[-1] if _METERS else None)
     write_rank_result(out, result)
     sys.stdout.flush()
     sys.stderr.flush()
     # skip interpreter teardown: DeepSpeed/gloo atexit hooks can hang once a peer is gone
     os._exit(0)
+
+
+#: the rank's meter once :func:`_run_real` made it: a failure reports the peak it reached
+_METERS: list[Any] = []
+
+
+def failure_result(rank: int, phases: dict[str, float], exc: BaseException, trace: str, meter: Any) -> RankResult:
+    """The result of a rank that raised: why (:func:`autofit.probe.failure.classify_exception`) and the peak the
+    meter saw before it (a CUDA out-of-memory held what it held, not 0). Where no meter ran yet, or it cannot be
+    read, an out-of-memory's peak is unknown: 0 with the message saying so, never a measured 0."""
+    failure = classify_exception(exc)
+    peak, memory = 0, {}
+    if meter is not None:
+        try:
+            peak, memory = int(meter.peak_bytes(final=True)), meter.report()
+        except Exception:  # a broken CUDA context: the peak is unknown
+            peak, memory = 0, {}
+    if peak <= 0 and failure["status"] == "oom":
+        failure["message"] = f"{failure['message']} (peak unknown: it failed before memory was metered)"
+    return RankResult(rank=rank, phases_s=phases, traceback=trace, peak_bytes=max(peak, 0), device_memory=memory,
+                      **failure)
 
 
 def _die_with_parent() -> None:
@@ -92,6 +113,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     config = Config.from_dict(spec["config"])
     ds = spec["deepspeed"]
     workload = import_workload(spec["entry"], config.attention, torch)
+    ds = sized_param_swap_buffers(ds, workload, config, int(spec["world_size"]), torch)
     phases["imports_s"] = time.time() - t0
 
     def on_exceeded(used: int) -> None:
@@ -100,7 +122,9 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
                                           message=message))
         os._exit(0)
 
-    meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded, device_budget_bytes=spec.get("memory_bytes"))
+    meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded, device_budget_bytes=spec.get("memory_bytes"),
+                  later_outside_bytes=int(spec.get("nccl_bytes") or 0))
+    _METERS.append(meter)
     snapshot_path = spec.get("memory_snapshot") if meter.cuda and rank == 0 else None
     if snapshot_path:
         snapshot.start_recording(torch)
@@ -171,6 +195,21 @@ def import_workload(entry: str, attention: str, torch: Any) -> Any:
         workload.build_model(attention=attention)
     hf_deepspeed_config_class()  # what build_context imports for a ZeRO-3 build
     return workload
+
+
+def sized_param_swap_buffers(ds: dict[str, Any], workload: Any, config: Any, world_size: int, torch: Any) -> dict[str, Any]:
+    """``ds`` with NVMe parameter offload's swap buffers sized for this model's largest parameter (read from a
+    meta-device build: no memory), where the JSON does not size them already (:func:`autofit.emit.with_param_swap_buffers`)."""
+    from autofit.config import WORKING_BYTES
+    from autofit.emit import with_param_swap_buffers
+
+    offload = ds.get("zero_optimization", {}).get("offload_param") or {}
+    if offload.get("device") != "nvme" or "buffer_size" in offload:
+        return ds
+    with torch.device("meta"):
+        model = workload.build_model(attention=config.attention)
+    largest = max((p.numel() for p in model.parameters()), default=1)
+    return with_param_swap_buffers(ds, largest, world_size, WORKING_BYTES[config.precision])
 
 
 def _build_model(workload: Any, config: Any, ds: dict[str, Any]) -> tuple[Any, int]:

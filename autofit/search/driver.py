@@ -22,7 +22,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +71,28 @@ class SearchEvent:
     """The fastest probe within the margin so far."""
 
 
-def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None = None, trials: int = 0) -> Prober:
+def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None = None, trials: int = 0,
+                      prepare: bool = True) -> Prober:
     """The default prober: :func:`autofit.probe.run_probe`, real DeepSpeed steps in a subprocess. The DeepSpeed
     ops the plan's candidates need are built or loaded first, once, as their own step: a JIT build (a minute
-    or more) is then neither in a probe's timing nor in its timeout."""
+    or more) is then neither in a probe's timing nor in its timeout (``prepare=False``: done already,
+    :func:`with_ops_prepared`)."""
     from autofit.probe import run_probe
+
+    if prepare:
+        plan = with_ops_prepared(plan, on_event, trials)
+
+    def probe(config: Config, steps: int, timeout_s: float) -> Any:
+        return run_probe(plan.entry, config, plan.hardware, plan.world_size, steps=steps, timeout_s=timeout_s,
+                         software=plan.software, hosts=plan.hosts)
+
+    return probe
+
+
+def with_ops_prepared(plan: Plan, on_event: Callable[[SearchEvent], None] | None = None, trials: int = 0) -> Plan:
+    """Build or load the DeepSpeed ops ``plan``'s candidates need (:func:`autofit.probe.ops.prepare_ops`); the plan
+    with the failed builds marked in its software, so that its probes and its JSON run AdamW as ``torch_adam``
+    where FusedAdam failed to build."""
     from autofit.probe.ops import prepare_ops
 
     if on_event is not None:
@@ -84,12 +101,8 @@ def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None
     if on_event is not None and report.ops:
         states = ", ".join(f"{op} {state}" for op, state in report.loaded.items())
         on_event(SearchEvent(0, trials, f"DeepSpeed ops: {states} ({report.seconds:.0f} s)", None))
-
-    def probe(config: Config, steps: int, timeout_s: float) -> Any:
-        return run_probe(plan.entry, config, plan.hardware, plan.world_size, steps=steps, timeout_s=timeout_s,
-                         software=plan.software, hosts=plan.hosts)
-
-    return probe
+    software = report.software(plan.software)
+    return plan if software == plan.software else replace(plan, software=software)
 
 
 class _Search:
@@ -214,7 +227,8 @@ def run_search(
     study = open_study(plan, storage, study_name, settings.margin)
     on_event = on_event or (lambda event: None)
     if prober is None:
-        prober = subprocess_prober(plan, on_event, settings.trials)
+        plan = with_ops_prepared(plan, on_event, settings.trials)
+        prober = subprocess_prober(plan, on_event, settings.trials, prepare=False)
     search = _Search(plan, settings, study, prober, on_event)
     stop_reason = search.explore()
     winner = search.verify()
@@ -232,7 +246,8 @@ def run_search(
         raise AutofitError(
             nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
         )
-    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe)
+    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe,
+                          largest_param_numel=plan.facts.largest_param_numel)
     check_with_deepspeed(ds)
     written = str(out_path) if out_path is not None else None
     result = search.result(winner, ds, stop_reason, storage, study_name, written, time.monotonic() - started)

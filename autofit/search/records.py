@@ -12,6 +12,7 @@ from autofit.boundary import Status
 from autofit.config import Config
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration, Observation
+from autofit.cost_model.cuda_runtime import measured_outside_allocator_bytes
 from autofit.hardware import Hardware
 from autofit.probe import ProbeResult
 from autofit.units import format_bytes
@@ -84,6 +85,7 @@ class TrialRecord:
             budget_bytes,
             self.measured.optimizer_time_s,
             time_lower_bound_s=bound,
+            outside_allocator_bytes=measured_outside_allocator_bytes(self.measured.device_memory),
         )
 
     def outcome(self) -> str:

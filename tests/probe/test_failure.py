@@ -141,3 +141,93 @@ def test_a_rank_the_oom_killer_ended_is_oom_on_the_host() -> None:
         assert (marked.result.status, marked.result.oom_on) == ("oom", "host")
     finally:
         group.rmdir()
+
+
+#: ATen/cuda/CublasHandlePool.cpp: cublasCreate on a device with no room for its resources (the
+#: text of the reports in QwenLM/Qwen#120, EleutherAI/lm-evaluation-harness#1689, traced to a full device)
+CUBLAS_NOT_INITIALIZED = (
+    "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+    "might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1"
+)
+#: NCCL include/alloc.h ncclCudaCalloc's WARN, which torch reports as NCCL's last error (NPKit#37's log shows the WARN)
+NCCL_CALLOC = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:275, unhandled cuda error "
+    "(run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5\n"
+    "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nFailed to CUDA calloc 6291456 bytes"
+)
+#: PyTorch's CachingHostAllocator: C10_CUDA_CHECK(cudaHostAlloc(...)) on cudaErrorMemoryAllocation
+PINNED_OOM = "CUDA error: out of memory\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions."
+#: DeepSpeed csrc/pin_memory/page_alloc.cpp, ds_page_aligned_alloc's stderr line when mlock fails
+MLOCK_FAILED = "mlock failed to allocate 1310720000 bytes with error no 12 msg Cannot allocate memory"
+
+
+@pytest.mark.parametrize("exc", [RuntimeError(CUBLAS_NOT_INITIALIZED), torch.distributed.DistBackendError(NCCL_CALLOC)],
+                         ids=["cublas-create", "nccl-calloc"])
+def test_cublas_create_and_ncclcalloc_are_the_device_running_out(exc: BaseException) -> None:
+    result = classify_exception(exc)
+    assert (result["status"], result["oom_on"]) == ("oom", "device")
+    assert "cublasCreate" in result["message"] or "Failed to CUDA calloc 6291456 bytes" in result["message"]
+
+
+def test_not_initialized_outside_handle_creation_stays_an_error() -> None:
+    result = classify_exception(RuntimeError("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasSgemm( handle)`"))
+    assert result["status"] == "error"
+
+
+class _Accelerator:
+    """A frame shaped as DeepSpeed's ``CUDA_Accelerator.pin_memory`` (``return tensor.pin_memory()``); the CUDA
+    error is raised in it as cudaHostAlloc's failure surfaces there."""
+
+    def pin_memory(self, tensor: object) -> object:
+        raise RuntimeError(PINNED_OOM)
+
+
+def test_a_cuda_out_of_memory_while_pinning_is_the_hosts() -> None:
+    with pytest.raises(RuntimeError) as caught:
+        _Accelerator().pin_memory(torch.zeros(4))
+    result = classify_exception(caught.value)
+    assert (result["status"], result["oom_on"]) == ("oom", "host")
+    with pytest.raises(RuntimeError) as device:
+        raise RuntimeError(PINNED_OOM)  # the same text from a device allocation: the device's
+    assert classify_exception(device.value)["oom_on"] == "device"
+
+
+def test_deepspeeds_failed_mlock_in_a_log_tail_is_the_hosts() -> None:
+    from autofit.probe.failure import oom_location
+
+    tail = f"[rank0] initializing swapper\n{MLOCK_FAILED}\nSegmentation fault (core dumped)\n"
+    assert oom_location("", tail) == ("host", MLOCK_FAILED)
+
+
+def test_an_out_of_memory_reports_the_peak_reached_before_it_never_a_measured_zero() -> None:
+    from autofit.probe.meter import Meter
+    from autofit.probe.worker import failure_result
+
+    meter = Meter(torch, "cpu", None, lambda used: None)
+    held = torch.ones(8 * 2**20 // 4)  # 8 MiB, held while it fails
+    try:
+        with pytest.raises(MemoryError) as caught:
+            raise MemoryError()
+        metered = failure_result(0, {}, caught.value, "traceback", meter)
+    finally:
+        meter.stop_watchdog()
+    assert held.numel() and metered.status == "oom" and metered.peak_bytes >= 8 * 2**20
+    assert "unknown" not in (metered.message or "")
+    unmetered = failure_result(0, {}, caught.value, "traceback", None)
+    assert unmetered.peak_bytes == 0 and "peak unknown" in (unmetered.message or "")
+    error = failure_result(0, {}, ValueError("bad entry"), "traceback", None)
+    assert error.message == "ValueError: bad entry"
+
+
+def test_a_rank_that_died_on_a_failed_mlock_is_oom_on_the_host() -> None:
+    """DeepSpeed writes the mlock failure to stderr, then the rank dies on the null buffer: no result file."""
+    from autofit.config import Config
+    from autofit.probe import _combine
+
+    tail = f"[2026-11-25] [INFO] Tensor Swapping: Adding optimizer tensors\n{MLOCK_FAILED}\n"
+    outcomes = [RankOutcome(0, -signal.SIGSEGV, None, tail, pid=1), RankOutcome(1, -signal.SIGKILL, None, "", pid=2,
+                                                                                killed_by_us=True)]
+    result = _combine(Config(), outcomes, False, 2, "real", 60.0, 1.0)
+    assert (result.status, result.oom_on) == ("oom", "host")
+    assert "mlock failed to allocate" in (result.message or "")

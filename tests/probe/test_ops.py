@@ -70,3 +70,42 @@ def test_prepare_ops_loads_fused_adam_on_the_cpu():
     report = prepare_ops([Config(optimizer="adamw"), Config(optimizer="sgd")], get_hardware("cpu"))
     assert report.ops == ("deepspeed_shm_comm", "fused_adam")
     assert report.loaded == {"deepspeed_shm_comm": "ok", "fused_adam": "ok"}, report.loaded
+
+
+def test_a_failed_fused_adam_build_runs_adamw_as_torch_adam():
+    from autofit.emit import deepspeed_config
+    from autofit.probe.ops import OpsReport
+
+    adamw = Config(optimizer="adamw")
+    software = Software()  # nvcc found: FusedAdam is expected to build
+    assert "torch_adam" not in deepspeed_config(adamw, 1, "cuda", software)["optimizer"]["params"]
+    report = OpsReport(ops=("fused_adam",), loaded={"fused_adam": "RuntimeError: Error building extension 'fused_adam'"})
+    after = report.software(software)
+    assert after.failed_ops == {"fused_adam"} and not after.can_load_op("fused_adam")
+    params = deepspeed_config(adamw, 1, "cuda", after)["optimizer"]["params"]
+    assert params["torch_adam"] is True
+    assert ops_needed([("adamw", "none", "none")], "cuda", after) == ()  # nothing left to build for it
+    assert OpsReport(ops=("fused_adam",), loaded={"fused_adam": "ok"}).software(software) is software
+
+
+def test_the_json_with_torch_adam_is_deepspeeds():
+    from autofit.emit import check_with_deepspeed, deepspeed_config
+
+    ds = deepspeed_config(Config(optimizer="adamw", zero_stage=2), 8, "cuda", Software(failed_ops=frozenset({"fused_adam"})))
+    check_with_deepspeed(ds)
+
+
+@pytest.mark.slow
+def test_every_probe_clears_stale_locks_first(tmp_path, monkeypatch):
+    """Not once a search: a probe killed at its timeout mid-build leaves a lock the next probe would wait on."""
+    from autofit.hardware import get_hardware
+    from autofit.probe import run_probe
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = _killed_build(tmp_path, "fused_adam")
+    old = time.time() - 120
+    os.utime(lock, (old, old))
+    missing = f"{tmp_path / 'no_such_workload.py'}:workload"  # the probe fails at once, after clearing
+    result = run_probe(missing, Config(optimizer="sgd"), get_hardware("cpu"), 1, steps=1, warmup_steps=0, timeout_s=120)
+    assert result.status == "error"
+    assert not lock.exists()
