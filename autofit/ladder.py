@@ -108,6 +108,8 @@ def ladder_space(ladder: tuple[Rung, ...], micro_batch_size: int) -> SearchSpace
     values["micro_batch_size"] = [micro_batch_size]
     values["attention"] = [DEFAULT_ATTENTION]
     values["checkpoint_granularity"] = ["block"]  # the seed's rung checkpoints whole blocks
+    # DeepSpeed's communication as every JSON had it before these were searched: the seed's ladder has no rung for them
+    values["overlap_comm"], values["contiguous_gradients"], values["bucket_scale"] = [False], [True], [1]
     for config in rung_configs(Config(), ladder):
         for key in LADDER_KEYS:
             if getattr(config, key) not in values[key]:

@@ -160,6 +160,23 @@ def granularity_needs_checkpointing(ctx: Context, checkpoint_granularity: str, c
     return "checkpoint_granularity=attention with checkpoint_ratio 0 checkpoints nothing (the same config as block)"
 
 
+def zero_knobs_need_zero(ctx: Context, overlap_comm: bool, contiguous_gradients: bool, bucket_scale: int,
+                         zero_stage: int) -> str | None:
+    # ZeRO 0 reduces through the engine's own all-reduce (engine.py allreduce_gradients), which reads none of
+    # zero_optimization's overlap, bucket or contiguity settings: any other value is the same config
+    if zero_stage > 0 or (not overlap_comm and contiguous_gradients and bucket_scale == 1):
+        return None
+    return "overlap_comm, contiguous_gradients and bucket_scale are ZeRO 1-3 settings (ZeRO 0 is the same config)"
+
+
+def comm_knobs_need_ranks(ctx: Context, overlap_comm: bool, bucket_scale: int) -> str | None:
+    # on one rank there is no collective to overlap or to batch: a second reduce bucket (overlap_comm) or a
+    # larger one only costs memory
+    if ctx.world_size > 1 or (not overlap_comm and bucket_scale == 1):
+        return None
+    return "overlap_comm and a larger bucket_scale only add memory on one rank (no communication to overlap or batch)"
+
+
 def adam_mini_installed(ctx: Context, optimizer: str) -> str | None:
     if optimizer != "adam_mini" or ctx.software.adam_mini:
         return None
@@ -206,6 +223,9 @@ RULES: tuple[Rule, ...] = (
     Rule("deepspeed_op_loadable", ("optimizer", "offload_optimizer"), deepspeed_op_loadable),
     Rule("nvme_offload_ready", ("offload_optimizer", "offload_params"), nvme_offload_ready),
     Rule("granularity_needs_checkpointing", ("checkpoint_granularity", "checkpoint_ratio"), granularity_needs_checkpointing),
+    Rule("zero_knobs_need_zero", ("overlap_comm", "contiguous_gradients", "bucket_scale", "zero_stage"),
+         zero_knobs_need_zero),
+    Rule("comm_knobs_need_ranks", ("overlap_comm", "bucket_scale"), comm_knobs_need_ranks),
     Rule("adam_mini_installed", ("optimizer",), adam_mini_installed),
     Rule("adam_mini_needs_zero0", ("optimizer", "zero_stage"), adam_mini_needs_zero0),
 )

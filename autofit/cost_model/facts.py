@@ -110,6 +110,9 @@ class ModelFacts:
     view a 4-D convolution or a ``(1, 1, d)`` token named like an embedding per row); empty where it can."""
     fp8_largest_linear: tuple[int, int] = (0, 0)
     """``(in_features, out_features)`` of the largest Linear fp8 training converts; (0, 0): none."""
+    hidden_size: int = 0
+    """The model's hidden size (:func:`autofit.trace.structure.hidden_size_of`), which the ZeRO bucket sizes are
+    derived from (:mod:`autofit.zero_buckets`); 0: unknown (DeepSpeed's buckets as autofit pinned them)."""
     profiles: dict[str, ActivationProfile] = field(default_factory=dict)
     """Traced activation profiles by :meth:`ActivationProfile.key`."""
     attention_traces: dict[str, str] = field(default_factory=dict)

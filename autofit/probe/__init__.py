@@ -155,6 +155,7 @@ def run_probe(
     timeout_s: float = 300.0,
     memory_snapshot: str | None = None,
     software: Software | None = None,
+    hidden_size: int = 0,
 ) -> ProbeResult:
     """Run ``config`` of the workload at ``entry`` on ``world_size`` ranks of ``hardware`` and measure it.
 
@@ -164,6 +165,8 @@ def run_probe(
     DeepSpeed start on a machine JIT-builds an op: allow ~2 minutes for it).
     ``memory_snapshot``: on CUDA, rank 0 records the allocator's history from the model build through the
     steps and writes it to this path (:mod:`autofit.probe.snapshot`); ignored on the CPU.
+    ``hidden_size``: the model's (:attr:`autofit.cost_model.facts.ModelFacts.hidden_size`), which the JSON's ZeRO
+    bucket sizes are derived from (:mod:`autofit.zero_buckets`), as the cost model priced them.
     Never raises for what happens inside the probe: that is the result's ``status``.
     """
     from autofit.probe.elastic import check_devices, launch_agents
@@ -177,7 +180,7 @@ def run_probe(
         raise AutofitError(f"world_size must be >= 1, but got {world_size!r}")
     if steps < 1 or warmup_steps < 0:
         raise AutofitError(f"probe needs steps >= 1 and warmup_steps >= 0, but got {steps=}, {warmup_steps=}")
-    spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps, software)
+    spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps, software, hidden_size)
     if memory_snapshot is not None:
         spec["memory_snapshot"] = str(Path(memory_snapshot).resolve())
     ranks_per_node, n_nodes = hardware.ranks_on_a_node(world_size), hardware.n_nodes(world_size)
@@ -207,7 +210,7 @@ def visible_cuda_devices() -> int | None:
 
 def _spec(
     entry: str, config: Config, hardware: Hardware, world_size: int, mode: str, steps: int, warmup_steps: int,
-    software: Software | None = None,
+    software: Software | None = None, hidden_size: int = 0,
 ) -> dict[str, Any]:
     """What the worker reads: the workload, the config and its DeepSpeed JSON, the steps and the device."""
     from autofit.emit import deepspeed_config
@@ -215,7 +218,7 @@ def _spec(
     return {
         "entry": entry,
         "config": config.to_dict(),
-        "deepspeed": deepspeed_config(config, world_size, hardware.kind, software),
+        "deepspeed": deepspeed_config(config, world_size, hardware.kind, software, hidden_size=hidden_size),
         "world_size": world_size,
         "mode": mode,
         "steps": steps,

@@ -290,6 +290,7 @@ def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, Ac
         n_persistent_params=structure["n_persistent_params"],
         buffer_bytes=structure["buffer_bytes"],
         fp8_largest_linear=tuple(structure["fp8_largest_linear"]),
+        hidden_size=structure.get("hidden_size", 0),
         tokens_per_sample=workload.tokens_per_sample,
         profiles=profiles,
         trace_mode=mode,

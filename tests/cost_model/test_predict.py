@@ -219,3 +219,27 @@ def test_accumulating_zero1_and_zero2_hold_the_gradients_as_zero0_does() -> None
         one = predict(Config(micro_batch_size=8, zero_stage=stage), FACTS, CPU, 1).breakdown
         four = predict(Config(micro_batch_size=8, grad_accum_steps=4, zero_stage=stage), FACTS, CPU, 1).breakdown
         assert four.grads >= one.grads + held[stage] or four.total >= one.total + held[stage]
+
+
+def test_each_reduce_bucket_is_priced_in_memory():
+    """ZeRO 1/2: one bucket of hidden^2 elements with contiguous_gradients, two with overlap_comm, none without
+    contiguous_gradients, bucket_scale times larger; ZeRO-3 keeps one whatever overlap_comm (stage3.py)."""
+    from dataclasses import replace
+
+    from tests.toy_facts import FACTS
+
+    facts = replace(FACTS, hidden_size=512)
+    h100 = get_hardware("h100-80gb")
+
+    def grads(**keys):
+        return model_states(Config(precision="bf16", **keys), facts, 8, "cuda").grads_resident
+
+    bucket = 2 * 512 * 512  # bf16 elements of one hidden x hidden bucket
+    assert grads(zero_stage=2) == bucket
+    assert grads(zero_stage=2, overlap_comm=True) == 2 * bucket
+    assert grads(zero_stage=2, bucket_scale=4) == 4 * bucket
+    assert grads(zero_stage=2, contiguous_gradients=False) == 0
+    assert grads(zero_stage=3, overlap_comm=True) == grads(zero_stage=3)
+    assert grads(zero_stage=3, bucket_scale=4) - grads(zero_stage=3) == 3 * bucket
+    more = predict(Config(precision="bf16", zero_stage=2, overlap_comm=True), facts, h100, 8).peak_bytes
+    assert more > predict(Config(precision="bf16", zero_stage=2), facts, h100, 8).peak_bytes
