@@ -285,3 +285,14 @@ def test_zero3_reduces_its_last_gradient_bucket_through_a_flat_copy_after_backwa
     assert phases["reduce"].total > others
     assert result.peak_bytes == pytest.approx(phases["reduce"].total, rel=0.05)
     assert result.peak_bytes > 1.1 * others
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_overlap_comm_and_model_derived_buckets_train_through_real_deepspeed(stage: int) -> None:
+    """overlap_comm on, buckets 4x the tiny model's width (128) squared, so its gradients fill several buckets, on two
+    gloo ranks: DeepSpeed takes the JSON and the steps run with a finite loss."""
+    config = Config(micro_batch_size=2, grad_accum_steps=2, zero_stage=stage, overlap_comm=True, bucket_scale=4)
+    result = run_probe(entry("tiny"), config, CPU, world_size=2, steps=2, timeout_s=START_S, hidden_size=128)
+    assert result.status == "ok", result.message
+    assert result.step_time_s > 0
