@@ -235,6 +235,8 @@ class Ladder:
     world_size: int
     global_batch: int
     rows: tuple[LadderRow, ...]
+    hidden_size: int = 0
+    """The model's hidden size, which the probed rungs' ZeRO buckets are derived from (:mod:`autofit.zero_buckets`)."""
 
     def with_measured(self, measured: dict[int, dict[str, Any]]) -> Ladder:
         """The same ladder with the probes' JSON (by rung index) added."""
@@ -262,7 +264,7 @@ def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
         for i, (rung, config) in enumerate(zip(ladder, rung_configs(base, ladder), strict=True))
     )
     return Ladder(name=plan.name, n_params=plan.facts.n_params, hardware=plan.hardware, world_size=plan.world_size,
-                  global_batch=first.samples_per_step(plan.world_size), rows=rows)
+                  global_batch=first.samples_per_step(plan.world_size), rows=rows, hidden_size=plan.facts.hidden_size)
 
 
 def _quiet(line: str) -> None:
@@ -292,7 +294,7 @@ def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: flo
     for row in fitting:
         say(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}")
         probed = run_probe(entry, row.config, ladder.hardware, ladder.world_size, steps=steps, timeout_s=timeout_s,
-                           software=software)
+                           software=software, hidden_size=ladder.hidden_size)
         measured[row.index] = probed.to_json()
     return ladder.with_measured(measured)
 
