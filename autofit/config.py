@@ -27,6 +27,8 @@ OFFLOAD_DEVICES: tuple[OffloadDevice, ...] = get_args(OffloadDevice)
 ATTENTIONS: tuple[Attention, ...] = get_args(Attention)
 GRANULARITIES: tuple[Granularity, ...] = get_args(Granularity)
 COMPILES: tuple[Compile, ...] = get_args(Compile)
+#: multiples of the model-derived ZeRO bucket sizes a space may list (:mod:`autofit.zero_buckets`)
+BUCKET_SCALES = (1, 2, 4, 8)
 
 #: bytes of one element of the 16-bit (or 8-bit) working copy for each precision
 WORKING_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -60,6 +62,16 @@ class Config:
     compile: Compile = "off"
     """``on``: the model runs under ``torch.compile`` through DeepSpeed's own ``engine.compile()``
     (:func:`autofit.apply.compile_engine`; inductor); the first step compiles, timed apart from the step."""
+    overlap_comm: bool = False
+    """ZeRO's ``overlap_comm``: reduce gradients on a side stream while backward runs (ZeRO 1/2 double the
+    reduce bucket for it; ZeRO-3 reduces on its own stream); off: each bucket's reduce waits for itself."""
+    contiguous_gradients: bool = True
+    """ZeRO's ``contiguous_gradients``: copy each gradient into a preallocated reduce bucket as backward makes it
+    (less fragmentation, one bucket of memory); off: no bucket buffer, each bucket is flattened when reduced."""
+    bucket_scale: int = 1
+    """Multiple of the model-derived ZeRO bucket sizes (reduce and all-gather buckets ``hidden^2``, ZeRO-3's
+    prefetch ``0.9 hidden^2``: the Hugging Face integration's ``auto`` values; :mod:`autofit.zero_buckets`).
+    Larger buckets mean fewer, larger collectives for more memory."""
 
     def __post_init__(self) -> None:
         _check_int("micro_batch_size", self.micro_batch_size)
@@ -75,6 +87,9 @@ class Config:
         _check_choice("attention", self.attention, ATTENTIONS)
         _check_choice("checkpoint_granularity", self.checkpoint_granularity, GRANULARITIES)
         _check_choice("compile", self.compile, COMPILES)
+        _check_bool("overlap_comm", self.overlap_comm)
+        _check_bool("contiguous_gradients", self.contiguous_gradients)
+        _check_choice("bucket_scale", self.bucket_scale, BUCKET_SCALES)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,6 +133,12 @@ class Config:
         ]
         if self.compile == "on":
             parts.append("compiled")
+        if self.overlap_comm:
+            parts.append("overlap")
+        if not self.contiguous_gradients:
+            parts.append("noncontig")
+        if self.bucket_scale != 1:
+            parts.append(f"bucket{self.bucket_scale}x")
         if self.offload_optimizer != "none":
             parts.append(f"opt>{self.offload_optimizer}")
         if self.offload_params != "none":
@@ -131,13 +152,22 @@ def trace_dtype_of(precision: str) -> TraceDtype:
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Config))
-_INT_KEYS = {"micro_batch_size", "grad_accum_steps", "zero_stage"}
+_INT_KEYS = {"micro_batch_size", "grad_accum_steps", "zero_stage", "bucket_scale"}
+_BOOL_KEYS = {"overlap_comm", "contiguous_gradients"}
+_TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 
 
 def coerce_value(key: str, value: Any) -> Any:
     """Turn a value from YAML or ``--set key=value`` into the key's type, naming both on failure."""
     if key not in CONFIG_KEYS:
         raise AutofitError(f"unknown config key {key!r}; known keys: {', '.join(CONFIG_KEYS)}")
+    if key in _BOOL_KEYS:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise AutofitError(f"{key} must be true or false (on/off), but got {value!r}")
     try:
         if key in _INT_KEYS:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -171,6 +201,11 @@ def parse_set(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
 def _check_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise AutofitError(f"{name} must be an integer >= 1, but got {value!r}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise AutofitError(f"{name} must be true or false, but got {value!r}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:

@@ -1,8 +1,8 @@
 """The DeepSpeed JSON of a candidate: every DeepSpeed key is written here, once.
 
 DeepSpeed's JSON cannot say everything a config means: the checkpoint ratio and granularity, the
-attention kernel, ``compile`` (``engine.compile()`` is a call, not a JSON field) and a bitsandbytes optimizer go in an ``"autofit"`` section that
-DeepSpeed ignores and :func:`autofit.apply.apply_to_model` (or the user, see the
+attention kernel, ``compile`` (``engine.compile()`` is a call, not a JSON field) and a bitsandbytes
+optimizer go in an ``"autofit"`` section that DeepSpeed ignores and :func:`autofit.apply.apply_to_model` (or the user, see the
 README) applies. ``train_batch_size``, the micro-batch and the accumulation are
 all written, so DeepSpeed checks the global batch itself.
 """
@@ -16,19 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from autofit.config import WORKING_BYTES, Config
-from autofit.ds_constants import (
-    ALLGATHER_BUCKET_ELEMENTS,
-    REDUCE_BUCKET_ELEMENTS,
-    STAGE3_MAX_LIVE_ELEMENTS,
-    STAGE3_MAX_REUSE_ELEMENTS,
-    STAGE3_PERSISTENCE_THRESHOLD,
-    STAGE3_PREFETCH_ELEMENTS,
-)
 from autofit.errors import AutofitError
 from autofit.fp8 import FP8_RECIPE
 from autofit.recipe import AUTO_NOTE, Recipe, differences, measuring_params
 from autofit.software import Software, detect_software, uses_torch_adam
 from autofit.swap_buffers import PARAM_SWAP_BUFFER_COUNT, param_swap_buffer_elements
+from autofit.zero_buckets import zero_buckets
 
 #: optimizer key -> DeepSpeed "optimizer.type"; DeepSpeed falls back to ``getattr(torch.optim, type)``
 #: for names outside its own list (deepspeed/runtime/engine.py, _configure_basic_optimizer)
@@ -47,7 +40,7 @@ MODEL_CLIENT_OPTIMIZERS = ("adam_mini",)
 
 def deepspeed_config(
     config: Config, world_size: int = 1, device_kind: str = "cuda", software: Software | None = None,
-    recipe: Recipe | None = None, largest_param_numel: int | None = None,
+    recipe: Recipe | None = None, largest_param_numel: int | None = None, hidden_size: int = 0,
 ) -> dict[str, Any]:
     """The exact DeepSpeed config ``config`` runs with on ``world_size`` data-parallel ranks.
 
@@ -63,7 +56,9 @@ def deepspeed_config(
     the NVMe path and whether offload buffers are pinned.
     ``largest_param_numel``: the traced model's largest parameter, which sizes NVMe parameter offload's swap
     buffers (:func:`with_param_swap_buffers`); None leaves DeepSpeed's default (the probe's worker sizes it from
-    the real model).
+    the real model). ``hidden_size``: the model's
+    (:attr:`autofit.cost_model.facts.ModelFacts.hidden_size`), which ZeRO's bucket sizes are derived from
+    (:mod:`autofit.zero_buckets`); 0: unknown.
     """
     software = software if software is not None else detect_software()
     ds: dict[str, Any] = {
@@ -73,7 +68,7 @@ def deepspeed_config(
         "gradient_clipping": 1.0,
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
-        "zero_optimization": _zero_section(config, software),
+        "zero_optimization": _zero_section(config, software, hidden_size),
     }
     if largest_param_numel:
         ds = with_param_swap_buffers(ds, largest_param_numel, world_size, WORKING_BYTES[config.precision])
@@ -142,23 +137,24 @@ def autofit_section(config: Config, client: bool, recipe: Recipe | None = None) 
     return section
 
 
-def _zero_section(config: Config, software: Software) -> dict[str, Any]:
+def _zero_section(config: Config, software: Software, hidden_size: int = 0) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": config.zero_stage}
     if config.zero_stage == 0:
         return zero
+    buckets = zero_buckets(hidden_size, config.bucket_scale)
     zero |= {
-        "reduce_bucket_size": REDUCE_BUCKET_ELEMENTS,
-        "allgather_bucket_size": ALLGATHER_BUCKET_ELEMENTS,
-        "overlap_comm": False,
-        "contiguous_gradients": True,
+        "reduce_bucket_size": buckets.reduce_bucket_size,
+        "allgather_bucket_size": buckets.allgather_bucket_size,
+        "overlap_comm": config.overlap_comm,
+        "contiguous_gradients": config.contiguous_gradients,
         "reduce_scatter": True,
     }
     if config.zero_stage == 3:
         zero |= {
-            "stage3_prefetch_bucket_size": STAGE3_PREFETCH_ELEMENTS,
-            "stage3_max_live_parameters": STAGE3_MAX_LIVE_ELEMENTS,
-            "stage3_max_reuse_distance": STAGE3_MAX_REUSE_ELEMENTS,
-            "stage3_param_persistence_threshold": STAGE3_PERSISTENCE_THRESHOLD,
+            "stage3_prefetch_bucket_size": buckets.stage3_prefetch_bucket_size,
+            "stage3_max_live_parameters": buckets.stage3_max_live_parameters,
+            "stage3_max_reuse_distance": buckets.stage3_max_reuse_distance,
+            "stage3_param_persistence_threshold": buckets.stage3_param_persistence_threshold,
             "stage3_gather_16bit_weights_on_model_save": True,
         }
     if config.offload_optimizer != "none":

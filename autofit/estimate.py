@@ -74,7 +74,8 @@ def estimate(plan: Plan) -> EstimateResult:
     candidates = [
         Candidate(config=config, prediction=prediction,
                   deepspeed=deepspeed_config(config, plan.world_size, plan.hardware.kind, plan.software,
-                                             recipe=recipe, largest_param_numel=plan.facts.largest_param_numel))
+                                             recipe=recipe, largest_param_numel=plan.facts.largest_param_numel,
+                                             hidden_size=plan.facts.hidden_size))
         for config, prediction in plan.price()
     ]
     return EstimateResult(

@@ -109,6 +109,8 @@ def ladder_space(ladder: tuple[Rung, ...], micro_batch_size: int) -> SearchSpace
     values["attention"] = [DEFAULT_ATTENTION]
     values["checkpoint_granularity"] = ["block"]  # the seed's rung checkpoints whole blocks
     values["compile"] = ["off"]  # the ladder's rungs run eager
+    # DeepSpeed's communication as every JSON had it before these were searched: the seed's ladder has no rung for them
+    values["overlap_comm"], values["contiguous_gradients"], values["bucket_scale"] = [False], [True], [1]
     for config in rung_configs(Config(), ladder):
         for key in LADDER_KEYS:
             if getattr(config, key) not in values[key]:
@@ -234,6 +236,8 @@ class Ladder:
     world_size: int
     global_batch: int
     rows: tuple[LadderRow, ...]
+    hidden_size: int = 0
+    """The model's hidden size, which the probed rungs' ZeRO buckets are derived from (:mod:`autofit.zero_buckets`)."""
 
     def with_measured(self, measured: dict[int, dict[str, Any]]) -> Ladder:
         """The same ladder with the probes' JSON (by rung index) added."""
@@ -261,7 +265,7 @@ def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
         for i, (rung, config) in enumerate(zip(ladder, rung_configs(base, ladder), strict=True))
     )
     return Ladder(name=plan.name, n_params=plan.facts.n_params, hardware=plan.hardware, world_size=plan.world_size,
-                  global_batch=first.samples_per_step(plan.world_size), rows=rows)
+                  global_batch=first.samples_per_step(plan.world_size), rows=rows, hidden_size=plan.facts.hidden_size)
 
 
 def _quiet(line: str) -> None:
@@ -294,7 +298,7 @@ def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: flo
     for row in fitting:
         say(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}")
         probed = run_probe(entry, row.config, ladder.hardware, ladder.world_size, steps=steps, timeout_s=timeout_s,
-                           software=software)
+                           software=software, hidden_size=ladder.hidden_size)
         measured[row.index] = probed.to_json()
     return ladder.with_measured(measured)
 

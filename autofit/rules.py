@@ -193,6 +193,23 @@ def fp8_not_with_zero3(ctx: Context, precision: str, zero_stage: int) -> str | N
             "memory_efficient_linear, so ZeRO-3's weight partitioning would not hold (unmeasured; pruned)")
 
 
+def zero_knobs_need_zero(ctx: Context, overlap_comm: bool, contiguous_gradients: bool, bucket_scale: int,
+                         zero_stage: int) -> str | None:
+    # ZeRO 0 reduces through the engine's own all-reduce (engine.py allreduce_gradients), which reads none of
+    # zero_optimization's overlap, bucket or contiguity settings: any other value is the same config
+    if zero_stage > 0 or (not overlap_comm and contiguous_gradients and bucket_scale == 1):
+        return None
+    return "overlap_comm, contiguous_gradients and bucket_scale are ZeRO 1-3 settings (ZeRO 0 is the same config)"
+
+
+def comm_knobs_need_ranks(ctx: Context, overlap_comm: bool, bucket_scale: int) -> str | None:
+    # on one rank there is no collective to overlap or to batch: a second reduce bucket (overlap_comm) or a
+    # larger one only costs memory
+    if ctx.world_size > 1 or (not overlap_comm and bucket_scale == 1):
+        return None
+    return "overlap_comm and a larger bucket_scale only add memory on one rank (no communication to overlap or batch)"
+
+
 def adam_mini_installed(ctx: Context, optimizer: str) -> str | None:
     if optimizer != "adam_mini" or ctx.software.adam_mini:
         return None
@@ -241,6 +258,9 @@ RULES: tuple[Rule, ...] = (
     Rule("granularity_needs_checkpointing", ("checkpoint_granularity", "checkpoint_ratio"), granularity_needs_checkpointing),
     Rule("compile_needs_a_compiler", ("compile",), compile_needs_a_compiler),
     Rule("fp8_not_with_zero3", ("precision", "zero_stage"), fp8_not_with_zero3),
+    Rule("zero_knobs_need_zero", ("overlap_comm", "contiguous_gradients", "bucket_scale", "zero_stage"),
+         zero_knobs_need_zero),
+    Rule("comm_knobs_need_ranks", ("overlap_comm", "bucket_scale"), comm_knobs_need_ranks),
     Rule("adam_mini_installed", ("optimizer",), adam_mini_installed),
     Rule("adam_mini_needs_zero0", ("optimizer", "zero_stage"), adam_mini_needs_zero0),
 )

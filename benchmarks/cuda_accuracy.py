@@ -84,7 +84,8 @@ def measure(entry: str, config: Any, facts: Any, hardware: Any, world_size: int,
     from autofit.probe import run_probe
 
     predicted = predict(config, facts, hardware, world_size, Coefficients.for_hardware(hardware))
-    result = run_probe(entry, config, hardware, world_size, steps=5, warmup_steps=2, timeout_s=timeout_s)
+    result = run_probe(entry, config, hardware, world_size, steps=5, warmup_steps=2, timeout_s=timeout_s,
+                       hidden_size=facts.hidden_size)
     memory = result.device_memory
     allocator = (memory.get("max_memory_reserved_bytes") or 0) + (memory.get("context_bytes") or 0)
     return {

@@ -23,7 +23,7 @@ import compare_common as cc  # noqa: E402
 
 from autofit.config import Config  # noqa: E402
 from autofit.cost_model.host import host_peak_bytes  # noqa: E402
-from autofit.cost_model.memory import WORKING_BYTES, model_states, stage3_live_elements  # noqa: E402
+from autofit.cost_model.memory import WORKING_BYTES, buckets_of, model_states, stage3_live_elements  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
 from autofit.trace import parameter_facts  # noqa: E402
 from autofit.workload import load_workload  # noqa: E402
@@ -50,7 +50,7 @@ def zero3_terms(facts: Any, config: Config) -> dict[str, float]:
     """ZeRO-3 without offload, each side's terms in GiB: what scales with Psi / N and what does not."""
     states = model_states(config, facts, GPUS * NODES, "cuda")
     w = WORKING_BYTES[config.precision]
-    gathered_window = w * (stage3_live_elements(float("inf"), 0.0))
+    gathered_window = w * (stage3_live_elements(float("inf"), 0.0, buckets_of(config, facts)))
     return {
         "autofit_per_parameter": (states.params + states.master + states.optimizer + w * facts.n_trainable_params
                                   / (GPUS * NODES)) / GIB,

@@ -99,7 +99,7 @@ def fully_fixed(zero_stage: int, precision: str, optimizer: str, ratio: float, m
         "micro_batch_size": micro_batch, "grad_accum_steps": 1, "checkpoint_ratio": ratio,
         "precision": precision, "optimizer": optimizer, "zero_stage": zero_stage,
         "offload_optimizer": "none", "offload_params": "none", "attention": "sdpa",
-        "checkpoint_granularity": granularity,
+        "checkpoint_granularity": granularity, "overlap_comm": False, "contiguous_gradients": True, "bucket_scale": 1,
     }
     missing = set(CONFIG_KEYS) - set(values)
     if missing:
@@ -171,7 +171,8 @@ def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[st
     rows = []
     for config in configs:
         started = time.time()
-        measured = run_probe(entry, config, hardware, 1, steps=1, warmup_steps=1, timeout_s=timeout_s)
+        measured = run_probe(entry, config, hardware, 1, steps=1, warmup_steps=1, timeout_s=timeout_s,
+                             hidden_size=facts.hidden_size)
         if measured.status != "ok":
             print(f"| {workload.name} | {config.label()} | - | - | {measured.status}: {measured.message[:120]} |", flush=True)
             continue

@@ -26,6 +26,7 @@ FIXED: dict[str, Any] = {
     "micro_batch_size": 2, "checkpoint_ratio": 0.5, "precision": "bf16", "optimizer": "adamw", "zero_stage": 2,
     "offload_optimizer": "none", "offload_params": "none", "attention": "sdpa", "checkpoint_granularity": "block",
     "compile": "off",
+    "overlap_comm": True, "contiguous_gradients": True, "bucket_scale": 4,
 }
 
 
@@ -84,11 +85,12 @@ def test_estimate_answers_what_autofit_estimate_answers(tiny: Workload) -> None:
     (candidate,) = from_entry.candidates
     assert candidate.config.zero_stage == 2 and candidate.prediction.fits
     assert candidate.deepspeed["train_batch_size"] == 16 and candidate.deepspeed["zero_optimization"]["stage"] == 2
+    assert candidate.deepspeed["zero_optimization"]["overlap_comm"] is True
 
 
 def test_a_workload_object_on_the_cpu_is_priced_without_the_footprint_subprocess(tiny: Workload) -> None:
     """No other process can load a Workload object: the CPU kernel footprint keeps the cost model's default."""
-    fixed = FIXED | {"precision": "fp32"}
+    fixed = FIXED | {"precision": "fp32", "overlap_comm": False, "bucket_scale": 1}  # one rank: nothing to overlap
     result = autofit.estimate(tiny, hardware="cpu", memory="2GiB", global_batch=16, set=fixed)
     assert result.facts is not None and result.facts.kernel_footprint_bytes == {}
     (candidate,) = result.candidates

@@ -33,6 +33,9 @@ def test_config_keys_are_the_design_table():
         "attention",
         "checkpoint_granularity",
         "compile",
+        "overlap_comm",
+        "contiguous_gradients",
+        "bucket_scale",
     )
 
 
@@ -194,3 +197,24 @@ def test_compile_is_off_or_on_from_yaml_booleans_and_set() -> None:
     assert "compiled" in Config(compile="on").label() and "compiled" not in Config().label()
     with pytest.raises(AutofitError, match="compile must be one of off, on"):
         Config(compile="yes")
+
+
+@pytest.mark.parametrize(("text", "value"), [("true", True), ("on", True), ("1", True), ("false", False), ("off", False)])
+def test_overlap_comm_and_contiguous_gradients_take_true_or_false(text, value):
+    assert parse_set([f"overlap_comm={text}"]) == {"overlap_comm": value}
+    assert parse_set([f"contiguous_gradients={text}"]) == {"contiguous_gradients": value}
+
+
+def test_bad_communication_knobs_are_one_clear_error():
+    with pytest.raises(AutofitError, match="overlap_comm must be true or false"):
+        parse_set(["overlap_comm=maybe"])
+    with pytest.raises(AutofitError, match="bucket_scale must be one of 1, 2, 4, 8"):
+        parse_set(["bucket_scale=3"])
+    with pytest.raises(AutofitError, match="overlap_comm must be true or false"):
+        Config(overlap_comm="yes")  # type: ignore[arg-type]
+
+
+def test_the_knobs_show_in_the_label():
+    label = Config(zero_stage=2, overlap_comm=True, bucket_scale=4).label()
+    assert "overlap" in label and "bucket4x" in label
+    assert "overlap" not in Config().label()

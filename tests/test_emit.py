@@ -126,3 +126,32 @@ def test_offload_writes_the_nvme_path_and_pins_where_the_host_allows(tmp_path):
     assert unpinned["zero_optimization"]["offload_param"]["pin_memory"] is False
     with pytest.raises(AutofitError, match="--nvme-path"):
         deepspeed_config(config, software=Software(nvme_path=None))
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize(("overlap", "contiguous", "scale"), [(False, True, 1), (True, True, 4), (True, False, 2)])
+def test_deepspeed_reads_each_communication_knob_as_written(stage, overlap, contiguous, scale):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config = Config(zero_stage=stage, precision="bf16", overlap_comm=overlap, contiguous_gradients=contiguous,
+                    bucket_scale=scale)
+    hidden = 96  # the model's hidden size: buckets of hidden^2 x scale
+    ds = deepspeed_config(config, world_size=1, device_kind="cuda", hidden_size=hidden)
+    zero = DeepSpeedConfig(ds).zero_config  # DeepSpeed's own parser and its pydantic zero config model
+    assert zero.stage == stage
+    assert zero.overlap_comm is overlap
+    assert zero.contiguous_gradients is contiguous
+    assert zero.reduce_bucket_size == scale * hidden * hidden
+    assert zero.allgather_bucket_size == scale * hidden * hidden
+    if stage == 3:
+        assert zero.prefetch_bucket_size == int(0.9 * hidden * hidden) * scale
+        assert zero.param_persistence_threshold == 10 * hidden
+        assert zero.max_live_parameters == 1_000_000_000
+
+
+def test_an_unknown_hidden_size_keeps_the_buckets_autofit_pinned_before():
+    ds = deepspeed_config(Config(zero_stage=3, bucket_scale=2), hidden_size=0)
+    zero = ds["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 2 * 50_000_000
+    assert zero["stage3_param_persistence_threshold"] == 100_000
+    assert zero["overlap_comm"] is False

@@ -165,3 +165,16 @@ def test_fp8_with_zero3_is_pruned_with_torchaos_reason() -> None:
     assert "Float8Linear" in reason and "memory_efficient_linear" in reason
     assert check("fp8_not_with_zero3", precision="fp8", zero_stage=2) is None
     assert check("fp8_not_with_zero3", precision="bf16", zero_stage=3) is None
+
+
+def test_communication_knobs_are_pruned_at_zero0_and_on_one_rank():
+    space = load_space("default")
+    h100 = PRESETS["h100-80gb"]
+    one = enumerate_candidates(space, hardware=h100, world_size=1, global_batch=8, fixed={}, searches_attention=True)
+    assert all(not c.overlap_comm and c.bucket_scale == 1 for c in one.candidates)
+    reasons = describe_rejections(one.rejected)
+    assert any("only add memory on one rank" in line for line in reasons)
+    eight = enumerate_candidates(space, hardware=h100, world_size=8, global_batch=64, fixed={}, searches_attention=True)
+    assert any(c.overlap_comm and c.bucket_scale == 4 for c in eight.candidates)
+    assert all(not c.overlap_comm and c.bucket_scale == 1 for c in eight.candidates if c.zero_stage == 0)
+    assert any("ZeRO 1-3 settings" in line for line in describe_rejections(eight.rejected))

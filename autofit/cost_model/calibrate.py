@@ -25,6 +25,8 @@ whatever its step time), with a ridge pull toward the prior so that a single
 probe moves mostly the term that dominates it, and non-negativity. Dtypes no
 probe has measured move with the measured ones (the same ratio to their prior):
 a CPU is not assumed to have fast bf16, nor slow, until one bf16 probe says so.
+``overlap_efficiency`` (how much of the compute beside a collective hides it) is
+not linear in the step time: :func:`fit_overlap` searches it on a grid, after the rest.
 A last factor per optimizer (:attr:`Calibration.time_factors`) scales the optimizer
 step alone (update + per-step bookkeeping), measured / predicted: what a bandwidth
 formula cannot know (a bitsandbytes or Python optimizer on a CPU). An optimizer no
@@ -326,6 +328,38 @@ def _fitted_coefficients(values: list[float], dtypes: list[str], prior: Coeffici
     )
 
 
+#: the overlap efficiencies :func:`fit_overlap` tries
+OVERLAP_GRID = tuple(i / 20 for i in range(21))
+
+
+def fit_overlap(
+    observations: Sequence[Observation],
+    facts: ModelFacts,
+    hardware: Hardware,
+    world_size: int,
+    prior: Coefficients,
+    predictor: Predictor = predict,
+) -> Coefficients:
+    """``overlap_efficiency`` from the probes whose predicted step time depends on it (communication that
+    DeepSpeed overlaps: several ranks, a device with streams): the value of :data:`OVERLAP_GRID` with the least
+    squared relative error of the step times, the others fitted already. The step time is not linear in it
+    (``max`` of compute and communication), hence a search over the grid rather than a column of
+    :func:`fit_time`'s least squares. No such probe: the prior's value stands."""
+    ok = [o for o in observations if o.status == "ok" and o.step_time_s > 0]
+
+    def step(o: Observation, value: float) -> float:
+        return predictor(o.config, facts, hardware, world_size, prior.with_(overlap_efficiency=value)).step_time_s
+
+    telling = [o for o in ok if step(o, 0.0) != step(o, 1.0)]
+    if not telling:
+        return prior
+
+    def loss(value: float) -> float:
+        return sum((step(o, value) / o.step_time_s - 1.0) ** 2 for o in telling)
+
+    return prior.with_(overlap_efficiency=min(OVERLAP_GRID, key=lambda v: (loss(v), abs(v - prior.overlap_efficiency))))
+
+
 def fit_memory(
     observations: Sequence[Observation],
     facts: ModelFacts,
@@ -397,6 +431,7 @@ def calibrate(
     """Everything probes say, in one :class:`Calibration` (time, then memory, then residual factors)."""
     prior = fit_runtime(observations, hardware, prior or Coefficients.for_hardware(hardware))
     coefficients = fit_time(observations, facts, hardware, world_size, prior, predictor)
+    coefficients = fit_overlap(observations, facts, hardware, world_size, coefficients, predictor)
     memory = fit_memory(observations, facts, hardware, world_size, coefficients, predictor)
     coefficients = coefficients.with_(memory_scale=memory.global_scale)
     factors = fit_time_factors(observations, facts, hardware, world_size, coefficients, predictor)
@@ -435,6 +470,7 @@ __all__ = [
     "calibrate",
     "fit_memory",
     "fit_runtime",
+    "fit_overlap",
     "fit_time",
     "fit_time_factors",
     "slower_where_timed_out",

@@ -39,6 +39,14 @@ class Coefficients:
     """Achieved / nominal interconnect bandwidth for collectives."""
     offload_efficiency: float = 0.7
     """Achieved / nominal PCIe or NVMe bandwidth for offload traffic."""
+    overlap_efficiency: float = 1.0
+    """How much of the compute that runs beside a collective hides it: exposed communication is
+    ``comm - overlap_efficiency x overlapping compute`` where DeepSpeed overlaps (:mod:`autofit.cost_model.time`).
+    1.0: a second stream hides as long a collective as the compute beside it; 0: nothing hides. Fitted from
+    probes (:func:`autofit.cost_model.calibrate.fit_overlap`)."""
+    collective_latency_s: float = 0.0
+    """Fixed seconds of one collective call beyond its bytes (launch, the ring's start-up): what makes a small
+    reduce bucket slow. An assumed prior, not measured here (see :meth:`for_hardware`)."""
     runtime_overhead_bytes: int = 0
     """Memory the training runtime holds beyond tensors and beyond the model's own kernels once training runs
     (DeepSpeed's engine and communicator, the optimizer's kernels, thread pools); the CUDA context is counted
@@ -98,12 +106,18 @@ class Coefficients:
                 step_overhead_s=0.005,
                 optimizer_bytes_per_s=0.7 * hardware.memory_bandwidth_bytes_per_s,
                 runtime_overhead_bytes=0,
+                # an assumption, not a measurement: tens of microseconds a call, the floor nccl-tests' smallest
+                # messages show (NCCL's doc/PERFORMANCE.md: small sizes are latency-bound)
+                collective_latency_s=30e-6,
             )
         return cls(
             compute_efficiency={"fp32": 0.35, "bf16": 0.35, "fp16": 0.35},
             micro_batch_overhead_s=0.002,
             step_overhead_s=0.005,
             optimizer_bytes_per_s=0.25 * hardware.memory_bandwidth_bytes_per_s,
+            # DeepSpeed's CPU accelerator has no streams (cpu_accelerator.py: ``Stream`` is None, ``stream()`` a
+            # no-op context, ``resolves_data_dependency()`` True): gloo's collectives run in line, nothing overlaps
+            overlap_efficiency=0.0,
             # the examples' rows (benchmarks/memory_accuracy.py --quick on gpt, hf_bert, mlp; 18 rows, ZeRO 0-3,
             # fp32 and bf16): measured peak less the priced tensors less the model's measured kernel footprint,
             # 8.5-16.1 MiB, median 12.2: DeepSpeed's engine, the optimizer's kernels, allocator arenas

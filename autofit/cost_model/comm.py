@@ -22,6 +22,9 @@ and the first is the flat ring.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from autofit.config import WORKING_BYTES, Config
 from autofit.cost_model.facts import ModelFacts
 from autofit.hardware import Hardware
@@ -56,3 +59,53 @@ def communication_seconds(config: Config, facts: ModelFacts, hardware: Hardware,
     """Seconds per optimizer step of gradient reduction and parameter gathering."""
     model_bytes = float(facts.n_trainable_params * WORKING_BYTES[config.precision])
     return collective_volumes(config) * collective_seconds(model_bytes, hardware, world_size, efficiency)
+
+
+@dataclass(frozen=True)
+class CommPhases:
+    """Seconds of one optimizer step's collectives, by where in the step they run (before any overlap).
+
+    ``forward_gather`` and ``backward_gather``: ZeRO-3's parameter all-gathers in each micro-batch's forward and
+    backward; ``reduce``: one micro-batch's gradient reduction (ZeRO 1/2 and 3: bucket by bucket in backward's hooks;
+    ``reduce_micro_batches`` of them a step); ``after_step``: what runs after the optimizer step or after backward
+    on the compute stream (ZeRO 0's all-reduce, ZeRO 1/2's all-gather of the updated partition); ``tail``: the part
+    of each reduce that is the last bucket, which waits for backward's last gradient."""
+
+    forward_gather: float = 0.0
+    backward_gather: float = 0.0
+    reduce: float = 0.0
+    reduce_micro_batches: int = 0
+    tail: float = 0.0
+    after_step: float = 0.0
+
+    def total(self, accumulation: int) -> float:
+        return (accumulation * (self.forward_gather + self.backward_gather) + self.reduce_micro_batches * self.reduce
+                + self.after_step)
+
+
+def communication_phases(config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, efficiency: float,
+                         reduce_bucket_elements: int, latency_s: float = 0.0) -> CommPhases:
+    """The step's collectives (module docstring's volumes) split by phase; 0 on one rank.
+
+    ZeRO 0: the engine all-reduces every gradient after backward (engine.py ``allreduce_gradients``): 2 S, after.
+    ZeRO 1: the gradients are reduce-scattered once a step, bucket by bucket in the last micro-batch's backward
+    (stage_1_and_2.py reduces at the accumulation boundary), and the updated partitions all-gathered after the step.
+    ZeRO 2: reduce-scattered in every micro-batch's backward, all-gathered after the step.
+    ZeRO 3: all-gathered in forward and in backward, reduce-scattered in backward, every micro-batch.
+    Each reduce pass is ``ceil(Psi / reduce_bucket_size)`` collectives, each paying ``latency_s``; its last bucket
+    (``reduce_bucket_size / Psi`` of it) is the tail."""
+    one = collective_seconds(float(facts.n_trainable_params * WORKING_BYTES[config.precision]), hardware, world_size,
+                             efficiency)
+    if one <= 0:
+        return CommPhases()
+    psi = max(1, facts.n_trainable_params)
+    buckets = math.ceil(psi / max(1, reduce_bucket_elements))
+    reduce = one + buckets * latency_s
+    tail = reduce * min(1.0, reduce_bucket_elements / psi)
+    a = config.grad_accum_steps
+    if config.zero_stage == 0:
+        return CommPhases(after_step=2 * one)
+    if config.zero_stage in (1, 2):
+        return CommPhases(reduce=reduce, reduce_micro_batches=1 if config.zero_stage == 1 else a, tail=tail,
+                          after_step=one)
+    return CommPhases(forward_gather=one, backward_gather=one, reduce=reduce, reduce_micro_batches=a, tail=tail)

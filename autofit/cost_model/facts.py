@@ -114,6 +114,9 @@ class ModelFacts:
     """``sum(in x out)`` over the Linear layers fp8 training converts: the weights its casts read."""
     fp8_feature_elements: int = 0
     """``sum(in + out)`` over the same layers: elements its casts read per row of input (input and output grad)."""
+    hidden_size: int = 0
+    """The model's hidden size (:func:`autofit.trace.structure.hidden_size_of`), which the ZeRO bucket sizes are
+    derived from (:mod:`autofit.zero_buckets`); 0: unknown (DeepSpeed's buckets as autofit pinned them)."""
     profiles: dict[str, ActivationProfile] = field(default_factory=dict)
     """Traced activation profiles by :meth:`ActivationProfile.key`."""
     attention_traces: dict[str, str] = field(default_factory=dict)

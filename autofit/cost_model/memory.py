@@ -46,13 +46,8 @@ from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.cuda_runtime import cublas_workspace_bytes, outside_allocator_bytes, runtime_bytes
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_bytes
-from autofit.ds_constants import (
-    REDUCE_BUCKET_ELEMENTS,
-    STAGE3_MAX_LIVE_ELEMENTS,
-    STAGE3_MAX_REUSE_ELEMENTS,
-    STAGE3_PREFETCH_ELEMENTS,
-)
 from autofit.hardware import Hardware
+from autofit.zero_buckets import ZeroBuckets, zero_buckets
 
 FP32 = 4
 
@@ -192,6 +187,23 @@ def reduce_bucket_bytes(n_elements: float, bucket_elements: int, element_bytes: 
     return float(element_bytes * size)
 
 
+def buckets_of(config: Config, facts: ModelFacts) -> ZeroBuckets:
+    """The ZeRO bucket sizes ``config`` runs with on this model (what :mod:`autofit.emit` writes)."""
+    return zero_buckets(facts.hidden_size, config.bucket_scale)
+
+
+def reduce_buffers(config: Config) -> int:
+    """How many reduce buckets ZeRO preallocates. ZeRO 1/2 (stage_1_and_2.py ``setup_buckets``): one
+    ``torch.empty(reduce_bucket_size)`` per dtype with ``contiguous_gradients``, and a second one with
+    ``overlap_comm`` ("double buffers to avoid data access conflict": one fills while the other is reduced on
+    the reduction stream). ZeRO-3 (stage3.py, after ``initialize_optimizer_states``): one with
+    ``contiguous_gradients``, whatever ``overlap_comm`` (it reduces on its own stream from the one buffer).
+    Without ``contiguous_gradients`` none: each bucket's gradients are flattened when it is reduced."""
+    if not config.contiguous_gradients:
+        return 0
+    return 2 if config.overlap_comm and config.zero_stage in (1, 2) else 1
+
+
 def model_states(config: Config, facts: ModelFacts, world_size: int, device_kind: str) -> ModelStates:
     """Model-state bytes of one rank: the ZeRO paper's accounting with DeepSpeed's buffers.
 
@@ -264,18 +276,27 @@ def _stage12_states(config: Config, facts: ModelFacts, shard: float, device_kind
     # (memory_phases prices the filling bucket as gradients kept through backward). After backward the filled
     # bucket sits beside the gradient partition; by the optimizer's own step it is spent (measured: the step of a
     # 4.87 M-element ZeRO-2 partition began 18.6 MiB -- the fp32 partition's gradient -- above the resident state)
-    bucket_bytes = reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind)
-    grads_resident = bucket_bytes if device_kind == "cuda" else 0.0
+    # overlap_comm doubles it, no contiguous_gradients leaves only the flattened bucket of each reduce
+    # (:func:`reduce_buffers`)
+    bucket_elements = buckets_of(config, facts).reduce_bucket_size
+    one_bucket = reduce_bucket_bytes(psi, bucket_elements, w, device_kind)
+    n_buffers = reduce_buffers(config)
+    bucket_bytes = n_buffers * one_bucket if n_buffers else w * min(psi, bucket_elements)
+    grads_resident = bucket_bytes if device_kind == "cuda" and n_buffers else 0.0
     # stage_1_and_2.py step: ``flatten_dense_tensors_aligned(averaged_gradients).to(fp32)``; in 16-bit the flat
     # copy and its fp32 cast are alive at once (measured: 8 B an element above the resident state in a bf16
     # ZeRO-2 AdamW step, the bucket 2 + the flat copy 2 + the fp32 gradient 4)
     flat_copy = w * shard if w != FP32 else 0.0
+    # ZeRO-1 reduces only at the accumulation boundary: the parameters' own .grad (w Psi, accumulated_grad_bytes)
+    # are still held when the step begins, whatever the bucket (measured: gpt-small, ZeRO-1 fp32 mb2, peaked at
+    # 132.4 MiB with 256^2-element buckets and 131.6 MiB with 5e7-element ones)
+    step_held = max(bucket_bytes, w * psi) if config.zero_stage == 1 else bucket_bytes
     return ModelStates(
         params=params, master=FP32 * shard, optimizer=optimizer, grads_resident=grads_resident,
         gathered_params=0.0,
         # the fp32 gradient partition handed to the optimizer
         grads_step=FP32 * shard,
-        step_scratch=max(optimizer_scratch, bucket_bytes - grads_resident + flat_copy),
+        step_scratch=max(optimizer_scratch, step_held - grads_resident + flat_copy),
         # flat buffer and fp32 partition next to the built model
         init_extra=max(0.0, w * psi + FP32 * shard - (built - params)),
         built=built,
@@ -294,10 +315,13 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
     params = w * (persistent + partitioned / world_size + frozen)
     # zero.Init: each module is made whole in w (fp32 tensor by tensor) then partitioned (Init._post_init_method)
     built = params + w * facts.largest_module_params + FP32 * float(facts.largest_param_numel)
+    buckets = buckets_of(config, facts)
     return ModelStates(
         params=params, master=FP32 * shard, optimizer=optimizer,
-        grads_resident=w * shard + reduce_bucket_bytes(psi, REDUCE_BUCKET_ELEMENTS, w, device_kind),
-        gathered_params=w * stage3_live_elements(partitioned - partitioned / world_size, facts.largest_module_params),
+        grads_resident=w * shard + reduce_buffers(config) * reduce_bucket_bytes(psi, buckets.reduce_bucket_size, w,
+                                                                                device_kind),
+        gathered_params=w * stage3_live_elements(partitioned - partitioned / world_size, facts.largest_module_params,
+                                                 buckets),
         # stage3.py _prepare_fp32_grad_for_sub_group: the partition's gradients flattened into a new tensor and
         # cast to fp32 (``flatten(...).to(fp32)``: in 16-bit the flat copy and its fp32 cast are alive at once)
         # become the fp32 partition's .grad for the step
@@ -306,23 +330,24 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
         # deepspeed.initialize: defragment() copies the partitions into one flat buffer; the fp32 master is
         # made by .to(fp32) and then .clone() (stage3.py _create_fp32_partitions): twice for a moment
         init_extra=max(0.0, w * shard + 2 * FP32 * shard - (built - params)),
-        reduce_scratch=stage3_reduce_scratch_bytes(psi, w, device_kind),
+        reduce_scratch=stage3_reduce_scratch_bytes(psi, w, device_kind, buckets.reduce_bucket_size),
         built=built,
     )
 
 
-def stage3_reduce_scratch_bytes(n_elements: float, element_bytes: int, device_kind: str) -> float:
+def stage3_reduce_scratch_bytes(n_elements: float, element_bytes: int, device_kind: str,
+                                bucket_elements: int) -> float:
     """ZeRO-3's reduce of a gradient bucket (stage3.py ``__avg_scatter_grads``): ``reduce_scatter_coalesced``
     (runtime/comm/coalesced_collectives.py) ``torch.cat``s the bucket's gradients, rank by rank, into one
     flat buffer and reduce-scatters it into a chunk of itself. At the end of backward the last bucket holds
     every gradient not yet reduced, at most ``reduce_bucket_size``. NCCL reduces in place; the CPU backend
     copies its input (measured: ``dist.reduce_scatter_fn`` on a 20 MiB tensor, one rank, peaks 19.9 MiB above it;
     ``reduce_scatter_coalesced`` of 5 tensors of 4 MiB, 39.8)."""
-    flat = element_bytes * min(n_elements, REDUCE_BUCKET_ELEMENTS)
+    flat = element_bytes * min(n_elements, bucket_elements)
     return float(flat * (2 if device_kind == "cpu" else 1))
 
 
-def stage3_live_elements(not_on_device: float, largest_module_params: float) -> float:
+def stage3_live_elements(not_on_device: float, largest_module_params: float, buckets: ZeroBuckets) -> float:
     """Elements ZeRO-3 holds gathered on a rank beyond its own partition, at most.
 
     The parameter coordinator (partitioned_param_coordinator.py) releases a module's parameters after
@@ -333,7 +358,8 @@ def stage3_live_elements(not_on_device: float, largest_module_params: float) -> 
     elements ahead (capped by ``stage3_max_live_parameters``), and the running module is whole.
     A model smaller than that keeps everything it does not own gathered.
     """
-    window = STAGE3_MAX_REUSE_ELEMENTS / 2 + min(STAGE3_PREFETCH_ELEMENTS, STAGE3_MAX_LIVE_ELEMENTS)
+    window = buckets.stage3_max_reuse_distance / 2 + min(buckets.stage3_prefetch_bucket_size,
+                                                         buckets.stage3_max_live_parameters)
     return min(not_on_device, window) + largest_module_params
 
 
@@ -352,7 +378,8 @@ def _offloaded(states: ModelStates, config: Config, facts: ModelFacts, world_siz
     if config.offload_optimizer != "none":
         changes |= {"master": 0.0, "optimizer": 0.0, "step_scratch": 0.0}
         if config.zero_stage == 3:
-            bucket = reduce_bucket_bytes(facts.n_trainable_params, REDUCE_BUCKET_ELEMENTS, w, "cuda")
+            bucket = reduce_buffers(config) * reduce_bucket_bytes(
+                facts.n_trainable_params, buckets_of(config, facts).reduce_bucket_size, w, "cuda")
             changes |= {"grads_resident": bucket, "grads_step": 0.0, "init_extra": 0.0}
         else:
             changes |= {"grads_step": w * float(facts.largest_param_numel)}
@@ -362,7 +389,7 @@ def _offloaded(states: ModelStates, config: Config, facts: ModelFacts, world_siz
         partitioned = facts.n_trainable_params - persistent
         frozen = float(facts.n_params - facts.n_trainable_params)
         params = w * (persistent + frozen)
-        gathered = w * stage3_live_elements(partitioned, facts.largest_module_params)
+        gathered = w * stage3_live_elements(partitioned, facts.largest_module_params, buckets_of(config, facts))
         built = params + w * facts.largest_module_params + FP32 * facts.largest_param_numel
         changes |= {"params": params, "gathered_params": gathered, "built": built, "init_extra": 0.0}
     return replace(states, **changes)

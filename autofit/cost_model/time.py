@@ -15,6 +15,18 @@ Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
 * offload (ZeRO-Offload, Ren et al. 2021): gradients down and parameters up once per step over
   PCIe (or NVMe), and the optimizer runs on the host; parameter offload streams the parameters
   in for forward and backward of every micro-batch.
+* overlap: DeepSpeed runs some collectives on a side stream while compute goes on, so only what the compute
+  beside it cannot cover adds to the step (:func:`exposed_communication_s`). ZeRO-3 always prefetches the next
+  parameters on its all-gather stream (partitioned_param_coordinator.py ``fetch_sub_module``: at least one
+  whole parameter ahead, up to ``stage3_prefetch_bucket_size``), so its gathers hide behind forward and
+  backward but for the first one of each pass; with ``overlap_comm`` ZeRO 1-3 reduce each gradient bucket on a
+  reduction stream during backward (stage_1_and_2.py ``reduction_stream``, stage3.py
+  ``reduce_and_partition_stream``), all but the last bucket, which waits for backward's last gradient. Without
+  ``overlap_comm`` the reduce runs on the compute stream; ZeRO 0's all-reduce and ZeRO 1/2's all-gather of the
+  updated parameters run after backward and after the step, with nothing beside them. Backward is 2/3 of a
+  micro-batch's FLOPs and forward 1/3 (a matmul's backward is two matmuls of its size: Kaplan et al. 2020,
+  sec. 2.1, 6N per token = 2N forward + 4N backward). Exposed = comm - min(hideable comm,
+  ``overlap_efficiency`` x compute beside it).
 * the optimizer step is memory-bound: bytes of parameters, gradients and states touched,
   over the achieved memory bandwidth, plus the engine's fixed per-step bookkeeping (what a
   probe times as ``engine.step`` at the accumulation boundary).
@@ -24,10 +36,10 @@ from __future__ import annotations
 
 from autofit.config import WORKING_BYTES, Config
 from autofit.cost_model.coefficients import Coefficients
-from autofit.cost_model.comm import communication_seconds
+from autofit.cost_model.comm import CommPhases, communication_phases
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_seconds, fp8_flops
-from autofit.cost_model.memory import optimizer_state_bytes
+from autofit.cost_model.memory import buckets_of, optimizer_state_bytes
 from autofit.hardware import Hardware
 
 #: host-side optimizer speed for offloaded steps (DeepSpeedCPUAdam, AVX: ~1 param per ns per core group)
@@ -58,6 +70,46 @@ def micro_batch_compute_s(config: Config, facts: ModelFacts, hardware: Hardware,
     return (flops - converted) / rate("bf16") + converted / rate("fp8") + casts
 
 
+#: the share of a micro-batch's FLOPs in its backward pass (module docstring)
+BACKWARD_SHARE = 2.0 / 3.0
+
+
+def exposed_communication_s(config: Config, phases: CommPhases, micro_compute_s: float, overlap_efficiency: float,
+                            first_gather_share: float) -> float:
+    """Seconds of communication the step waits for, per optimizer step (module docstring).
+
+    Per micro-batch: forward's gathers hide behind forward's compute but for the first gather of the pass
+    (``first_gather_share`` of them: the first layer's parameters, which nothing runs beside); backward's gathers
+    and, with ``overlap_comm``, its reduce but for the last bucket, share backward's compute."""
+    a = config.grad_accum_steps
+    forward_s, backward_s = (1 - BACKWARD_SHARE) * micro_compute_s, BACKWARD_SHARE * micro_compute_s
+
+    def exposed(comm: float, hideable: float, beside: float) -> float:
+        return comm - min(hideable, overlap_efficiency * beside)
+
+    first = first_gather_share * phases.forward_gather
+    forward = exposed(phases.forward_gather, phases.forward_gather - first, forward_s)
+    reduce_hideable = phases.reduce - phases.tail if config.overlap_comm else 0.0
+    gather_first = first_gather_share * phases.backward_gather
+
+    def backward(with_reduce: bool) -> float:
+        comm = phases.backward_gather + (phases.reduce if with_reduce else 0.0)
+        hideable = phases.backward_gather - gather_first + (reduce_hideable if with_reduce else 0.0)
+        return exposed(comm, hideable, backward_s)
+
+    reducing = phases.reduce_micro_batches
+    per_step = a * forward + reducing * backward(True) + (a - reducing) * backward(False)
+    return max(0.0, per_step) + phases.after_step
+
+
+def first_gather_share(facts: ModelFacts) -> float:
+    """The share of ZeRO-3's gathers that nothing hides: the first layer's parameters of each pass (the layers
+    are the repeated ones; a model without them: all of it)."""
+    if not facts.layer_params or facts.n_trainable_params <= 0:
+        return 1.0
+    return min(1.0, facts.layer_params[0] / facts.n_trainable_params)
+
+
 def offload_bytes(config: Config, facts: ModelFacts, world_size: int) -> float:
     """Bytes moved between device and host (or NVMe) per optimizer step."""
     w = WORKING_BYTES[config.precision]
@@ -75,9 +127,13 @@ def predict_step_time(
 ) -> dict[str, float]:
     """Seconds per optimizer step, by cause."""
     a = config.grad_accum_steps
-    compute_s = a * micro_batch_compute_s(config, facts, hardware, coefficients)
+    micro_s = micro_batch_compute_s(config, facts, hardware, coefficients)
+    compute_s = a * micro_s
 
-    comm_s = communication_seconds(config, facts, hardware, world_size, coefficients.comm_efficiency)
+    phases = communication_phases(config, facts, hardware, world_size, coefficients.comm_efficiency,
+                                  buckets_of(config, facts).reduce_bucket_size, coefficients.collective_latency_s)
+    comm_s = exposed_communication_s(config, phases, micro_s, coefficients.overlap_efficiency,
+                                     first_gather_share(facts))
 
     link = hardware.nvme_bytes_per_s if "nvme" in (config.offload_optimizer, config.offload_params) else hardware.pcie_bytes_per_s
     moved = offload_bytes(config, facts, world_size)

@@ -158,6 +158,7 @@ def run_probe(
     memory_snapshot: str | None = None,
     software: Software | None = None,
     hosts: tuple[str, ...] = (),
+    hidden_size: int = 0,
 ) -> ProbeResult:
     """Run ``config`` of the workload at ``entry`` on ``world_size`` ranks of ``hardware`` and measure it.
 
@@ -170,6 +171,8 @@ def run_probe(
     More ranks than ``hardware.devices_per_node`` span nodes, one agent each (:mod:`autofit.probe.elastic`): on
     ``hosts`` (``--hosts``), else on the Slurm allocation, else simulated here (on CUDA each with its own GPUs);
     where none can run them, an :class:`AutofitError` line before anything starts (:mod:`autofit.probe.nodes`).
+    ``hidden_size``: the model's (:attr:`autofit.cost_model.facts.ModelFacts.hidden_size`), which the JSON's ZeRO
+    bucket sizes are derived from (:mod:`autofit.zero_buckets`), as the cost model priced them.
     Never raises for what happens inside the probe: that is the result's ``status``.
     """
     from autofit.probe.elastic import check_devices, launch_agents, node_launch
@@ -183,7 +186,7 @@ def run_probe(
         raise AutofitError(f"world_size must be >= 1, but got {world_size!r}")
     if steps < 1 or warmup_steps < 0:
         raise AutofitError(f"probe needs steps >= 1 and warmup_steps >= 0, but got {steps=}, {warmup_steps=}")
-    spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps, software)
+    spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps, software, hidden_size)
     if memory_snapshot is not None:
         spec["memory_snapshot"] = str(Path(memory_snapshot).resolve())
     ranks_per_node, n_nodes = hardware.ranks_on_a_node(world_size), hardware.n_nodes(world_size)
@@ -226,7 +229,7 @@ def visible_cuda_device_list() -> list[str] | None:
 
 def _spec(
     entry: str, config: Config, hardware: Hardware, world_size: int, mode: str, steps: int, warmup_steps: int,
-    software: Software | None = None,
+    software: Software | None = None, hidden_size: int = 0,
 ) -> dict[str, Any]:
     """What the worker reads: the workload, the config and its DeepSpeed JSON, the steps and the device."""
     from autofit.cost_model.cuda_runtime import nccl_buffer_bytes
@@ -235,7 +238,7 @@ def _spec(
     return {
         "entry": entry,
         "config": config.to_dict(),
-        "deepspeed": deepspeed_config(config, world_size, hardware.kind, software),
+        "deepspeed": deepspeed_config(config, world_size, hardware.kind, software, hidden_size=hidden_size),
         "world_size": world_size,
         "mode": mode,
         "steps": steps,

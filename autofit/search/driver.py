@@ -84,7 +84,7 @@ def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None
 
     def probe(config: Config, steps: int, timeout_s: float) -> Any:
         return run_probe(plan.entry, config, plan.hardware, plan.world_size, steps=steps, timeout_s=timeout_s,
-                         software=plan.software, hosts=plan.hosts)
+                         software=plan.software, hosts=plan.hosts, hidden_size=plan.facts.hidden_size)
 
     return probe
 
@@ -247,7 +247,8 @@ def run_search(
             nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
         )
     ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe,
-                          largest_param_numel=plan.facts.largest_param_numel)
+                          largest_param_numel=plan.facts.largest_param_numel,
+                          hidden_size=plan.facts.hidden_size)
     check_with_deepspeed(ds)
     written = str(out_path) if out_path is not None else None
     result = search.result(winner, ds, stop_reason, storage, study_name, written, time.monotonic() - started)

@@ -6,11 +6,12 @@ no forward runs here, so nothing costs memory.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-from autofit.ds_constants import STAGE3_PERSISTENCE_THRESHOLD
 from autofit.trace.layers import layers_alike
 from autofit.workload import Workload
+from autofit.zero_buckets import persistence_threshold
 
 
 def model_structure(workload: Workload) -> dict[str, Any]:
@@ -22,6 +23,8 @@ def model_structure(workload: Workload) -> dict[str, Any]:
     params = [p for p in model.parameters()]
     trainable = [p for p in params if p.requires_grad]
     layers = workload.repeated_layers(model)
+    hidden = hidden_size_of(model)
+    threshold = persistence_threshold(hidden)
     largest_module = 0
     for module in model.modules():
         own = sum(p.numel() for p in module.parameters(recurse=False))
@@ -43,8 +46,10 @@ def model_structure(workload: Workload) -> dict[str, Any]:
             for p in trainable
         ),
         "n_param_tensors": len(trainable),
-        # ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank
-        "n_persistent_params": sum(p.numel() for p in params if p.numel() < STAGE3_PERSISTENCE_THRESHOLD),
+        # ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank (the threshold
+        # autofit writes for this model: autofit.zero_buckets)
+        "n_persistent_params": sum(p.numel() for p in params if p.numel() < threshold),
+        "hidden_size": hidden,
         "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
         # what fp8's casts move (autofit.cost_model.fp8.fp8_cast_traffic_bytes): each converted weight, and per
         # row of input the input's and the output gradient's features
@@ -54,6 +59,27 @@ def model_structure(workload: Workload) -> dict[str, Any]:
             ((m.in_features, m.out_features) for _, m in fp8_linears(model)), key=lambda d: d[0] * d[1], default=(0, 0)
         ),
     }
+
+
+def hidden_size_of(model: Any) -> int:
+    """The model's hidden size, as the Hugging Face integration finds it for its ``auto`` bucket sizes
+    (transformers/integrations/deepspeed.py: ``config.hidden_size``, else ``max(config.hidden_sizes)``, also
+    under ``config.text_config``); a model without such a config: the input width most of its Linear layers
+    share (a transformer's residual width); 0 where it has no Linear layer."""
+    import torch
+
+    config = getattr(model, "config", None)
+    for cfg in (config, getattr(config, "text_config", None)):
+        if cfg is None:
+            continue
+        size = getattr(cfg, "hidden_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+        sizes = getattr(cfg, "hidden_sizes", None)
+        if sizes:
+            return int(max(sizes))
+    widths = Counter(m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return max(widths, key=lambda w: (widths[w], w)) if widths else 0
 
 
 def fp8_linears(model: Any) -> list[tuple[str, Any]]:

@@ -292,6 +292,7 @@ def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, Ac
         fp8_largest_linear=tuple(structure["fp8_largest_linear"]),
         fp8_weight_elements=structure.get("fp8_weight_elements", 0),
         fp8_feature_elements=structure.get("fp8_feature_elements", 0),
+        hidden_size=structure.get("hidden_size", 0),
         tokens_per_sample=workload.tokens_per_sample,
         profiles=profiles,
         trace_mode=mode,

@@ -149,10 +149,12 @@ def test_slower_calibrated_dtype_predicts_slower_steps() -> None:
 
 
 def test_zero3_communication_exceeds_data_parallel() -> None:
-    """ZeRO paper sec. 7: 2 Psi for data parallelism, 3 Psi for P_os+g+p."""
+    """ZeRO paper sec. 7: 2 Psi for data parallelism, 3 Psi for P_os+g+p (with nothing overlapped and no per-call
+    latency, the volumes alone)."""
     facts, hw = facts_with(1_000_000_000), get_hardware("h100-80gb")
-    dp = predict(Config(precision="bf16", zero_stage=1), facts, hw, world_size=8)
-    z3 = predict(Config(precision="bf16", zero_stage=3), facts, hw, world_size=8)
+    serial = Coefficients.for_hardware(hw).with_(overlap_efficiency=0.0, collective_latency_s=0.0)
+    dp = predict(Config(precision="bf16", zero_stage=1), facts, hw, world_size=8, coefficients=serial)
+    z3 = predict(Config(precision="bf16", zero_stage=3), facts, hw, world_size=8, coefficients=serial)
     assert z3.time_breakdown["communication"] == pytest.approx(1.5 * dp.time_breakdown["communication"])
 
 
@@ -237,3 +239,27 @@ def test_compile_adds_the_compilers_resident_memory_on_a_cpu_device_only() -> No
     assert zero3[1] - zero3[0] == COMPILED_CPU_RUNTIME_BYTES_ZERO3 > COMPILED_CPU_RUNTIME_BYTES
     # the search's memory correction learns the compiled family apart
     assert family(Config(compile="on")) != family(Config())
+
+
+def test_each_reduce_bucket_is_priced_in_memory():
+    """ZeRO 1/2: one bucket of hidden^2 elements with contiguous_gradients, two with overlap_comm, none without
+    contiguous_gradients, bucket_scale times larger; ZeRO-3 keeps one whatever overlap_comm (stage3.py)."""
+    from dataclasses import replace
+
+    from tests.toy_facts import FACTS
+
+    facts = replace(FACTS, hidden_size=512)
+    h100 = get_hardware("h100-80gb")
+
+    def grads(**keys):
+        return model_states(Config(precision="bf16", **keys), facts, 8, "cuda").grads_resident
+
+    bucket = 2 * 512 * 512  # bf16 elements of one hidden x hidden bucket
+    assert grads(zero_stage=2) == bucket
+    assert grads(zero_stage=2, overlap_comm=True) == 2 * bucket
+    assert grads(zero_stage=2, bucket_scale=4) == 4 * bucket
+    assert grads(zero_stage=2, contiguous_gradients=False) == 0
+    assert grads(zero_stage=3, overlap_comm=True) == grads(zero_stage=3)
+    assert grads(zero_stage=3, bucket_scale=4) - grads(zero_stage=3) == 3 * bucket
+    more = predict(Config(precision="bf16", zero_stage=2, overlap_comm=True), facts, h100, 8).peak_bytes
+    assert more > predict(Config(precision="bf16", zero_stage=2), facts, h100, 8).peak_bytes

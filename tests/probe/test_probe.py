@@ -277,9 +277,11 @@ def test_zero3_reduces_its_last_gradient_bucket_through_a_flat_copy_after_backwa
     from autofit.workload import load_workload
 
     config = Config(precision="fp32", zero_stage=3, optimizer="adamw", micro_batch_size=1, checkpoint_ratio=0.0)
-    result = run_probe(entry("medium"), config, CPU, 1, steps=1, warmup_steps=1, timeout_s=START_S)
+    # buckets larger than the model (autofit's when the hidden size is unknown, hidden_size=0), so the last holds
+    # every gradient; the model's own (1024^2 elements) would reduce it in many small ones
+    result = run_probe(entry("medium"), config, CPU, 1, steps=1, warmup_steps=1, timeout_s=START_S, hidden_size=0)
     assert result.status == "ok", result.message
-    facts = trace_for(load_workload(entry("medium")), [config])
+    facts = replace(trace_for(load_workload(entry("medium")), [config]), hidden_size=0)
     phases = memory_phases(config, facts, CPU, 1, Coefficients.for_hardware(CPU))
     others = max(phase.total for name, phase in phases.items() if name != "reduce")
     assert phases["reduce"].total > others
@@ -315,3 +317,14 @@ def test_a_compile_that_fails_is_an_error_naming_compile() -> None:
     assert result.step_time_s == 0.0
     eager = run_probe(entry("uncompilable"), Config(), CPU, steps=1, warmup_steps=0, timeout_s=START_S)
     assert eager.status == "ok", eager.message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_overlap_comm_and_model_derived_buckets_train_through_real_deepspeed(stage: int) -> None:
+    """overlap_comm on, buckets 4x the tiny model's width (128) squared, so its gradients fill several buckets, on two
+    gloo ranks: DeepSpeed takes the JSON and the steps run with a finite loss."""
+    config = Config(micro_batch_size=2, grad_accum_steps=2, zero_stage=stage, overlap_comm=True, bucket_scale=4)
+    result = run_probe(entry("tiny"), config, CPU, world_size=2, steps=2, timeout_s=START_S, hidden_size=128)
+    assert result.status == "ok", result.message
+    assert result.step_time_s > 0

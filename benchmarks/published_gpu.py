@@ -1,0 +1,250 @@
+"""The prior against published GPU training throughput: what ``autofit estimate`` predicts (no probe) for the
+configuration a published run used, beside the throughput that run measured.
+
+    python benchmarks/published_gpu.py                       # every row; writes published_gpu.json (and .md)
+    python benchmarks/published_gpu.py --label before --out /tmp/before.json   # one column only
+    python benchmarks/published_gpu.py --merge before.json after.json        # both columns into the results
+
+Each row is one published measurement: the model (its shape rebuilt with Hugging Face ``transformers`` on the
+meta device, never allocated), the GPU and how many, the micro-batch, the accumulation and the activation
+checkpointing the run used, and the tokens per second per GPU it reports, with its source (URL and table).
+autofit prices that configuration with the device's prior coefficients (:meth:`Coefficients.for_hardware`), as
+``autofit estimate`` does: bf16, AdamW, ZeRO-3 (what FSDP's ``FULL_SHARD`` shards: parameters, gradients and
+optimizer states), the same micro-batch, accumulation and checkpointed layers; where the knobs exist, with
+``overlap_comm`` off and on and buckets 1x and 4x, the fastest predicted of them (what ``autofit estimate``
+picks with the rest fixed; FSDP overlaps its collectives with compute, and an expert's DeepSpeed JSON turns
+``overlap_comm`` on). 8 GPUs a node, as every source ran them.
+
+error = (predicted - published) / published, on tokens/s per GPU. Nothing here is fitted to these rows.
+
+None of these sources publishes memory next to its throughput, so there is no memory column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare_common as cc  # noqa: E402
+
+from autofit.config import CONFIG_KEYS, Config  # noqa: E402
+from autofit.cost_model import Coefficients, predict  # noqa: E402
+from autofit.hardware import Hardware, get_hardware  # noqa: E402
+from autofit.plan import trace_for  # noqa: E402
+from autofit.workload import Workload  # noqa: E402
+
+LLM_FOUNDRY = ("https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/benchmarking/README.md")
+TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md"
+#: what every MosaicML row differs in from a DeepSpeed run
+FOUNDRY_DIFFERS = ("Composer + PyTorch FSDP FULL_SHARD (not DeepSpeed ZeRO-3); MPT with ALiBi and "
+                   "flash/triton attention (autofit prices HF's MptForCausalLM, eager attention FLOPs); "
+                   "LionW/decoupled AdamW; torch 1.13-2.0")
+TITAN_DIFFERS = ("torchtitan FSDP2 (not DeepSpeed ZeRO-3); torch.compile and fused kernels as torchtitan "
+                 "configured them; selective layer AC = every 2nd layer (autofit: the first half)")
+
+#: (d_model, n_heads, n_layers) of the MPT sizes (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml; the
+#: published NumParams agree within 0.5 %: 12 L d^2 + 50368 d), vocabulary 50368, expansion 4
+MPT = {"1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
+       "30b": (7168, 64, 48), "70b": (8192, 64, 80)}
+#: (hidden, layers, intermediate, heads, kv heads, vocabulary) of the Llama models torchtitan trains
+LLAMA = {"llama3-8b": (4096, 32, 14336, 32, 8, 128256), "llama3-70b": (8192, 80, 28672, 64, 8, 128256),
+         "llama2-13b": (5120, 40, 13824, 40, 40, 32000), "llama2-70b": (8192, 80, 28672, 64, 8, 32000)}
+
+
+def _foundry(row_id: str, gpu: str, table: str, model: str, gpus: int, micro: int, accum: int, ac: bool,
+             tokens_per_gpu: float, mfu: float) -> dict[str, Any]:
+    return {"id": row_id, "model": f"mpt-{model}", "seq_len": 2048, "gpu": gpu, "gpus": gpus, "micro_batch": micro,
+            "grad_accum": accum, "checkpoint_ratio": 1.0 if ac else 0.0, "published_tokens_per_gpu": tokens_per_gpu,
+            "published_mfu": mfu, "source": LLM_FOUNDRY, "table": table, "framework": "Composer / PyTorch FSDP",
+            "differs": FOUNDRY_DIFFERS}
+
+
+def _titan(row_id: str, model: str, seq: int, micro: int, ratio: float, ac: str, tokens_per_gpu: float,
+           mfu: float) -> dict[str, Any]:
+    return {"id": row_id, "model": model, "seq_len": seq, "gpu": "a100-80gb", "gpus": 64, "micro_batch": micro,
+            "grad_accum": 1, "checkpoint_ratio": ratio, "published_tokens_per_gpu": tokens_per_gpu,
+            "published_mfu": mfu, "source": TORCHTITAN,
+            "table": f"{'Llama 3' if 'llama3' in model else 'Llama 2'} performance numbers ({ac})",
+            "framework": "torchtitan / FSDP2", "differs": TITAN_DIFFERS}
+
+
+H100 = "H100 80GB BF16"
+A100_80 = "A100 80GB with 1600 Gbps node-node interconnect (RoCE)"
+A100_40 = "A100 40GB with 1600 Gbps node-node interconnect (RoCE)"
+#: every row, as published (tokens/s per GPU is the table's "Throughput (T/s/GPU)" or torchtitan's WPS, per GPU)
+ROWS: tuple[dict[str, Any], ...] = (
+    _foundry("foundry-h100-1b-8", "h100-80gb", H100, "1b", 8, 14, 1, False, 45455, 41.82),
+    _foundry("foundry-h100-1b-64", "h100-80gb", H100, "1b", 64, 20, 1, False, 44402, 40.85),
+    _foundry("foundry-h100-3b-16", "h100-80gb", H100, "3b", 16, 10, 3, False, 24142, 43.73),
+    _foundry("foundry-h100-3b-64", "h100-80gb", H100, "3b", 64, 6, 3, False, 22525, 40.8),
+    _foundry("foundry-h100-7b-8", "h100-80gb", H100, "7b", 8, 6, 1, False, 10643, 46.44),
+    _foundry("foundry-h100-13b-8", "h100-80gb", H100, "13b", 8, 2, 1, False, 4792, 39.79),
+    _foundry("foundry-h100-13b-64", "h100-80gb", H100, "13b", 64, 2, 1, False, 4800, 39.86),
+    _foundry("foundry-h100-30b-32", "h100-80gb", H100, "30b", 32, 14, 3, True, 2308, 43.92),
+    _foundry("foundry-h100-70b-64", "h100-80gb", H100, "70b", 64, 8, 4, True, 1039, 42.57),
+    _foundry("foundry-a100-1b-8", "a100-80gb", A100_80, "1b", 8, 14, 4, False, 20513, 59.86),
+    _foundry("foundry-a100-3b-8", "a100-80gb", A100_80, "3b", 8, 10, 2, False, 10811, 62.11),
+    _foundry("foundry-a100-7b-8", "a100-80gb", A100_80, "7b", 8, 6, 2, False, 4641, 64.23),
+    _foundry("foundry-a100-13b-8", "a100-80gb", A100_80, "13b", 8, 2, 3, False, 2262, 59.57),
+    _foundry("foundry-a100-30b-8", "a100-80gb", A100_80, "30b", 8, 3, 21, True, 916, 55.3),
+    _foundry("foundry-a100-40gb-7b-64", "a100-40gb", A100_40, "7b", 64, 18, 1, True, 3665, 50.73),
+    _foundry("foundry-a100-40gb-13b-32", "a100-40gb", A100_40, "13b", 32, 14, 1, True, 1998, 52.62),
+    _titan("titan-llama3-8b-64", "llama3-8b", 8192, 1, 0.5, "selective layer", 2904, 56.8),
+    _titan("titan-llama2-13b-64", "llama2-13b", 4096, 2, 0.0, "no AC", 2162, 61.1),
+    _titan("titan-llama3-70b-64", "llama3-70b", 8192, 1, 1.0, "full", 331, 51.7),
+    _titan("titan-llama2-70b-64", "llama2-70b", 4096, 2, 1.0, "full", 353, 50.5),
+)
+
+
+def workload(model: str, seq_len: int) -> Workload:
+    """The model's shape as a Hugging Face model (built on the meta device by the trace)."""
+
+    def batch(n: int) -> Any:
+        import torch
+
+        ids = torch.zeros((n, seq_len), dtype=torch.long)
+        return {"input_ids": ids, "labels": ids}
+
+    if model.startswith("mpt-"):
+        d, heads, layers = MPT[model.removeprefix("mpt-")]
+
+        def build() -> Any:
+            from transformers import MptConfig, MptForCausalLM
+
+            return MptForCausalLM(MptConfig(d_model=d, n_heads=heads, n_layers=layers, expansion_ratio=4,
+                                            max_seq_len=seq_len, vocab_size=50368))
+    else:
+        hidden, layers, inter, heads, kv, vocab = LLAMA[model]
+
+        def build() -> Any:
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            return LlamaForCausalLM(LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter,
+                                                num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                                                max_position_embeddings=seq_len, attn_implementation="sdpa"))
+
+    return Workload(model=build, batch=batch, tokens_per_sample=seq_len, name=model)
+
+
+def configs_of(row: dict[str, Any]) -> list[Config]:
+    """The published run as autofit configs: bf16 AdamW ZeRO-3, its micro-batch, accumulation and checkpointing;
+    where this autofit has ZeRO's communication keys, each value the ``cluster`` space tries (``overlap_comm`` off
+    and on, buckets 1x and 4x): ``autofit estimate`` with the rest fixed picks the fastest of them."""
+    keys: dict[str, Any] = {"micro_batch_size": row["micro_batch"], "grad_accum_steps": row["grad_accum"],
+                            "checkpoint_ratio": row["checkpoint_ratio"], "precision": "bf16", "optimizer": "adamw",
+                            "zero_stage": 3, "attention": "sdpa"}
+    if "overlap_comm" not in CONFIG_KEYS:
+        return [Config(**keys)]
+    return [Config(**keys, overlap_comm=o, bucket_scale=s) for o in (False, True) for s in (1, 4)]
+
+
+def hardware_of(row: dict[str, Any]) -> Hardware:
+    """The row's GPU with its 8 GPUs a node (every source ran 8-GPU nodes): what ``--gpus 8 --nodes N`` gives."""
+    return replace(get_hardware(row["gpu"]), devices_per_node=min(8, row["gpus"]))
+
+
+def predict_rows(rows: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    """Each row's prediction; one trace per model and sequence length, for every config its rows use."""
+    out: list[dict[str, Any]] = []
+    by_model: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_model.setdefault((row["model"], row["seq_len"]), []).append(row)
+    for (model, seq_len), group in by_model.items():
+        started = time.monotonic()
+        facts = trace_for(workload(model, seq_len), [c for r in group for c in configs_of(r)])
+        print(f"  traced {model} at {seq_len} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        for row in group:
+            hardware = hardware_of(row)
+            priced = [(c, predict(c, facts, hardware, row["gpus"], Coefficients.for_hardware(hardware)))
+                      for c in configs_of(row)]
+            fitting = [cp for cp in priced if cp[1].fits] or priced
+            config, p = max(fitting, key=lambda cp: cp[1].samples_per_s)
+            predicted = p.tokens_per_s / row["gpus"] if p.tokens_per_s else 0.0
+            out.append(row | {"config": config.label(), "params": facts.n_params,
+                              "predicted_tokens_per_gpu": predicted,
+                              "error": cc.relative_error(predicted, row["published_tokens_per_gpu"]),
+                              "predicted_fits": p.fits, "time_breakdown": p.time_breakdown})
+    order = {r["id"]: i for i, r in enumerate(rows)}
+    return sorted(out, key=lambda r: order[r["id"]])
+
+
+def summary(rows: list[dict[str, Any]], key: str = "error") -> dict[str, Any]:
+    errors = [abs(r[key]) for r in rows if r.get(key) is not None]
+    return {"n": len(errors), "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
+            "median_signed_error": statistics.median(r[key] for r in rows if r.get(key) is not None)}
+
+
+def merge(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """One results document: each row with its before and after prediction and error."""
+    old = {r["id"]: r for r in before["rows"]}
+    rows = []
+    for r in after["rows"]:
+        b = old.get(r["id"], {})
+        rows.append({k: v for k, v in r.items() if k not in ("predicted_tokens_per_gpu", "error", "config",
+                                                              "time_breakdown", "predicted_fits")}
+                    | {"before_config": b.get("config"), "before_predicted_tokens_per_gpu": b.get("predicted_tokens_per_gpu"),
+                       "before_error": b.get("error"), "before_time_breakdown": b.get("time_breakdown"),
+                       "after_config": r["config"], "after_predicted_tokens_per_gpu": r["predicted_tokens_per_gpu"],
+                       "after_error": r["error"], "after_time_breakdown": r["time_breakdown"],
+                       "after_predicted_fits": r["predicted_fits"]})
+    return {"before": {"commit": before.get("commit"), **summary(rows, "before_error")},
+            "after": {"commit": after.get("commit"), **summary(rows, "after_error")},
+            "targets": {"median_abs_error": 0.15, "worst_abs_error": 0.30}, "rows": rows}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    def pct(x: float | None) -> str:
+        return "" if x is None else f"{100 * x:+.0f}%"
+
+    rows = [[r["id"], r["model"], r["gpu"], str(r["gpus"]), f"{r['micro_batch']}x{r['grad_accum']}",
+             f"{r['checkpoint_ratio']:g}", f"{r['published_tokens_per_gpu']:,.0f}",
+             f"{r['before_predicted_tokens_per_gpu']:,.0f}", pct(r["before_error"]),
+             f"{r['after_predicted_tokens_per_gpu']:,.0f}", pct(r["after_error"]), r["framework"]] for r in data["rows"]]
+    b, a = data["before"], data["after"]
+    return "\n".join([
+        cc.markdown_table(["row", "model", "GPU", "GPUs", "micro x accum", "ckpt", "published tok/s/GPU",
+                           "before", "error", "after", "error", "framework"], rows), "",
+        f"Before ({b['commit']}): median |error| {100 * b['median_abs_error']:.1f}%, worst {100 * b['worst_abs_error']:.1f}%"
+        f" (median signed {100 * b['median_signed_error']:+.1f}%). After ({a['commit']}): median |error| "
+        f"{100 * a['median_abs_error']:.1f}%, worst {100 * a['worst_abs_error']:.1f}% (median signed "
+        f"{100 * a['median_signed_error']:+.1f}%). Targets: median 15%, worst 30%.", ""])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", default="after", help="which column this run is (before: the code before a change)")
+    parser.add_argument("--out", type=Path, help="where to write this run's rows (JSON)")
+    parser.add_argument("--only", help="comma-separated row ids")
+    parser.add_argument("--merge", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                        help="write benchmarks/results/published_gpu.{json,md} from two runs' files")
+    args = parser.parse_args()
+    if args.merge:
+        data = merge(*(json.loads(p.read_text()) for p in args.merge))
+        (cc.RESULTS / "published_gpu.json").write_text(json.dumps(data, indent=1) + "\n")
+        (cc.RESULTS / "published_gpu.md").write_text(markdown(data))
+        print(markdown(data))
+        return
+    rows = ROWS if not args.only else tuple(r for r in ROWS if r["id"] in args.only.split(","))
+    predicted = predict_rows(rows)
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=cc.ROOT).stdout.strip()
+    data = {"label": args.label, "commit": commit, "rows": predicted, **summary(predicted)}
+    out = args.out or cc.RESULTS / f"published_gpu_{args.label}.json"
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    for r in predicted:
+        print(f"{r['id']:28s} published {r['published_tokens_per_gpu']:8.0f} predicted "
+              f"{r['predicted_tokens_per_gpu']:8.0f} error {100 * r['error']:+.1f}%")
+    print(json.dumps(summary(predicted)))
+
+
+if __name__ == "__main__":
+    main()
