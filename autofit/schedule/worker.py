@@ -263,7 +263,10 @@ class Worker:
 
 
 def _short(exc: BaseException) -> str:
-    """An exception's class and first line (a driver's message can carry the host, never the password)."""
+    """An exception's class and first line (a driver's message can carry the host, never the password); for
+    Optuna's ``StorageInternalError``, whose text blames invalid data whatever happened, its cause's."""
+    if exc.__cause__ is not None and type(exc).__name__ == "StorageInternalError":
+        exc = exc.__cause__
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first[:200]}"
 
