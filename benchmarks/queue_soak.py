@@ -1,6 +1,6 @@
 """Soak the queue: many short searches, several workers, workers SIGKILLed and the database restarted at random.
 
-    python benchmarks/queue_soak.py [--searches 60] [--workers 4] [--probe-s 1] [--lease 3] [--chaos-s 10] [--seed 0]
+    python benchmarks/queue_soak.py [--searches 60] [--workers 4] [--probe-s 1] [--lease 8] [--chaos-s 10] [--seed 0]
 
 A throwaway PostgreSQL cluster on loopback (tests/schedule/pgserver.py: ``initdb`` + ``pg_ctl``; as root it runs as
 the ``postgres`` user), the tiny model of tests/search/tiny.py queued ``--searches`` times (a distinct global batch
@@ -195,6 +195,8 @@ def soak(args: argparse.Namespace, server: Server, log_dir: Path) -> dict[str, A
         "studies": len(studies),
         "searches_with_a_config_probed_twice": repeated,
         "claims": sum(rows[i].claims for i in ids),
+        "not_done": {i: {"state": rows[i].state, "claims": rows[i].claims, "message": rows[i].message}
+                     for i in ids if rows[i].state != "done"},
         "worker_kills": len(kills),
         "server_restarts": len(restarts),
         "takeover_latency_s": {
@@ -214,7 +216,8 @@ def main() -> None:
     parser.add_argument("--searches", type=int, default=60)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--probe-s", type=float, default=1.0, help="seconds each probe takes")
-    parser.add_argument("--lease", type=float, default=3.0, help="the workers' --lease")
+    parser.add_argument("--lease", type=float, default=8.0,
+                        help="the workers' --lease (longer than an outage: a lease that runs out during one is a takeover)")
     parser.add_argument("--chaos-s", type=float, default=10.0, help="mean seconds between a kill or a restart")
     parser.add_argument("--kill-share", type=float, default=0.7, help="share of chaos events that kill a worker")
     parser.add_argument("--max-s", type=float, default=1200.0, help="give up after this many seconds")
@@ -233,7 +236,7 @@ def main() -> None:
     logs = [p.read_text(errors="replace") for p in sorted(log_dir.glob("*.log"))]
     result["worker_log_lines"] = {what: sum(log.count(what) for log in logs)
                                   for what in ("database error", "taken over", "given back", "Traceback")}
-    result["worker_logs"] = str(log_dir)
+    print(f"worker logs: {log_dir}", file=sys.stderr)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in ("kills", "restarts")}, indent=1))
     if not result["all_done"] or result["searches_with_a_config_probed_twice"] or result["studies"] != args.searches:

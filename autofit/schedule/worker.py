@@ -57,6 +57,8 @@ class Interrupted(BaseException):
 #: a worker gives up after the database failed every try for this long (then exits 1, its claims given back
 #: or left to their leases)
 DATABASE_PATIENCE_S = 600.0
+#: told to stop, a worker tries to give its search back this long (Kubernetes' grace period is 30 s)
+STOPPING_PATIENCE_S = 10.0
 
 
 def backoff_s(failures: int, base_s: float, cap_s: float = 30.0) -> float:
@@ -245,12 +247,17 @@ class Worker:
                 if time.monotonic() - started > patience_s:
                     raise AutofitError(f"the database at {redact(self.url)} failed for {patience_s:g} s while "
                                        f"{what}: {_short(exc)}") from None
+                if self.stopping is not None and what == "claiming":
+                    return None
+                if self.stopping is not None:  # on the way out (a grace period runs): a few seconds more at most
+                    patience_s = min(patience_s, STOPPING_PATIENCE_S)
                 delay = backoff_s(failures, min(self.poll_s, 1.0))
                 self.log(f"autofit worker {self.worker_id}: database error while {what} ({_short(exc)}); "
                          f"trying again in {delay:.1f} s")
-                self._pause(delay)
-                if self.stopping is not None and what == "claiming":
-                    return None
+                if self.stopping is None:
+                    self._pause(delay)
+                else:
+                    time.sleep(delay)
 
     def _quietly(self, call: Callable[[], Any]) -> None:
         """A bookkeeping write (the worker's state) that may fail with the database without stopping anything."""
