@@ -95,6 +95,7 @@ def test_a_database_restart_mid_search_leaves_every_search_done_without_probing_
         assert queue.stored_result(pg_url, search_id)["best"]["measured"]["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_an_idle_worker_rides_out_a_database_that_is_down(postgres_server: Server, pg_url: str) -> None:
     logged: list[str] = []
     device = get_hardware("cpu")
@@ -194,6 +195,7 @@ def _study_attr_winner(url: str, search_id: str) -> Any:
     return queue.study_attrs(url, search_id).get(queue.RESULT_ATTR)
 
 
+@pytest.mark.slow
 def test_a_search_whose_workers_keep_vanishing_ends_failed_and_added_again_resumes_its_study(url: str) -> None:
     first = queue_tiny(url)
     for n in range(3):  # three workers claim it and vanish (their leases run out)
