@@ -330,18 +330,23 @@ def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
               help="Exit after this many seconds with nothing to claim.")
 @click.option("--lease", "lease_s", default=60.0, show_default=True, type=click.FloatRange(min=1.0),
               help="Seconds without a heartbeat before another worker takes a search over.")
+@click.option("--max-claims", default=3, show_default=True, type=click.IntRange(min=1),
+              help="A search whose worker vanished this many times (its lease ran out) ends failed.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @user_errors
 def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_s: float, lease_s: float,
-           debug: bool) -> None:
-    """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds."""
+           max_claims: int, debug: bool) -> None:
+    """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds.
+
+    SIGTERM or SIGINT stops the running probe, gives its search back (queued) and exits 0."""
     from autofit.hardware import get_hardware
     from autofit.schedule.fingerprint import detect_machine, worker_name
     from autofit.schedule.worker import Worker
 
     device = get_hardware(hardware)
     machine = detect_machine(device, gpus)
-    Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s).serve()
+    Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s,
+           max_claims=max_claims).serve()
 
 
 @main.command()

@@ -193,10 +193,12 @@ def _cpu_model() -> str:
 
 
 def worker_name() -> str:
-    """``host-pid``: who holds a search, as ``autofit schedule list`` shows it."""
+    """``host-pid-random``: who holds a search, as ``autofit schedule list`` shows it. The random part keeps it
+    unique where host and pid repeat (containers: every worker is pid 1 of a pod named alike)."""
     import os
+    import uuid
 
-    return f"{socket.gethostname()}-{os.getpid()}"
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def check_device_name(name: str) -> str:

@@ -10,9 +10,12 @@ takeover. The claim, the lease and the state are a row of ``autofit_searches``
 ran out)``; the worker whose update changed a row holds the search. On PostgreSQL two such updates
 of one row serialise on its row lock and the second re-checks the ``WHERE`` against the row the first
 committed, so it changes nothing; SQLite lets one writer in at a time. No read-then-write race: the
-``SELECT`` before only proposes candidates. **Lease**: the holder writes ``heartbeat_s`` every
-``lease_s / 3`` seconds; a running search whose ``heartbeat_s + lease_s`` is past is claimable again
-(clocks of the workers' machines are assumed in step to well within a lease, as NTP keeps them).
+``SELECT`` before only proposes candidates. Each claim gets a fresh ``token``; heartbeat, finish and
+release are conditional on it (``UPDATE ... WHERE worker = me AND token = mine``), so a worker that lost
+its claim changes nothing. **Lease**: the holder stamps ``heartbeat_s`` every ``lease_s / 3`` seconds
+with the database's clock; a running search whose ``heartbeat_s + lease_s`` is before the database's now
+is claimable again (no client's clock is read). **Cap**: a search whose holders vanished
+``max_claims`` times (each lease ran out) ends ``failed`` instead of being claimed again.
 
 **Cache**: a search's ``request_key`` hashes the workload fingerprint, the device, its count and the
 request (:mod:`autofit.schedule.fingerprint`). Adding one whose key is done on the machine fingerprint
@@ -22,18 +25,30 @@ on the workers makes a new search.
 
 from __future__ import annotations
 
-import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import func
+
 from autofit.errors import AutofitError
 from autofit.schedule.fingerprint import MachineFingerprint, digest, request_hash
-from autofit.schedule.store import FINISHED, engine, optuna_storage, tables
+from autofit.schedule.store import FINISHED, engine, optuna_storage, server_epoch, tables
 
 DEFAULT_LEASE_S = 60.0
+DEFAULT_MAX_CLAIMS = 3
 REQUEST_ATTR = "request"
 PLANNED_ATTR = "planned"
 RESULT_ATTR = "result"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A worker's hold on a search: the row is its own while ``worker`` and ``token`` (fresh each claim) match."""
+
+    id: str
+    worker: str
+    token: str
 
 
 @dataclass(frozen=True)
@@ -104,7 +119,22 @@ def _lookup(url: str, key: str, machine_key: str | None) -> tuple[Added | None, 
     for row in rows:
         if row.state in FINISHED and (machine_key is None or row.machine_key == machine_key):
             return Added(row.id, row.state, True, stored_result(url, row.id)), len(rows)
+    for row in rows:  # a failed search added again resumes in its own study: no finished probe runs again
+        if row.state == "failed" and _requeue(url, row.id):
+            return Added(row.id, "queued", False), len(rows)
     return None, len(rows)
+
+
+def _requeue(url: str, search_id: str) -> bool:
+    """A failed search queued again, its count of vanished holders reset (someone chose to retry it)."""
+    from sqlalchemy import update
+
+    _, searches, _ = tables()
+    c = searches.c
+    with engine(url).begin() as conn:
+        return conn.execute(update(searches).where((c.id == search_id) & (c.state == "failed")).values(
+            state="queued", worker=None, token=None, heartbeat_s=None, lost=0, message=None, finished_s=None,
+        )).rowcount == 1
 
 
 def _create_study(url: str, search_id: str, request: dict[str, Any], workload_fp: str, planned: dict[str, Any] | None) -> None:
@@ -122,14 +152,21 @@ def _insert(url: str, search_id: str, key: str, request: dict[str, Any], workloa
         conn.execute(searches.insert().values(
             id=search_id, study_name=study_name(search_id), request_key=key, workload_fp=workload_fp,
             request_hash=request_hash(request), entry=request["entry"], hardware=request["hardware"],
-            gpus=request["gpus"], nodes=request["nodes"], state="queued", claims=0, created_s=time.time(),
+            gpus=request["gpus"], nodes=request["nodes"], state="queued", claims=0, lost=0, created_s=server_epoch(),
         ))
 
 
 def stored_result(url: str, search_id: str) -> dict[str, Any] | None:
-    """The winner a worker stored in the study (None while there is none)."""
-    summary = study_attrs(url, search_id)
-    return summary.get(RESULT_ATTR)
+    """The winner the worker that finished the search stored (None while there is none): in its row, written by
+    :func:`finish`; a row an older autofit finished has it in the study only."""
+    from sqlalchemy import select
+
+    _, searches, _ = tables()
+    with engine(url).connect() as conn:
+        row = conn.execute(select(searches.c.result).where(searches.c.id == search_id)).first()
+    if row is not None and row.result is not None:
+        return dict(row.result)
+    return study_attrs(url, search_id).get(RESULT_ATTR)
 
 
 def study_attrs(url: str, search_id: str) -> dict[str, Any]:
@@ -142,7 +179,7 @@ def study_attrs(url: str, search_id: str) -> dict[str, Any]:
 def register_worker(url: str, worker_id: str, machine: MachineFingerprint) -> None:
     """Record a started worker: its machine fingerprint becomes the one cached results are checked against."""
     _, _, workers = tables()
-    now = time.time()
+    now = server_epoch()
     with engine(url).begin() as conn:  # a worker id seen before (a pid reused, a serve() called again) starts anew
         conn.execute(workers.delete().where(workers.c.id == worker_id))
         conn.execute(workers.insert().values(id=worker_id, hardware=machine.device, machine_key=machine.key(),
@@ -154,64 +191,98 @@ def set_worker_state(url: str, worker_id: str, state: str) -> None:
 
     _, _, workers = tables()
     with engine(url).begin() as conn:
-        conn.execute(update(workers).where(workers.c.id == worker_id).values(state=state, seen_s=time.time()))
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(state=state, seen_s=server_epoch()))
 
 
-def _claimable(searches: Any, now: float) -> Any:
-    from sqlalchemy import and_, or_
+def _expired(c: Any) -> Any:
+    """A running search whose holder's lease ran out, on the database's clock."""
+    return (c.state == "running") & (c.heartbeat_s + c.lease_s < server_epoch())
 
-    c = searches.c
-    return or_(c.state == "queued", and_(c.state == "running", c.heartbeat_s + c.lease_s < now))
+
+def _claimable(c: Any, max_claims: int) -> Any:
+    """Queued, or running with a lease that ran out and fewer than ``max_claims`` holders lost to it."""
+    return (c.state == "queued") | (_expired(c) & (func.coalesce(c.lost, 0) + 1 < max_claims))
 
 
 def claim(url: str, worker_id: str, machine: MachineFingerprint, nodes: int = 1,
-          lease_s: float = DEFAULT_LEASE_S) -> str | None:
-    """Take the oldest queued search for this machine (or one whose holder stopped beating); its id or None."""
-    from sqlalchemy import select, update
+          lease_s: float = DEFAULT_LEASE_S, max_claims: int = DEFAULT_MAX_CLAIMS) -> Claim | None:
+    """Take the oldest queued search for this machine (or one whose holder stopped beating); the claim or None.
+
+    A search whose ``max_claims``-th holder vanished too (each lease ran out: a probe that kills its worker,
+    a host out of memory) is not claimed again: it ends ``failed`` with the reason."""
+    from sqlalchemy import case, select, update
 
     _, searches, _ = tables()
     c = searches.c
-    now = time.time()
     mine = (c.hardware == machine.device) & (c.gpus <= machine.n_devices) & (c.nodes <= nodes)
+    lost = func.coalesce(c.lost, 0)
+    with engine(url).begin() as conn:
+        conn.execute(update(searches).where(mine & _expired(c) & (lost + 1 >= max_claims)).values(
+            state="failed", lost=lost + 1, worker=None, token=None, finished_s=server_epoch(),
+            message=f"given up after {max_claims} claims whose worker vanished without finishing it (its lease ran "
+                    "out): a probe may be killing the worker (host out of memory?); add it again to retry"))
     with engine(url).connect() as conn:
-        proposed = [r.id for r in conn.execute(select(c.id).where(mine & _claimable(searches, now)).order_by(c.created_s))]
+        proposed = [r.id for r in conn.execute(select(c.id).where(mine & _claimable(c, max_claims)).order_by(c.created_s))]
     for search_id in proposed:
+        token = uuid.uuid4().hex
         with engine(url).begin() as conn:
             changed = conn.execute(
-                update(searches).where((c.id == search_id) & _claimable(searches, now)).values(
-                    state="running", worker=worker_id, heartbeat_s=now, lease_s=lease_s, claims=c.claims + 1,
+                update(searches).where((c.id == search_id) & _claimable(c, max_claims)).values(
+                    state="running", worker=worker_id, token=token, heartbeat_s=server_epoch(), lease_s=lease_s,
+                    claims=c.claims + 1, lost=case((c.state == "running", lost + 1), else_=lost),
                     machine_key=machine.key(), machine=machine.to_dict(),
                 )
             ).rowcount
         if changed == 1:
-            return search_id
+            return Claim(search_id, worker_id, token)
     return None
 
 
-def heartbeat(url: str, search_id: str, worker_id: str) -> bool:
-    """Renew the lease; False when this worker no longer holds the search (another took it over)."""
+def _held(c: Any, held: Claim) -> Any:
+    return (c.id == held.id) & (c.token == held.token) & (c.worker == held.worker)
+
+
+def heartbeat(url: str, held: Claim) -> bool:
+    """Renew the lease; False when this claim no longer holds the search (another worker took it over)."""
     from sqlalchemy import update
 
     _, searches, _ = tables()
     c = searches.c
     with engine(url).begin() as conn:
         changed = conn.execute(
-            update(searches).where((c.id == search_id) & (c.worker == worker_id) & (c.state == "running"))
-            .values(heartbeat_s=time.time())
+            update(searches).where(_held(c, held) & (c.state == "running")).values(heartbeat_s=server_epoch())
         ).rowcount
     return changed == 1
 
 
-def finish(url: str, search_id: str, worker_id: str, state: str, message: str | None = None) -> bool:
-    """Close a search this worker holds (``done``, ``failed`` or ``nothing-fits``); False if it no longer holds it."""
+def finish(url: str, held: Claim, state: str, message: str | None = None,
+           result: dict[str, Any] | None = None) -> bool:
+    """Close a search this claim holds (``done``, ``failed`` or ``nothing-fits``) and keep its winner ``result``,
+    in one conditional ``UPDATE``: False (and nothing written) when the claim no longer holds it, so a worker
+    that lost its lease never overwrites the new holder's result. Done again after a dropped reply, it is True."""
     from sqlalchemy import update
 
     _, searches, _ = tables()
     c = searches.c
     with engine(url).begin() as conn:
         changed = conn.execute(
-            update(searches).where((c.id == search_id) & (c.worker == worker_id) & (c.state == "running"))
-            .values(state=state, finished_s=time.time(), message=message)
+            update(searches).where(_held(c, held) & c.state.in_(("running", state)))
+            .values(state=state, finished_s=server_epoch(), message=message, result=result)
+        ).rowcount
+    return changed == 1
+
+
+def release(url: str, held: Claim, message: str | None = None) -> bool:
+    """Give a claimed search back (``queued``, no holder): a worker told to stop, or one the database failed;
+    the next claim resumes its study. False when the claim no longer held it."""
+    from sqlalchemy import update
+
+    _, searches, _ = tables()
+    c = searches.c
+    with engine(url).begin() as conn:
+        changed = conn.execute(
+            update(searches).where(_held(c, held) & (c.state == "running"))
+            .values(state="queued", worker=None, token=None, heartbeat_s=None, message=message)
         ).rowcount
     return changed == 1
 

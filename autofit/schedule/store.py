@@ -13,12 +13,22 @@ Why a table of our own for the claim: Optuna's attribute setters are uncondition
 claim through them would be a read-then-write race. A claim here is one conditional ``UPDATE``
 (:mod:`autofit.schedule.queue`), atomic on PostgreSQL (row lock; a waiting update re-reads the
 row it waited for) and on SQLite (one writer at a time).
+
+Times in these tables are the **database's** clock (:func:`server_epoch`), never a client's: a lease
+compares the heartbeat the server stamped with the server's now, so workers whose clocks drift apart
+agree on whose lease ran out.
 """
 
 from __future__ import annotations
 
 import functools
 from typing import Any
+
+from sqlalchemy import Float
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
+
+from autofit.search.storage import engine_kwargs, rdb_storage
 
 STATES = ("queued", "running", "done", "failed", "nothing-fits")
 FINISHED = ("done", "nothing-fits")
@@ -48,6 +58,9 @@ def tables() -> tuple[Any, Any, Any]:
         Column("heartbeat_s", Float),
         Column("lease_s", Float),
         Column("claims", Integer, nullable=False, default=0),
+        Column("token", String(32)),  # a fresh one per claim: heartbeat, finish and release need it
+        Column("lost", Integer, default=0),  # claims whose holder vanished (its lease ran out)
+        Column("result", JSON),  # the winner, written by the finish that closed the claim
         Column("created_s", Float, nullable=False),
         Column("finished_s", Float),
         Column("message", Text),
@@ -67,23 +80,49 @@ def tables() -> tuple[Any, Any, Any]:
 
 @functools.lru_cache(maxsize=8)
 def engine(url: str) -> Any:
-    """A SQLAlchemy engine on ``url`` with the scheduler's tables created (Optuna makes its own on first use).
-
-    SQLite waits up to 60 s for another process's write lock instead of failing at once."""
+    """A SQLAlchemy engine on ``url`` with the scheduler's tables created (Optuna makes its own on first use),
+    with the same settings as Optuna's (:func:`autofit.search.storage.engine_kwargs`: ``pool_pre_ping``)."""
     from sqlalchemy import create_engine
 
-    args = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    made = create_engine(url, **args)
-    tables()[0].create_all(made)
+    made = create_engine(url, **engine_kwargs(url))
+    metadata, searches, _ = tables()
+    metadata.create_all(made)
+    _add_missing_columns(made, searches)
     return made
 
 
-@functools.lru_cache(maxsize=8)
-def optuna_storage(url: str) -> Any:
-    """Optuna's RDB storage on ``url``, one per process (its engine keeps a pool of connections; SQLite waits
-    for locks here too)."""
-    import optuna
+def _add_missing_columns(made: Any, table: Any) -> None:
+    """Columns a newer autofit added to a table an older one created (``create_all`` makes no column)."""
+    from sqlalchemy import inspect, text
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    present = {c["name"] for c in inspect(made).get_columns(table.name)}
+    missing = [c for c in table.columns if c.name not in present]
+    if missing:
+        with made.begin() as conn:
+            for column in missing:  # nullable: the code that reads them takes NULL as the default
+                conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} "
+                                  f"{column.type.compile(dialect=made.dialect)}"))
+
+
+def optuna_storage(url: str) -> Any:
+    """Optuna's RDB storage on ``url``, one per process (:func:`autofit.search.storage.rdb_storage`)."""
+    return rdb_storage(url)
+
+
+class server_epoch(FunctionElement):  # noqa: N801 (a SQL function, named as one)
+    """The database server's clock, seconds since the epoch, as a SQL expression: PostgreSQL's
+    ``EXTRACT(EPOCH FROM CURRENT_TIMESTAMP)`` (the transaction's start), SQLite's ``julianday('now')`` (one
+    machine: its clock is the only one)."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(server_epoch)
+def _epoch_default(element: Any, compiler: Any, **kw: Any) -> str:
+    return "EXTRACT(EPOCH FROM CURRENT_TIMESTAMP)"
+
+
+@compiles(server_epoch, "sqlite")
+def _epoch_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"

@@ -8,6 +8,11 @@ that lost its lease (it stalled past it and another worker took the search over)
 progress event instead of probing beside the new holder. It exits after ``idle_exit_s`` with nothing
 to claim.
 
+What stops it: SIGTERM or SIGINT (the running probe's process groups killed, the search given back
+``queued``, exit 0); a lost lease (the probe stopped at once, nothing stored: :func:`queue.finish` is
+conditional on the claim). A database error gives the search back and claims again after an exponential
+backoff; the study's resumption keeps every finished probe.
+
 A worker that dies leaves its search ``running`` with a heartbeat that stops; once the lease has run
 out another worker claims it and opens the same study: :func:`autofit.search.study.read_back` fails the
 trial the dead worker left running and hands back every finished probe, so none is repeated.
@@ -15,11 +20,15 @@ trial the dead worker left running and hands back every finished probe, so none 
 
 from __future__ import annotations
 
+import _thread
+import contextlib
+import random
+import signal
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +46,27 @@ class LeaseLost(AutofitError):
     """Another worker holds the search now: this one stops probing it."""
 
 
+class Interrupted(BaseException):
+    """Raised in the worker's main thread to unwind a running search: SIGTERM or SIGINT (the worker gives the
+    search back and exits 0), or a lease another worker took over. A ``BaseException``, like
+    ``KeyboardInterrupt``, so no ``except Exception`` on the way swallows it; the running probe's process
+    groups are killed on the way out (:func:`autofit.probe.launch.launch`'s ``finally``), its trial is left
+    without a measurement and the next holder probes that config again."""
+
+
+#: a worker gives up after the database failed every try for this long (then exits 1, its claims given back
+#: or left to their leases)
+DATABASE_PATIENCE_S = 600.0
+#: told to stop, a worker tries to give its search back this long (Kubernetes' grace period is 30 s)
+STOPPING_PATIENCE_S = 10.0
+
+
+def backoff_s(failures: int, base_s: float, cap_s: float = 30.0) -> float:
+    """Seconds to wait after ``failures`` database errors in a row: exponential from ``base_s``, capped, with
+    jitter (half to all of it) so workers that lost one database do not all come back at the same instant."""
+    return min(cap_s, base_s * 2 ** max(0, failures - 1)) * random.uniform(0.5, 1.0)
+
+
 @dataclass
 class Worker:
     """One worker process's settings."""
@@ -44,7 +74,7 @@ class Worker:
     url: str
     """The shared storage (SQLAlchemy URL)."""
     worker_id: str
-    """``host-pid``, unique among the store's workers."""
+    """``host-pid-random``, unique among the store's workers."""
     hardware: Hardware
     """This machine's device (detected, or the preset named with ``--hardware``)."""
     machine: MachineFingerprint
@@ -56,53 +86,84 @@ class Worker:
     idle_exit_s: float = 60.0
     """Exit after this many seconds with nothing to claim."""
     poll_s: float = 2.0
-    """Seconds between claims while idle."""
+    """Seconds between claims while idle (and the first wait after a database error)."""
+    max_claims: int = queue.DEFAULT_MAX_CLAIMS
+    """A search whose holders vanished this many times (a probe that kills its worker) ends ``failed``."""
     prober: Callable[[Any], Any] | None = None
     """``plan -> Prober`` (default: the subprocess probe); a test or a remote executor plugs in here."""
     log: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
+    stopping: str | None = field(default=None, init=False)
+    """The signal that told this worker to stop (None while it runs)."""
+    _in_search: bool = field(default=False, init=False)
+    _lease: Lease | None = field(default=None, init=False)
 
     def serve(self) -> list[str]:
-        """Register, then run claimed searches until idle for ``idle_exit_s``; the ids of searches it ran."""
-        queue.register_worker(self.url, self.worker_id, self.machine)
-        self.log(f"autofit worker {self.worker_id}: {self.machine.device} x{self.machine.n_devices}, "
-                 f"machine {self.machine.key()}, store {redact(self.url)}")
-        ran: list[str] = []
-        idle_since = time.monotonic()
-        while True:
-            search_id = queue.claim(self.url, self.worker_id, self.machine, self.nodes, self.lease_s)
-            if search_id is not None:
-                ran.append(search_id)
-                self.run_one(search_id)
-                idle_since = time.monotonic()
-                continue
-            if time.monotonic() - idle_since >= self.idle_exit_s:
-                queue.set_worker_state(self.url, self.worker_id, "exited")
-                self.log(f"autofit worker {self.worker_id}: idle {self.idle_exit_s:g} s, exiting")
-                return ran
-            time.sleep(self.poll_s)
+        """Register, then run claimed searches until idle for ``idle_exit_s`` or told to stop (SIGTERM, SIGINT:
+        the running search is given back); the ids of searches it ran."""
+        with self._signals():
+            self._with_database(lambda: queue.register_worker(self.url, self.worker_id, self.machine), "registering")
+            self.log(f"autofit worker {self.worker_id}: {self.machine.device} x{self.machine.n_devices}, "
+                     f"machine {self.machine.key()}, store {redact(self.url)}")
+            ran: list[str] = []
+            idle_since = time.monotonic()
+            while self.stopping is None:
+                held = self._with_database(lambda: queue.claim(self.url, self.worker_id, self.machine, self.nodes,
+                                                               self.lease_s, self.max_claims), "claiming")
+                if held is not None:
+                    ran.append(held.id)
+                    if self.run_one(held) == "database error":
+                        self._pause(backoff_s(1, self.poll_s))
+                    idle_since = time.monotonic()
+                    continue
+                if time.monotonic() - idle_since >= self.idle_exit_s:
+                    break
+                self._pause(self.poll_s)
+            why = f"{self.stopping}, exiting" if self.stopping else f"idle {self.idle_exit_s:g} s, exiting"
+            self._quietly(lambda: queue.set_worker_state(self.url, self.worker_id, "exited"))
+            self.log(f"autofit worker {self.worker_id}: {why}")
+            return ran
 
-    def run_one(self, search_id: str) -> str:
-        """Run one claimed search to its end; the state it was left in."""
-        queue.set_worker_state(self.url, self.worker_id, "busy")
-        self.log(f"autofit worker {self.worker_id}: running {search_id}")
-        with Lease(self.url, search_id, self.worker_id, self.lease_s) as lease:
-            state, message = self._attempt(search_id, lease)
-        if state is not None and not queue.finish(self.url, search_id, self.worker_id, state, message):
-            state = None
-        self.log(f"autofit worker {self.worker_id}: {search_id} {state or 'taken over'}"
-                 + (f": {message}" if message else ""))
-        queue.set_worker_state(self.url, self.worker_id, "idle")
-        return state or "taken over"
+    def run_one(self, held: queue.Claim) -> str:
+        """Run one claimed search to its end; what became of it (a state, ``taken over``, ``given back`` or
+        ``database error``: given back too, resumed by the next claim)."""
+        self._quietly(lambda: queue.set_worker_state(self.url, self.worker_id, "busy"))
+        self.log(f"autofit worker {self.worker_id}: running {held.id}")
+        with Lease(self.url, held, self.lease_s, on_lost=self._lease_lost) as lease:
+            self._lease = lease
+            try:
+                state, message, winner = self._attempt(held.id, lease)
+            finally:
+                self._lease = None
+        if state in ("given back", "database error"):
+            given = self._with_database(lambda: queue.release(self.url, held, message), "giving the search back",
+                                        patience_s=self.lease_s)
+            outcome = state if given else "taken over"
+        elif state is None:
+            outcome = "taken over"
+        else:
+            closed = self._with_database(lambda: queue.finish(self.url, held, state, message, winner),
+                                         "finishing the search", patience_s=self.lease_s)
+            if closed and winner is not None:  # the study's copy, for readers of the study (schedule list, results)
+                self._quietly(lambda: store_winner(self.url, held.id, winner))
+            outcome = state if closed else "taken over"
+        self.log(f"autofit worker {self.worker_id}: {held.id} {outcome}" + (f": {message}" if message else ""))
+        self._quietly(lambda: queue.set_worker_state(self.url, self.worker_id, "idle"))
+        return outcome
 
     def _progress(self, search_id: str, lease: Lease, event: Any) -> None:
         lease.check(event)
         self.log(f"autofit worker {self.worker_id}: {search_id} trial {event.n_done}/{event.trials} {event.text}")
 
-    def _attempt(self, search_id: str, lease: Lease) -> tuple[str | None, str | None]:
-        """``(state, message)``; state None when the lease was lost."""
+    def _attempt(self, search_id: str, lease: Lease) -> tuple[str | None, str | None, dict[str, Any] | None]:
+        """``(state, message, winner)``; state None when the lease was lost, ``given back`` when told to stop,
+        ``database error`` when the store failed (the search resumes in its study at the next claim)."""
         from autofit.search import SearchSettings, run_search
+        from autofit.search.storage import database_errors
 
         try:
+            self._in_search = True
+            if self.stopping is not None:
+                raise Interrupted(self.stopping)
             attrs = queue.study_attrs(self.url, search_id)
             plan = plan_for(attrs, self.hardware)
             settings = SearchSettings(trials=int(attrs[queue.REQUEST_ATTR]["trials"]))
@@ -111,15 +172,110 @@ class Worker:
                                     study_name=queue.study_name(search_id),
                                     prober=self.prober(plan) if self.prober else None,
                                     on_event=lambda event: self._progress(search_id, lease, event))
+            self._in_search = False
+        except Interrupted:
+            self._in_search = False
+            return (None, None, None) if self.stopping is None else ("given back", None, None)
         except LeaseLost:
-            return None, None
+            return None, None, None
+        except database_errors() as exc:
+            self.log(f"autofit worker {self.worker_id}: {search_id}: database error ({_short(exc)}); giving it back")
+            return "database error", None, None
         except AutofitError as exc:
             state = "nothing-fits" if str(exc).startswith("nothing fits") else "failed"
-            return state, str(exc)
+            return state, str(exc), None
         except Exception as exc:  # the user's model or the environment: the search fails, the worker goes on
-            return "failed", f"{type(exc).__name__}: {exc}"
-        store_winner(self.url, search_id, result, self.machine, plan)
-        return "done", None
+            return "failed", f"{type(exc).__name__}: {exc}", None
+        finally:
+            self._in_search = False
+        return "done", None, winner_record(result, self.machine, plan)
+
+    # -- stopping: SIGTERM, SIGINT, a lost lease
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT stop the worker (handlers installed explicitly: as PID 1 in a container SIGTERM has
+        no default action); SIGUSR1 is how the lease thread interrupts a search it lost. Only the main thread
+        can install handlers: a worker served from another thread stops at its next probe instead."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        wanted = {signal.SIGTERM: self._on_stop, signal.SIGINT: self._on_stop, signal.SIGUSR1: self._on_lease_lost}
+        before = {signum: signal.signal(signum, handler) for signum, handler in wanted.items()}
+        try:
+            yield
+        finally:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
+
+    def _on_stop(self, signum: int, frame: Any) -> None:
+        first = self.stopping is None
+        self.stopping = signal.Signals(signum).name
+        if first and self._in_search:
+            self._in_search = False  # raised once: the unwinding (killing the probe) is not interrupted again
+            raise Interrupted(self.stopping)
+
+    def _on_lease_lost(self, signum: int, frame: Any) -> None:
+        if self._in_search and self._lease is not None and self._lease.lost:
+            self._in_search = False
+            raise Interrupted("lease lost")
+
+    def _lease_lost(self) -> None:
+        """From the lease thread: stop the probe now, not at the next one (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            _thread.interrupt_main(signal.SIGUSR1)
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep, waking early when told to stop."""
+        end = time.monotonic() + seconds
+        while self.stopping is None and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.2))
+
+    # -- the database failing
+
+    def _with_database(self, call: Callable[[], Any], what: str, patience_s: float = DATABASE_PATIENCE_S) -> Any:
+        """``call()``, tried again with exponential backoff while the database fails; after ``patience_s`` of
+        failures an :class:`AutofitError` (the URL redacted). Told to stop meanwhile: None."""
+        from autofit.search.storage import database_errors
+
+        started, failures = time.monotonic(), 0
+        while True:
+            try:
+                return call()
+            except database_errors() as exc:
+                failures += 1
+                if time.monotonic() - started > patience_s:
+                    raise AutofitError(f"the database at {redact(self.url)} failed for {patience_s:g} s while "
+                                       f"{what}: {_short(exc)}") from None
+                if self.stopping is not None and what == "claiming":
+                    return None
+                if self.stopping is not None:  # on the way out (a grace period runs): a few seconds more at most
+                    patience_s = min(patience_s, STOPPING_PATIENCE_S)
+                delay = backoff_s(failures, min(self.poll_s, 1.0))
+                self.log(f"autofit worker {self.worker_id}: database error while {what} ({_short(exc)}); "
+                         f"trying again in {delay:.1f} s")
+                if self.stopping is None:
+                    self._pause(delay)
+                else:
+                    time.sleep(delay)
+
+    def _quietly(self, call: Callable[[], Any]) -> None:
+        """A bookkeeping write (the worker's state) that may fail with the database without stopping anything."""
+        from autofit.search.storage import database_errors
+
+        try:
+            call()
+        except database_errors() as exc:
+            self.log(f"autofit worker {self.worker_id}: database error ({_short(exc)}); carrying on")
+
+
+def _short(exc: BaseException) -> str:
+    """An exception's class and first line (a driver's message can carry the host, never the password); for
+    Optuna's ``StorageInternalError``, whose text blames invalid data whatever happened, its cause's."""
+    if exc.__cause__ is not None and type(exc).__name__ == "StorageInternalError":
+        exc = exc.__cause__
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first[:200]}"
 
 
 def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
@@ -142,14 +298,9 @@ def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
                      recipe=Recipe.from_dict(request["recipe"]) if request.get("recipe") else None)
 
 
-def store_winner(url: str, search_id: str, result: SearchResult, machine: MachineFingerprint, plan: Any) -> None:
-    """Keep the winner in the study's user attributes: what ``schedule add`` returns cached, ``results`` compares."""
-    import optuna
-
-    from autofit.schedule.store import optuna_storage
-
-    study = optuna.load_study(study_name=queue.study_name(search_id), storage=optuna_storage(url))
-    study.set_user_attr(queue.RESULT_ATTR, {
+def winner_record(result: SearchResult, machine: MachineFingerprint, plan: Any) -> dict[str, Any]:
+    """The winner as stored: what ``schedule add`` returns cached, ``results`` compares."""
+    return {
         "best": {"config": result.config.to_dict(), "measured": result.measured.to_json(), "predicted": result.predicted},
         "deepspeed": result.deepspeed,
         "hardware": plan.hardware.name,
@@ -158,17 +309,29 @@ def store_winner(url: str, search_id: str, result: SearchResult, machine: Machin
         "machine": machine.to_dict(),
         "n_probes": result.n_probes,
         "stop_reason": result.stop_reason,
-    })
+    }
+
+
+def store_winner(url: str, search_id: str, winner: dict[str, Any]) -> None:
+    """The winner in the study's user attributes too, once :func:`autofit.schedule.queue.finish` (conditional on
+    the claim) has stored it in the search's row: only the holder that closed the search gets here."""
+    import optuna
+
+    from autofit.schedule.store import optuna_storage
+
+    study = optuna.load_study(study_name=queue.study_name(search_id), storage=optuna_storage(url))
+    study.set_user_attr(queue.RESULT_ATTR, winner)
 
 
 class Lease:
-    """A thread renewing a search's heartbeat every ``lease_s / 3`` seconds while the worker runs it."""
+    """A thread renewing a search's heartbeat every ``lease_s / 3`` seconds while the worker runs it; when the
+    claim is gone (another worker took it over) it calls ``on_lost`` (the worker stops the probe)."""
 
-    def __init__(self, url: str, search_id: str, worker_id: str, lease_s: float) -> None:
-        self.url, self.search_id, self.worker_id, self.lease_s = url, search_id, worker_id, lease_s
+    def __init__(self, url: str, held: queue.Claim, lease_s: float, on_lost: Callable[[], None] | None = None) -> None:
+        self.url, self.held, self.lease_s, self.on_lost = url, held, lease_s, on_lost
         self.lost = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{search_id}", daemon=True)
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{held.id}", daemon=True)
 
     def __enter__(self) -> Lease:
         self._thread.start()
@@ -181,16 +344,19 @@ class Lease:
     def _beat(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
             try:
-                if not queue.heartbeat(self.url, self.search_id, self.worker_id):
-                    self.lost = True
-                    return
+                held = queue.heartbeat(self.url, self.held)
             except Exception:  # a dropped connection: try again next beat, the lease has slack for two misses
                 continue
+            if not held:
+                self.lost = True
+                if self.on_lost is not None and not self._stop.is_set():
+                    self.on_lost()
+                return
 
     def check(self, event: Any) -> None:
         """The search's ``on_event``: stop a search whose lease another worker has taken."""
         if self.lost:
-            raise LeaseLost(f"search {self.search_id} was taken over by another worker")
+            raise LeaseLost(f"search {self.held.id} was taken over by another worker")
 
 
 def redact(url: str) -> str:

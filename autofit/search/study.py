@@ -52,9 +52,11 @@ def open_study(plan: Plan, storage: str, study_name: str, margin: float) -> Any:
     """Create the study, or load it when it exists and was started for the same search."""
     import optuna
 
+    from autofit.search.storage import rdb_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
-        storage=storage,
+        storage=rdb_storage(storage),  # pool_pre_ping: a database restart does not fail the search
         study_name=study_name,
         direction="maximize",
         sampler=optuna.samplers.RandomSampler(seed=0),  # never consulted: every trial is enqueued

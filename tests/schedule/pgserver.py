@@ -53,13 +53,28 @@ class Server:
 
     def start(self) -> Server:
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        self.up()
+        return self
+
+    def up(self) -> None:
+        """Start the cluster's server (again), on the same port: clients reconnect to the same URL."""
         options = f"-k {self.root} -h 127.0.0.1 -p {self.port} -c fsync=off -c max_connections=200"
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"), "-o", options, "-w", "start")
-        return self
+
+    def down(self, mode: str = "immediate") -> None:
+        """Stop the server, keeping the cluster: ``immediate`` drops every connection at once, as a crash or a
+        killed pod does (committed data survives: the write-ahead log is replayed at the next start)."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def restart(self, down_s: float = 0.0, mode: str = "immediate") -> None:
+        """Stop the server, wait ``down_s`` seconds, start it again."""
+        self.down(mode)
+        time.sleep(down_s)
+        self.up()
 
     def stop(self) -> None:
         try:
-            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
+            self.down()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 

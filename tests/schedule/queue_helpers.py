@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -49,10 +50,12 @@ def queue_tiny(url: str, *, entry: str = ENTRY, micro_batches: tuple[int, ...] =
     return submit(url, plan, workload, request)
 
 
-def model_prober(plan: Any) -> Callable[[Config, int, float], ProbeResult]:
-    """A prober answering with the plan's prior prediction (an oom past the device): for queueing logic only."""
+def model_prober(plan: Any, sleep_s: float = 0.0) -> Callable[[Config, int, float], ProbeResult]:
+    """A prober answering with the plan's prior prediction (an oom past the device) after ``sleep_s`` seconds (a
+    probe that takes time, for a worker to be stopped in the middle of): for queueing logic only."""
 
     def probe(config: Config, steps: int, timeout_s: float) -> ProbeResult:
+        time.sleep(sleep_s)
         p = plan.predict(config)
         if p.peak_bytes > plan.hardware.memory_bytes:
             return ProbeResult(config, "oom", plan.hardware.memory_bytes, 0.0, 0.0, None, "past the budget", 0.0)

@@ -41,8 +41,8 @@ def test_each_search_is_claimed_by_exactly_one_of_many_racing_workers(url: str) 
     def race(worker: str) -> None:
         start.wait()
         claimed[worker] = []
-        while (search_id := queue.claim(url, worker, machine)) is not None:
-            claimed[worker].append(search_id)
+        while (held := queue.claim(url, worker, machine)) is not None:
+            claimed[worker].append(held.id)
 
     threads = [threading.Thread(target=race, args=(f"w{i}",)) for i in range(8)]
     for t in threads:
@@ -58,14 +58,16 @@ def test_each_search_is_claimed_by_exactly_one_of_many_racing_workers(url: str) 
 def test_a_search_whose_lease_ran_out_is_taken_over_and_its_old_holder_is_told(url: str) -> None:
     search_id = queue.add_search(url, _request(1), "wfp").id
     machine = _machine()
-    assert queue.claim(url, "a", machine, lease_s=1.0) == search_id
+    a = queue.claim(url, "a", machine, lease_s=1.0)
+    assert a is not None and a.id == search_id
     assert queue.claim(url, "b", machine, lease_s=1.0) is None  # a's lease holds
-    assert queue.heartbeat(url, search_id, "a")
+    assert queue.heartbeat(url, a)
     time.sleep(1.3)
-    assert queue.claim(url, "b", machine, lease_s=1.0) == search_id
-    assert not queue.heartbeat(url, search_id, "a")  # a learns it lost the search
-    assert not queue.finish(url, search_id, "a", "done")
-    assert queue.finish(url, search_id, "b", "done")
+    b = queue.claim(url, "b", machine, lease_s=1.0)
+    assert b is not None and b.id == search_id
+    assert not queue.heartbeat(url, a)  # a learns it lost the search
+    assert not queue.finish(url, a, "done")
+    assert queue.finish(url, b, "done")
     assert [(r.state, r.worker, r.claims) for r in queue.search_rows(url)] == [("done", "b", 2)]
 
 

@@ -1,0 +1,28 @@
+"""A worker process for the scheduler's tests: the product's worker loop (:meth:`autofit.schedule.worker.Worker.serve`:
+its claims, leases, signal handling and database retries) on this CPU, with probes answered by the cost model after
+``SLEEP_S`` seconds instead of DeepSpeed steps, so a test can restart the database or stop a worker mid-probe in
+seconds.
+
+    python sleepy_worker.py URL NAME SLEEP_S LEASE_S IDLE_EXIT_S
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+from queue_helpers import model_prober
+
+from autofit.hardware import get_hardware
+from autofit.schedule.fingerprint import detect_machine
+from autofit.schedule.worker import Worker
+
+
+def main(url: str, name: str, sleep_s: str, lease_s: str, idle_exit_s: str) -> None:
+    device = get_hardware("cpu")
+    Worker(url, name, device, detect_machine(device), lease_s=float(lease_s), idle_exit_s=float(idle_exit_s),
+           poll_s=0.2, prober=partial(model_prober, sleep_s=float(sleep_s))).serve()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6])
