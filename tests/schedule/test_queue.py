@@ -138,3 +138,17 @@ def test_a_worker_that_finds_another_model_than_queued_fails_the_search(sqlite_u
     summary = search_summaries(sqlite_url)[0]
     assert summary["state"] == "failed" and "not the workload that was queued" in summary["message"]
     assert summary["probes"] == 0
+
+
+def test_the_documented_url_form_reaches_postgresql_through_psycopg_3(pg_url: str) -> None:
+    # `postgresql://user@host/db` as README and examples/slurm document it: SQLAlchemy 2 maps it to psycopg 3
+    from click.testing import CliRunner
+
+    from autofit.cli import main
+    from autofit.schedule.store import engine
+
+    assert pg_url.startswith("postgresql://")
+    assert engine(pg_url).dialect.driver == "psycopg"
+    queue.add_search(pg_url, _request(1), "wfp")
+    done = CliRunner().invoke(main, ["schedule", "list", "--storage", pg_url, "--json"])
+    assert done.exit_code == 0, done.output
