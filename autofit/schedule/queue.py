@@ -29,6 +29,7 @@ from typing import Any
 from autofit.errors import AutofitError
 from autofit.schedule.fingerprint import MachineFingerprint, digest, request_hash
 from autofit.schedule.store import FINISHED, engine, optuna_storage, tables
+from autofit.storage_url import redact_url, scrub
 
 DEFAULT_LEASE_S = 60.0
 REQUEST_ATTR = "request"
@@ -88,7 +89,7 @@ def add_search(url: str, request: dict[str, Any], workload_fp: str, planned: dic
         except IntegrityError:
             continue
         return Added(search_id, "queued", False)
-    raise AutofitError(f"could not add the search to {url}: other processes kept adding it")
+    raise AutofitError(f"could not add the search to {redact_url(url)}: other processes kept adding it")
 
 
 def _lookup(url: str, key: str, machine_key: str | None) -> tuple[Added | None, int]:
@@ -211,7 +212,7 @@ def finish(url: str, search_id: str, worker_id: str, state: str, message: str | 
     with engine(url).begin() as conn:
         changed = conn.execute(
             update(searches).where((c.id == search_id) & (c.worker == worker_id) & (c.state == "running"))
-            .values(state=state, finished_s=time.time(), message=message)
+            .values(state=state, finished_s=time.time(), message=scrub(message, url) if message else message)
         ).rowcount
     return changed == 1
 

@@ -11,6 +11,7 @@ from typing import Any
 from autofit.probe import ProbeResult
 from autofit.schedule import queue
 from autofit.schedule.store import optuna_storage
+from autofit.storage_url import scrub
 
 
 def best_so_far(trials: list[Any]) -> dict[str, Any] | None:
@@ -43,7 +44,8 @@ def search_summaries(url: str) -> list[dict[str, Any]]:
         out.append({
             "id": row.id, "entry": row.entry, "hardware": row.hardware, "gpus": row.gpus, "nodes": row.nodes,
             "state": row.state, "trials": searched, "probes": sum(1 for t in trials if "measured" in t.user_attrs),
-            "worker": row.worker, "claims": row.claims, "best": best, "message": row.message,
+            "worker": row.worker, "claims": row.claims, "best": best,
+            "message": scrub(row.message, url) if row.message else row.message,
         })
     return out
 

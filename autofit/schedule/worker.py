@@ -28,6 +28,7 @@ from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.schedule import queue
 from autofit.schedule.fingerprint import MachineFingerprint, workload_fingerprint
+from autofit.storage_url import redact_url, scrub
 
 if TYPE_CHECKING:
     from autofit.search.records import SearchResult
@@ -61,11 +62,15 @@ class Worker:
     """``plan -> Prober`` (default: the subprocess probe); a test or a remote executor plugs in here."""
     log: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
 
+    def __post_init__(self) -> None:  # every log line without the storage's password
+        raw_log = self.log
+        self.log = lambda text: raw_log(scrub(text, self.url))
+
     def serve(self) -> list[str]:
         """Register, then run claimed searches until idle for ``idle_exit_s``; the ids of searches it ran."""
         queue.register_worker(self.url, self.worker_id, self.machine)
         self.log(f"autofit worker {self.worker_id}: {self.machine.device} x{self.machine.n_devices}, "
-                 f"machine {self.machine.key()}, store {redact(self.url)}")
+                 f"machine {self.machine.key()}, store {redact_url(self.url)}")
         ran: list[str] = []
         idle_since = time.monotonic()
         while True:
@@ -115,9 +120,9 @@ class Worker:
             return None, None
         except AutofitError as exc:
             state = "nothing-fits" if str(exc).startswith("nothing fits") else "failed"
-            return state, str(exc)
+            return state, scrub(str(exc), self.url)
         except Exception as exc:  # the user's model or the environment: the search fails, the worker goes on
-            return "failed", f"{type(exc).__name__}: {exc}"
+            return "failed", scrub(f"{type(exc).__name__}: {exc}", self.url)
         store_winner(self.url, search_id, result, self.machine, plan)
         return "done", None
 
@@ -193,8 +198,4 @@ class Lease:
             raise LeaseLost(f"search {self.search_id} was taken over by another worker")
 
 
-def redact(url: str) -> str:
-    """``url`` without its password (for logs)."""
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
+redact = redact_url  # the name this module had for it

@@ -23,6 +23,7 @@ from autofit.errors import AutofitError
 from autofit.plan import Plan
 from autofit.probe import ProbeResult
 from autofit.search.records import Phase, TrialRecord
+from autofit.storage_url import redact_url
 
 DEFAULT_STORAGE = "sqlite:///autofit.db"
 
@@ -64,7 +65,7 @@ def open_study(plan: Plan, storage: str, study_name: str, margin: float) -> Any:
     earlier = study.user_attrs.get("signature")
     if earlier is not None and earlier != mine:
         raise AutofitError(
-            f"study {study_name!r} in {storage} was started with another entry, device, space, world size, "
+            f"study {study_name!r} in {redact_url(storage)} was started with another entry, device, space, world size, "
             "global batch or --set; give a new --study name"
         )
     if earlier is None:
