@@ -16,8 +16,10 @@ committed, so it changes nothing; SQLite lets one writer in at a time. No read-t
 
 **Cache**: a search's ``request_key`` hashes the workload fingerprint, the device, its count and the
 request (:mod:`autofit.schedule.fingerprint`). Adding one whose key is done on the machine fingerprint
-workers of that device now report returns it (``cached``); a newer driver, CUDA, torch or DeepSpeed
-on the workers makes a new search.
+of a live worker of that device (:func:`live_machines`: not exited, seen within :data:`LIVE_S`, or holding
+a search whose lease runs) returns it (``cached``); a newer driver, CUDA, torch, DeepSpeed, library or
+allocator setting on the live workers makes a new search. Workers mark themselves seen at every claim
+attempt and every heartbeat.
 """
 
 from __future__ import annotations
@@ -61,16 +63,35 @@ def request_key(request: dict[str, Any], workload_fp: str) -> str:
     return digest([workload_fp, request["hardware"], request["gpus"], request["nodes"], request_hash(request)])[:24]
 
 
-def current_machine(url: str, hardware: str) -> str | None:
-    """The machine key of the worker for ``hardware`` started last (None: no worker has been seen)."""
+LIVE_S = 2 * DEFAULT_LEASE_S
+"""A worker not seen for this long (and holding no search with a running lease) is not live."""
+
+
+def live_machines(url: str, hardware: str) -> set[str] | None:
+    """The machine keys of the live workers for ``hardware`` (not exited; seen within :data:`LIVE_S` or holding a
+    running search whose lease has not run out). With none live, the key of the worker seen last (the best
+    knowledge of that device's machines); None when no worker for it has been seen."""
     from sqlalchemy import select
 
-    _, _, workers = tables()
+    _, searches, workers = tables()
+    now = time.time()
     with engine(url).connect() as conn:
-        row = conn.execute(
-            select(workers.c.machine_key).where(workers.c.hardware == hardware).order_by(workers.c.started_s.desc()).limit(1)
-        ).first()
-    return row[0] if row else None
+        rows = conn.execute(select(workers.c.id, workers.c.machine_key, workers.c.seen_s, workers.c.state)
+                            .where(workers.c.hardware == hardware).order_by(workers.c.seen_s.desc())).all()
+        s = searches.c
+        leased = {r.worker for r in conn.execute(
+            select(s.worker).where((s.state == "running") & (s.heartbeat_s + s.lease_s >= now)))}
+    live = {r.machine_key for r in rows if r.state != "exited" and (r.seen_s >= now - LIVE_S or r.id in leased)}
+    return live or ({rows[0].machine_key} if rows else None)
+
+
+def touch_worker(url: str, worker_id: str) -> None:
+    """Mark a worker seen now (its liveness for :func:`live_machines`)."""
+    from sqlalchemy import update
+
+    _, _, workers = tables()
+    with engine(url).begin() as conn:
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(seen_s=time.time()))
 
 
 def add_search(url: str, request: dict[str, Any], workload_fp: str, planned: dict[str, Any] | None = None) -> Added:
@@ -79,7 +100,7 @@ def add_search(url: str, request: dict[str, Any], workload_fp: str, planned: dic
 
     key = request_key(request, workload_fp)
     for _ in range(3):  # another process may add the same search at the same moment: look again
-        found, n_rows = _lookup(url, key, current_machine(url, request["hardware"]))
+        found, n_rows = _lookup(url, key, live_machines(url, request["hardware"]))
         if found is not None:
             return found
         search_id = f"{key[:12]}-{n_rows}"
@@ -92,8 +113,9 @@ def add_search(url: str, request: dict[str, Any], workload_fp: str, planned: dic
     raise AutofitError(f"could not add the search to {redact_url(url)}: other processes kept adding it")
 
 
-def _lookup(url: str, key: str, machine_key: str | None) -> tuple[Added | None, int]:
-    """A queued or running search of ``key``, else one finished on ``machine_key``; and how many rows ``key`` has."""
+def _lookup(url: str, key: str, machine_keys: set[str] | None) -> tuple[Added | None, int]:
+    """A queued or running search of ``key``, else one finished on one of ``machine_keys`` (None: any); and how
+    many rows ``key`` has."""
     from sqlalchemy import select
 
     _, searches, _ = tables()
@@ -103,7 +125,7 @@ def _lookup(url: str, key: str, machine_key: str | None) -> tuple[Added | None, 
         if row.state in ("queued", "running"):
             return Added(row.id, row.state, False), len(rows)
     for row in rows:
-        if row.state in FINISHED and (machine_key is None or row.machine_key == machine_key):
+        if row.state in FINISHED and (machine_keys is None or row.machine_key in machine_keys):
             return Added(row.id, row.state, True, stored_result(url, row.id)), len(rows)
     return None, len(rows)
 
@@ -174,6 +196,7 @@ def claim(url: str, worker_id: str, machine: MachineFingerprint, nodes: int = 1,
     c = searches.c
     now = time.time()
     mine = (c.hardware == machine.device) & (c.gpus <= machine.n_devices) & (c.nodes <= nodes)
+    touch_worker(url, worker_id)
     with engine(url).connect() as conn:
         proposed = [r.id for r in conn.execute(select(c.id).where(mine & _claimable(searches, now)).order_by(c.created_s))]
     for search_id in proposed:
@@ -193,13 +216,14 @@ def heartbeat(url: str, search_id: str, worker_id: str) -> bool:
     """Renew the lease; False when this worker no longer holds the search (another took it over)."""
     from sqlalchemy import update
 
-    _, searches, _ = tables()
+    _, searches, workers = tables()
     c = searches.c
     with engine(url).begin() as conn:
         changed = conn.execute(
             update(searches).where((c.id == search_id) & (c.worker == worker_id) & (c.state == "running"))
             .values(heartbeat_s=time.time())
         ).rowcount
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(seen_s=time.time()))
     return changed == 1
 
 
