@@ -121,6 +121,14 @@ def _ampere(name: str, memory_mib: int, bandwidth: float) -> Hardware:
 
 PRESETS: dict[str, Hardware] = {
     "h100-80gb": _hopper("h100-80gb", 81559, 3.35e12),
+    # the H100 PCIe card: NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe column: FP32 51 TFLOPS, BF16/FP16
+    # 1,513 and FP8 3,026 TFLOPS with sparsity (dense: half), 80 GB HBM2e at 2 TB/s, PCIe Gen5 128 GB/s (both
+    # directions); no NVLink between cards unless bridged in pairs, so devices talk over PCIe
+    "h100-pcie-80gb": replace(
+        _hopper("h100-pcie-80gb", 81559, 2.0e12),
+        peak_flops={"fp32": 51 * TFLOPS, "bf16": 756 * TFLOPS, "fp16": 756 * TFLOPS, "fp8": 1513 * TFLOPS},
+        intra_node_bytes_per_s=64 * GB,
+    ),
     "h200": _hopper("h200", 143771, 4.8e12),
     "a100-40gb": _ampere("a100-40gb", 40960, 1.555e12),
     "a100-80gb": _ampere("a100-80gb", 81920, 2.039e12),
@@ -242,7 +250,7 @@ def node_hardware(records: list[DeviceRecord]) -> Hardware | None:
         return None
     key, preset = base
     hardware = replace(preset, name=f"{key} ({first.name})", memory_bytes=first.memory_bytes)
-    if not first.nvlink:
+    if not first.nvlink and "pcie" not in key:
         hardware = replace(hardware, name=f"{key} PCIe ({first.name})", intra_node_bytes_per_s=preset.pcie_bytes_per_s)
     return replace(hardware, devices_per_node=len(records))
 
@@ -251,6 +259,8 @@ def _closest_preset(device_name: str, memory_bytes: int) -> tuple[str, Hardware]
     compact = device_name.lower().replace(" ", "")
     for key, preset in PRESETS.items():
         family = key.split("-")[0]
+        if ("pcie" in key) != ("pcie" in compact) and any("pcie" in k and k.startswith(family) for k in PRESETS):
+            continue  # the family's PCIe card has a preset of its own (``NVIDIA H100 PCIe``: h100-pcie-80gb)
         if family in compact and abs(preset.memory_bytes - memory_bytes) < 0.1 * preset.memory_bytes:
             return key, preset
     return None
