@@ -328,10 +328,12 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
            debug: bool) -> None:
     """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds."""
     from autofit.hardware import get_hardware
+    from autofit.schedule.checks import check_device, detected_devices
     from autofit.schedule.fingerprint import detect_machine, worker_name
     from autofit.schedule.worker import Worker
 
     device = get_hardware(hardware)
+    check_device(hardware, detected_devices())  # a preset must be the GPU here: else it claims another's searches
     machine = detect_machine(device, gpus)
     Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s).serve()
 

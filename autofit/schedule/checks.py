@@ -1,0 +1,69 @@
+"""What a worker checks before it starts, before it claims and before it imports: pure functions of what it
+was told and what it found, so each is tested with real-looking inputs.
+
+- :func:`check_device`: ``autofit worker --hardware PRESET`` on a machine whose GPU is another refuses to
+  start (an A100 node told ``h100-80gb`` would claim H100 searches and label its winners h100).
+- :func:`launchable_nodes`: the nodes a worker can launch a probe on; a search spanning more is not its.
+- :func:`entry_allowed`: an entry point from the queue is imported only from under the allowed roots
+  (``AUTOFIT_ENTRY_ROOTS``, ``--entry-root``), checked before anything is imported; :func:`entry_here`:
+  an entry whose file is missing here is another worker's to run, not a failure of the search.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from autofit.errors import AutofitError
+from autofit.hardware import PRESETS
+
+GIB = 2**30
+ENTRY_ROOTS_ENV = "AUTOFIT_ENTRY_ROOTS"
+
+
+def preset_matches(preset: str, device_name: str, memory_bytes: int) -> bool:
+    """Whether a device NVML (or torch) names ``device_name`` with ``memory_bytes`` is the GPU preset ``preset``:
+    the preset's family in the name (``h100`` in ``NVIDIA H100 80GB HBM3``), its memory within 10 %, and the PCIe
+    card told from the SXM part where the family has a preset for each."""
+    key = preset.lower()
+    family = key.split("-")[0]
+    compact = device_name.lower().replace(" ", "")
+    if family not in compact or abs(PRESETS[key].memory_bytes - memory_bytes) >= 0.1 * PRESETS[key].memory_bytes:
+        return False
+    has_pcie_preset = any("pcie" in k and k.startswith(family) for k in PRESETS)
+    return not has_pcie_preset or ("pcie" in key) == ("pcie" in compact)
+
+
+def check_device(preset: str, devices: Sequence[tuple[str, int]]) -> None:
+    """Refuse (one line) a worker told ``--hardware preset`` whose detected GPUs (``(name, memory bytes)`` each)
+    are not that preset. ``auto`` and ``cpu`` pass: the first is what was detected, the second runs anywhere."""
+    key = preset.lower()
+    if key in ("auto", "cpu") or key not in PRESETS:
+        return
+    if not devices:
+        raise AutofitError(f"worker --hardware {preset}, but this machine has no CUDA device: start it on a {key} "
+                           "machine, or with --hardware cpu / auto")
+    wrong = sorted({(name, memory) for name, memory in devices if not preset_matches(key, name, memory)})
+    if wrong:
+        seen = "; ".join(f"{name} ({memory / GIB:.0f} GiB)" for name, memory in wrong)
+        fits = [k for k in PRESETS if all(preset_matches(k, n, m) for n, m in devices)]
+        hint = f"--hardware {fits[0]} or auto" if fits else "--hardware auto"
+        raise AutofitError(f"worker --hardware {preset}, but this machine's GPU is {seen}: start it with {hint}")
+
+
+def detected_devices() -> list[tuple[str, int]]:
+    """``(name, total memory)`` of every GPU here: NVML's, else torch's (``torch.cuda.get_device_properties``);
+    empty without CUDA."""
+    from autofit.hardware import nvml_records
+
+    records = nvml_records()
+    if records:
+        return [(r.name, r.memory_bytes) for r in records]
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [(p.name, int(p.total_memory)) for p in map(torch.cuda.get_device_properties, range(torch.cuda.device_count()))]
