@@ -317,7 +317,9 @@ def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
 @click.option("--storage", required=True, envvar="AUTOFIT_STORAGE", help="Optuna storage URL shared with `autofit schedule add`.")
 @click.option("--hardware", default="auto", show_default=True, help="This machine's device: auto (detect), a preset, or cpu.")
 @click.option("--gpus", default=None, type=click.IntRange(min=1), help="Devices here (default: detected).")
-@click.option("--nodes", default=1, show_default=True, type=click.IntRange(min=1), help="Nodes this worker launches on.")
+@click.option("--nodes", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Nodes a probe of this worker spans (agents on this machine: a CPU worker only; a CUDA worker "
+                   "runs one-node searches).")
 @click.option("--idle-exit", "idle_exit_s", default=60.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Exit after this many seconds with nothing to claim.")
 @click.option("--lease", "lease_s", default=60.0, show_default=True, type=click.FloatRange(min=1.0),
@@ -328,11 +330,12 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
            debug: bool) -> None:
     """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds."""
     from autofit.hardware import get_hardware
-    from autofit.schedule.checks import check_device, detected_devices
+    from autofit.schedule.checks import check_device, check_nodes, detected_devices
     from autofit.schedule.fingerprint import detect_machine, worker_name
     from autofit.schedule.worker import Worker
 
     device = get_hardware(hardware)
+    check_nodes(device.kind, nodes)  # a worker launches on this machine: no multi-node CUDA search on one node
     check_device(hardware, detected_devices())  # a preset must be the GPU here: else it claims another's searches
     machine = detect_machine(device, gpus)
     Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s).serve()

@@ -11,9 +11,7 @@ was told and what it found, so each is tested with real-looking inputs.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from pathlib import Path
 
 from autofit.errors import AutofitError
 from autofit.hardware import PRESETS
@@ -50,6 +48,17 @@ def check_device(preset: str, devices: Sequence[tuple[str, int]]) -> None:
         fits = [k for k in PRESETS if all(preset_matches(k, n, m) for n, m in devices)]
         hint = f"--hardware {fits[0]} or auto" if fits else "--hardware auto"
         raise AutofitError(f"worker --hardware {preset}, but this machine's GPU is {seen}: start it with {hint}")
+
+
+def check_nodes(kind: str, nodes: int) -> None:
+    """Refuse ``worker --nodes N`` beyond what a worker launches: a probe starts every node's agent on this
+    machine (:func:`autofit.probe.elastic.launch_agents`, rendezvous on 127.0.0.1). On a CPU that is the
+    multi-node simulation ``autofit run --nodes N --hardware cpu`` uses too; on CUDA two agents here would put
+    two nodes' ranks on the same GPUs, so a CUDA worker launches one node and claims one-node searches only
+    (:func:`autofit.schedule.queue.claim` compares a search's nodes with the worker's)."""
+    if kind == "cuda" and nodes > 1:
+        raise AutofitError(f"worker --nodes {nodes}: a worker launches its probes on this machine only, so a CUDA "
+                           "worker runs one-node searches; start one worker per node with --nodes 1")
 
 
 def detected_devices() -> list[tuple[str, int]]:

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +141,7 @@ def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
                            "add the search again")
     if request.get("memory_bytes") is not None:
         hardware = hardware.with_memory(int(request["memory_bytes"]))
+    hardware = replace(hardware, devices_per_node=request["gpus"])  # as schedule add planned it (target.py)
     space = space_from_dict(request["space"], name=request["space_name"])
     return Plan.make(request["entry"], workload, hardware, space, world_size=request["gpus"] * request["nodes"],
                      global_batch=request["global_batch"], fixed=request["fixed"],

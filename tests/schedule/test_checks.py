@@ -3,6 +3,8 @@ command on this CPU machine."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from click.testing import CliRunner
 
@@ -50,3 +52,47 @@ def test_the_worker_command_refuses_a_gpu_preset_on_this_cpu_machine_and_starts_
     assert len(refused.output.strip().splitlines()) == 1
     started = runner.invoke(main, ["worker", "--storage", sqlite_url, "--hardware", "cpu", "--idle-exit", "0"])
     assert started.exit_code == 0, started.output
+
+
+def test_a_cuda_worker_runs_one_node_and_a_cpu_worker_simulates_nodes_here() -> None:
+    from autofit.schedule.checks import check_nodes
+
+    check_nodes("cuda", 1)
+    check_nodes("cpu", 4)  # agents on loopback, as `autofit run --nodes 4 --hardware cpu`
+    with pytest.raises(AutofitError, match="--nodes 2: .* one worker per node"):
+        check_nodes("cuda", 2)
+    refused = CliRunner().invoke(main, ["worker", "--storage", "sqlite:///unused.db", "--hardware", "h100-80gb",
+                                        "--nodes", "2"])
+    assert refused.exit_code == 1 and "--nodes 2" in refused.output
+
+
+def test_a_worker_claims_no_search_over_more_nodes_than_it_launches(sqlite_url: str) -> None:
+    from autofit.hardware import get_hardware
+    from autofit.schedule import queue
+    from autofit.schedule.fingerprint import detect_machine
+
+    request = {"entry": "m.py:f", "hardware": "cpu", "gpus": 1, "nodes": 2, "global_batch": 8, "space": {},
+               "space_name": "s", "fixed": {}, "trials": 2, "memory_bytes": None}
+    search_id = queue.add_search(sqlite_url, request, "wfp").id
+    machine = detect_machine(get_hardware("cpu"))
+    assert queue.claim(sqlite_url, "one-node", machine, nodes=1) is None
+    assert queue.claim(sqlite_url, "two-nodes", machine, nodes=2) == search_id
+
+
+def test_a_worker_plans_a_multi_node_search_with_the_devices_per_node_it_was_queued_with() -> None:
+    from queue_helpers import ENTRY, sgd_space
+
+    from autofit.hardware import get_hardware
+    from autofit.recipe import Recipe
+    from autofit.schedule import queue
+    from autofit.schedule.fingerprint import workload_fingerprint
+    from autofit.schedule.submit import make_request
+    from autofit.schedule.worker import plan_for
+    from autofit.workload import load_workload
+
+    detected = get_hardware("l4")  # a node of 8 (a worker's detected hardware counts its node's GPUs)
+    request = make_request(ENTRY, detected, gpus=2, nodes=2, global_batch=32, space=sgd_space([4, 8]), fixed={},
+                           trials=2, memory_bytes=None, recipe=Recipe("sgd", "fp32"))
+    attrs = {queue.REQUEST_ATTR: request, "workload_fp": workload_fingerprint(ENTRY, load_workload(ENTRY))}
+    plan = plan_for(attrs, replace(detected, devices_per_node=8))
+    assert plan.world_size == 4 and plan.hardware.devices_per_node == 2 and plan.hardware.n_nodes(4) == 2
