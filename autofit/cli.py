@@ -324,13 +324,16 @@ def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
               help="Exit after this many seconds with nothing to claim.")
 @click.option("--lease", "lease_s", default=60.0, show_default=True, type=click.FloatRange(min=1.0),
               help="Seconds without a heartbeat before another worker takes a search over.")
+@click.option("--entry-root", "entry_root", multiple=True, metavar="DIR",
+              help="Import queued entry points only from under DIR (repeatable; also AUTOFIT_ENTRY_ROOTS, "
+                   "os.pathsep-separated); an entry elsewhere or missing here is given back for another worker.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @user_errors
 def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_s: float, lease_s: float,
-           debug: bool) -> None:
+           entry_root: tuple[str, ...], debug: bool) -> None:
     """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds."""
     from autofit.hardware import get_hardware
-    from autofit.schedule.checks import check_device, check_nodes, detected_devices
+    from autofit.schedule.checks import check_device, check_nodes, detected_devices, entry_roots
     from autofit.schedule.fingerprint import detect_machine, worker_name
     from autofit.schedule.worker import Worker
 
@@ -338,7 +341,8 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
     check_nodes(device.kind, nodes)  # a worker launches on this machine: no multi-node CUDA search on one node
     check_device(hardware, detected_devices())  # a preset must be the GPU here: else it claims another's searches
     machine = detect_machine(device, gpus)
-    Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s).serve()
+    Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s,
+           entry_roots=entry_roots(entry_root)).serve()
 
 
 @main.command()

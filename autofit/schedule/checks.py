@@ -11,7 +11,9 @@ was told and what it found, so each is tested with real-looking inputs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from autofit.errors import AutofitError
 from autofit.hardware import PRESETS
@@ -76,3 +78,51 @@ def detected_devices() -> list[tuple[str, int]]:
     if not torch.cuda.is_available():
         return []
     return [(p.name, int(p.total_memory)) for p in map(torch.cuda.get_device_properties, range(torch.cuda.device_count()))]
+
+
+def entry_roots(flags: Sequence[str] = (), environ: dict[str, str] | None = None) -> tuple[Path, ...] | None:
+    """The folders a worker imports entry points from: ``--entry-root`` flags and ``AUTOFIT_ENTRY_ROOTS``
+    (``os.pathsep``-separated), resolved; None when neither names one (every entry is imported, as before)."""
+    listed = [*flags, *(environ if environ is not None else os.environ).get(ENTRY_ROOTS_ENV, "").split(os.pathsep)]
+    roots = tuple(dict.fromkeys(Path(p).expanduser().resolve() for p in listed if p.strip()))
+    return roots or None
+
+
+def _entry_location(entry: str) -> tuple[Path | None, str | None]:
+    """``(the file or folder that importing entry would run, why it is not here)``, found without importing
+    anything: a path as written, a package through ``importlib.util.find_spec`` of its top-level name (which
+    reads the file system, runs nothing); ``(None, None)`` for a Hub model (its code is not local)."""
+    import importlib.util
+
+    if entry.startswith("hf:"):
+        from autofit.hf import HfEntry
+
+        source = HfEntry.parse(entry).source
+        folder = Path(source).expanduser()
+        local = folder.is_dir() or source.startswith((".", "/", "~"))
+        return (folder.resolve(), None if folder.is_dir() else f"no folder {source}") if local else (None, None)
+    target = entry.rpartition(":")[0]
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target).expanduser().resolve()
+        return path, None if path.is_file() else f"no file {path}"
+    top = target.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return None, f"no module named {top!r}"
+    places = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+    return (Path(places[0]).resolve() if places else None), None
+
+
+def entry_refusal(entry: str, roots: Sequence[Path] | None) -> str | None:
+    """Why this worker must not import ``entry`` (None: it may): outside every allowed root, or not importable
+    here (its file, folder or package missing). Checked before anything of it is imported; either way the
+    search is given back for another worker, not failed."""
+    location, missing = _entry_location(entry)
+    if roots is not None and location is not None and not any(location.is_relative_to(r) for r in roots):
+        return f"{location} is outside the allowed entry roots ({os.pathsep.join(map(str, roots))})"
+    if roots is not None and location is None and missing is None and not entry.startswith("hf:"):
+        return "its module has no file to check against the allowed entry roots"
+    return f"not importable here: {missing}" if missing else None

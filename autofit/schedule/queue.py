@@ -25,6 +25,7 @@ attempt and every heartbeat.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,8 +189,9 @@ def _claimable(searches: Any, now: float) -> Any:
 
 
 def claim(url: str, worker_id: str, machine: MachineFingerprint, nodes: int = 1,
-          lease_s: float = DEFAULT_LEASE_S) -> str | None:
-    """Take the oldest queued search for this machine (or one whose holder stopped beating); its id or None."""
+          lease_s: float = DEFAULT_LEASE_S, skip: Collection[str] = ()) -> str | None:
+    """Take the oldest queued search for this machine (or one whose holder stopped beating), but none of
+    ``skip`` (searches this worker gave back); its id or None."""
     from sqlalchemy import select, update
 
     _, searches, _ = tables()
@@ -197,6 +199,7 @@ def claim(url: str, worker_id: str, machine: MachineFingerprint, nodes: int = 1,
     now = time.time()
     mine = (c.hardware == machine.device) & (c.gpus <= machine.n_devices) & (c.nodes <= nodes)
     touch_worker(url, worker_id)
+    mine = mine & c.id.notin_(list(skip)) if skip else mine
     with engine(url).connect() as conn:
         proposed = [r.id for r in conn.execute(select(c.id).where(mine & _claimable(searches, now)).order_by(c.created_s))]
     for search_id in proposed:
@@ -237,6 +240,22 @@ def finish(url: str, search_id: str, worker_id: str, state: str, message: str | 
         changed = conn.execute(
             update(searches).where((c.id == search_id) & (c.worker == worker_id) & (c.state == "running"))
             .values(state=state, finished_s=time.time(), message=scrub(message, url) if message else message)
+        ).rowcount
+    return changed == 1
+
+
+def give_back(url: str, search_id: str, worker_id: str, message: str) -> bool:
+    """Put a search this worker holds back in the queue for another worker (the claim not counted), with why;
+    False if it no longer holds it."""
+    from sqlalchemy import update
+
+    _, searches, _ = tables()
+    c = searches.c
+    with engine(url).begin() as conn:
+        changed = conn.execute(
+            update(searches).where((c.id == search_id) & (c.worker == worker_id) & (c.state == "running"))
+            .values(state="queued", worker=None, heartbeat_s=None, claims=c.claims - 1,
+                    message=scrub(f"given back by {worker_id}: {message}", url))
         ).rowcount
     return changed == 1
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.schedule import queue
+from autofit.schedule.checks import entry_refusal
 from autofit.schedule.fingerprint import MachineFingerprint, workload_fingerprint
 from autofit.storage_url import redact_url, scrub
 
@@ -61,6 +62,10 @@ class Worker:
     prober: Callable[[Any], Any] | None = None
     """``plan -> Prober`` (default: the subprocess probe); a test or a remote executor plugs in here."""
     log: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
+    entry_roots: tuple[Path, ...] | None = None
+    """Folders entry points are imported from (:func:`autofit.schedule.checks.entry_roots`); None: any."""
+    given_back: set[str] = field(default_factory=set)
+    """Searches this worker gave back (an entry it may not or cannot import): not claimed again."""
 
     def __post_init__(self) -> None:  # every log line without the storage's password
         raw_log = self.log
@@ -74,7 +79,7 @@ class Worker:
         ran: list[str] = []
         idle_since = time.monotonic()
         while True:
-            search_id = queue.claim(self.url, self.worker_id, self.machine, self.nodes, self.lease_s)
+            search_id = queue.claim(self.url, self.worker_id, self.machine, self.nodes, self.lease_s, self.given_back)
             if search_id is not None:
                 ran.append(search_id)
                 self.run_one(search_id)
@@ -88,6 +93,12 @@ class Worker:
 
     def run_one(self, search_id: str) -> str:
         """Run one claimed search to its end; the state it was left in."""
+        refusal = entry_refusal(queue.study_attrs(self.url, search_id)[queue.REQUEST_ATTR]["entry"], self.entry_roots)
+        if refusal is not None:  # checked before importing: another worker may run it, this one will not claim it again
+            self.given_back.add(search_id)
+            queue.give_back(self.url, search_id, self.worker_id, refusal)
+            self.log(f"autofit worker {self.worker_id}: {search_id} given back: {refusal}")
+            return "given back"
         queue.set_worker_state(self.url, self.worker_id, "busy")
         self.log(f"autofit worker {self.worker_id}: running {search_id}")
         with Lease(self.url, search_id, self.worker_id, self.lease_s) as lease:
