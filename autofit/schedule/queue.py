@@ -127,7 +127,10 @@ def _lookup(url: str, key: str, machine_keys: set[str] | None) -> tuple[Added | 
             return Added(row.id, row.state, False), len(rows)
     for row in rows:
         if row.state in FINISHED and (machine_keys is None or row.machine_key in machine_keys):
-            return Added(row.id, row.state, True, stored_result(url, row.id)), len(rows)
+            try:
+                return Added(row.id, row.state, True, stored_result(url, row.id)), len(rows)
+            except KeyError:  # its study was deleted from the store: not a cached result
+                continue
     return None, len(rows)
 
 

@@ -34,7 +34,14 @@ def search_summaries(url: str) -> list[dict[str, Any]]:
     storage = optuna_storage(url)
     out = []
     for row in queue.search_rows(url):
-        study = optuna.load_study(study_name=row.study_name, storage=storage)
+        try:
+            study = optuna.load_study(study_name=row.study_name, storage=storage)
+        except KeyError:  # the study was deleted from the store: this row says so, the others are listed
+            out.append({"id": row.id, "entry": row.entry, "hardware": row.hardware, "gpus": row.gpus,
+                        "nodes": row.nodes, "state": "missing", "trials": 0, "probes": 0, "worker": row.worker,
+                        "claims": row.claims, "best": None,
+                        "message": f"study {row.study_name} is missing from the store (the queue says {row.state})"})
+            continue
         trials = study.get_trials(deepcopy=False)
         searched = sum(1 for t in trials if "measured" in t.user_attrs and t.user_attrs.get("phase") == "search")
         result = study.user_attrs.get(queue.RESULT_ATTR)

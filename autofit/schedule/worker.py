@@ -93,7 +93,7 @@ class Worker:
 
     def run_one(self, search_id: str) -> str:
         """Run one claimed search to its end; the state it was left in."""
-        refusal = entry_refusal(queue.study_attrs(self.url, search_id)[queue.REQUEST_ATTR]["entry"], self.entry_roots)
+        refusal = self._refusal(search_id)
         if refusal is not None:  # checked before importing: another worker may run it, this one will not claim it again
             self.given_back.add(search_id)
             queue.give_back(self.url, search_id, self.worker_id, refusal)
@@ -109,6 +109,14 @@ class Worker:
                  + (f": {message}" if message else ""))
         queue.set_worker_state(self.url, self.worker_id, "idle")
         return state or "taken over"
+
+    def _refusal(self, search_id: str) -> str | None:
+        """Why this worker gives ``search_id`` back (:func:`autofit.schedule.checks.entry_refusal`), None to run it."""
+        try:
+            entry = queue.study_attrs(self.url, search_id)[queue.REQUEST_ATTR]["entry"]
+        except Exception:  # the study is gone or the store down: the attempt fails it and says why
+            return None
+        return entry_refusal(entry, self.entry_roots)
 
     def _progress(self, search_id: str, lease: Lease, event: Any) -> None:
         lease.check(event)
