@@ -73,6 +73,8 @@ def import_root(entry: str, source: Path) -> tuple[Path, Path]:
     as local. A ``path.py`` entry: its folder, both (the loader puts it on ``sys.path``). A ``package.module``
     entry: the ``sys.path`` folder holding its top package, and that package's folder (not the site-packages
     beside it: installed libraries are in the machine's fingerprint by version)."""
+    if entry.startswith("hf:"):  # a local folder's config.json: the file itself, it imports nothing
+        return source.parent, source
     target = entry.rpartition(":")[0]
     if target.endswith(".py") or "/" in target:
         return source.parent, source.parent
