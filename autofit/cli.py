@@ -325,28 +325,36 @@ def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
 @click.option("--storage", required=True, envvar="AUTOFIT_STORAGE", help="Optuna storage URL shared with `autofit schedule add`.")
 @click.option("--hardware", default="auto", show_default=True, help="This machine's device: auto (detect), a preset, or cpu.")
 @click.option("--gpus", default=None, type=click.IntRange(min=1), help="Devices here (default: detected).")
-@click.option("--nodes", default=1, show_default=True, type=click.IntRange(min=1), help="Nodes this worker launches on.")
+@click.option("--nodes", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Nodes a probe of this worker spans (agents on this machine: a CPU worker only; a CUDA worker "
+                   "runs one-node searches).")
 @click.option("--idle-exit", "idle_exit_s", default=60.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Exit after this many seconds with nothing to claim.")
 @click.option("--lease", "lease_s", default=60.0, show_default=True, type=click.FloatRange(min=1.0),
               help="Seconds without a heartbeat before another worker takes a search over.")
 @click.option("--max-claims", default=3, show_default=True, type=click.IntRange(min=1),
               help="A search whose worker vanished this many times (its lease ran out) ends failed.")
+@click.option("--entry-root", "entry_root", multiple=True, metavar="DIR",
+              help="Import queued entry points only from under DIR (repeatable; also AUTOFIT_ENTRY_ROOTS, "
+                   "os.pathsep-separated); an entry elsewhere or missing here is given back for another worker.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @user_errors
 def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_s: float, lease_s: float,
-           max_claims: int, debug: bool) -> None:
+           max_claims: int, entry_root: tuple[str, ...], debug: bool) -> None:
     """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds.
 
     SIGTERM or SIGINT stops the running probe, gives its search back (queued) and exits 0."""
     from autofit.hardware import get_hardware
+    from autofit.schedule.checks import check_device, check_nodes, detected_devices, entry_roots
     from autofit.schedule.fingerprint import detect_machine, worker_name
     from autofit.schedule.worker import Worker
 
     device = get_hardware(hardware)
+    check_nodes(device.kind, nodes)  # a worker launches on this machine: no multi-node CUDA search on one node
+    check_device(hardware, detected_devices())  # a preset must be the GPU here: else it claims another's searches
     machine = detect_machine(device, gpus)
     Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s,
-           max_claims=max_claims).serve()
+           max_claims=max_claims, entry_roots=entry_roots(entry_root)).serve()
 
 
 @main.command()

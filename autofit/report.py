@@ -52,9 +52,11 @@ def write_report(result: SearchResult, report_dir: str | os.PathLike[str], ladde
     _timeline(result, folder / "timeline.png")
     sections = report_sections(result) + ([snapshot_section(snapshot)] if snapshot is not None else [])
     last = _ladder_part(result, ladder, folder)
-    (folder / "report.md").write_text(_markdown(sections) + (_markdown([last], LADDER_PICTURE) if last else ""))
+    from autofit.emit import write_text_atomic  # a reader (a browser, CI) never sees half a page
+
+    write_text_atomic(folder / "report.md", _markdown(sections) + (_markdown([last], LADDER_PICTURE) if last else ""))
     index = folder / "index.html"
-    index.write_text(_html(sections, pictures, last))
+    write_text_atomic(index, _html(sections, pictures, last))
     return index
 
 

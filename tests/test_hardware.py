@@ -178,3 +178,13 @@ def test_a_mixed_node_is_one_line_of_error():
 )
 def test_gpus_default_to_what_detection_found_only_with_auto(gpus, hardware, kind, detected, expected):
     assert default_gpus(gpus, hardware, kind, detected) == expected
+
+
+def test_the_h100_pcie_card_is_a_preset_of_its_own():
+    from autofit.hardware import node_hardware
+
+    pcie = node_hardware([_h100("NVIDIA H100 PCIe", nvlink=False) for _ in range(2)])
+    assert pcie.name == "h100-pcie-80gb (NVIDIA H100 PCIe)"
+    assert pcie.peak_flops["bf16"] < PRESETS["h100-80gb"].peak_flops["bf16"]
+    assert pcie.memory_bandwidth_bytes_per_s < PRESETS["h100-80gb"].memory_bandwidth_bytes_per_s
+    assert node_hardware([_h100()]).name == "h100-80gb (NVIDIA H100 80GB HBM3)"  # the SXM part keeps its preset

@@ -2,11 +2,15 @@
 
 - :func:`workload_fingerprint`: the model's structure (its module tree and every parameter's name,
   shape and dtype, built on the ``meta`` device so nothing is allocated), the shapes and dtypes of a
-  one-sample batch, ``tokens_per_sample``, and the bytes of the entry's source file. Editing the model
-  file, or a model that builds differently, changes it.
+  one-sample batch, ``tokens_per_sample``, and the bytes of the entry's source file and of every local
+  module it imports (:func:`local_sources`: the import closure of the entry file among the files under its
+  folder, read from the source, so the add and the worker compute the same one). Editing the model file, a
+  sibling module it imports, or a model that builds differently, changes it.
 - :class:`MachineFingerprint`: the device model, its memory, the device count, the interconnect, the
-  NVIDIA driver, the CUDA runtime torch was built with, and the torch and DeepSpeed versions. A worker
-  detects its own (:func:`detect_machine`); a driver or torch upgrade changes :meth:`MachineFingerprint.key`.
+  NVIDIA driver, the CUDA runtime torch was built with, NCCL and cuDNN (where CUDA), the versions of Python,
+  torch, DeepSpeed, transformers, flash-attn, triton and autofit, and ``PYTORCH_CUDA_ALLOC_CONF`` (it changes
+  the allocator, so the peaks). A worker detects its own (:func:`detect_machine`); any of these changing
+  changes :meth:`MachineFingerprint.key`.
 - :func:`request_hash`: the space, world size, global batch, ``--set`` values, memory budget and trials.
 
 Nothing here imports torch at module level; :func:`workload_fingerprint` does, when called.
@@ -19,7 +23,7 @@ import importlib.metadata
 import importlib.util
 import json
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +68,79 @@ def structure(workload: Any) -> dict[str, Any]:
     return {"modules": repr(model), "params": params, "batch": shapes, "tokens_per_sample": workload.tokens_per_sample}
 
 
+def import_root(entry: str, source: Path) -> tuple[Path, Path]:
+    """``(root, scope)``: the folder the entry's own imports resolve against and the folder whose files count
+    as local. A ``path.py`` entry: its folder, both (the loader puts it on ``sys.path``). A ``package.module``
+    entry: the ``sys.path`` folder holding its top package, and that package's folder (not the site-packages
+    beside it: installed libraries are in the machine's fingerprint by version)."""
+    if entry.startswith("hf:"):  # a local folder's config.json: the file itself, it imports nothing
+        return source.parent, source
+    target = entry.rpartition(":")[0]
+    if target.endswith(".py") or "/" in target:
+        return source.parent, source.parent
+    depth = target.count(".") + (1 if source.name == "__init__.py" else 0)
+    root = source.parents[depth]
+    return root, root / target.split(".")[0] if depth else source
+
+
+def _module_files(root: Path, dotted: str) -> list[Path]:
+    """The files under ``root`` that importing ``dotted`` runs: each package's ``__init__.py`` and the module."""
+    parts = [p for p in dotted.split(".") if p]
+    files = []
+    for n in range(1, len(parts) + 1):
+        folder = root.joinpath(*parts[:n])
+        for candidate in (folder / "__init__.py", folder.with_suffix(".py")):
+            if candidate.is_file():
+                files.append(candidate)
+                break
+    return files
+
+
+def _imported_names(path: Path, root: Path) -> list[tuple[Path, str]]:
+    """``(base folder, dotted module)`` of each import in ``path`` (``from m import x`` names ``m`` and ``m.x``,
+    ``x`` may be a submodule); relative imports resolve from the file's own package."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError):
+        return []
+    names: list[tuple[Path, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [(root, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = root if node.level == 0 else path.parents[node.level - 1]
+            module = node.module or ""
+            names.append((base, module))
+            names += [(base, f"{module}.{alias.name}" if module else alias.name) for alias in node.names]
+    return names
+
+
+def local_sources(source: Path, root: Path, scope: Path | None = None) -> dict[str, str]:
+    """sha256 of ``source`` and of every file under ``scope`` (default ``root``) it imports, directly or through
+    another such file (imports resolved against ``root``), by path relative to ``root``. Read from the source
+    (``ast``), not from ``sys.modules``: what else a process happens to have imported must not change the key."""
+    root = root.resolve()
+    scope = (scope or root).resolve()
+    seen: dict[Path, str] = {}
+    pending = [source.resolve()]
+    while pending:
+        path = pending.pop()
+        if path in seen:
+            continue
+        seen[path] = hashlib.sha256(path.read_bytes()).hexdigest()
+        if path.suffix != ".py":
+            continue
+        for base, dotted in _imported_names(path, root):
+            pending += [f.resolve() for f in _module_files(base, dotted) if f.resolve().is_relative_to(scope)]
+    return {str(p.relative_to(root)) if p.is_relative_to(root) else str(p): h for p, h in sorted(seen.items())}
+
+
 def workload_fingerprint(entry: str, workload: Any) -> str:
-    """Hash of the workload's :func:`structure` and its entry file's bytes."""
+    """Hash of the workload's :func:`structure`, its entry file's bytes and the local modules it imports."""
     source = entry_source(entry)
-    code = hashlib.sha256(source.read_bytes()).hexdigest() if source is not None else None
+    code = local_sources(source, *import_root(entry, source)) if source is not None else None
     return digest({"structure": structure(workload), "source": code})[:16]
 
 
@@ -98,6 +171,9 @@ class MachineFingerprint:
     """torch's version."""
     deepspeed: str | None
     """DeepSpeed's version."""
+    software: dict[str, str | None] = field(default_factory=dict)
+    """Everything else a measurement depends on (:func:`software_versions`): Python, transformers, flash-attn,
+    triton, autofit, NCCL, cuDNN, ``PYTORCH_CUDA_ALLOC_CONF``."""
 
     def key(self) -> str:
         """What the cache compares: everything but the device count (a search names the devices it uses)."""
@@ -108,7 +184,7 @@ class MachineFingerprint:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MachineFingerprint:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 def device_name(hardware: Hardware) -> str:
@@ -138,7 +214,38 @@ def detect_machine(hardware: Hardware, n_devices: int | None = None) -> MachineF
         cuda=_torch_cuda() if hardware.kind == "cuda" and torch_version else None,
         torch=torch_version,
         deepspeed=package_version("deepspeed"),
+        software=software_versions(cuda=hardware.kind == "cuda" and torch_version is not None),
     )
+
+
+def software_versions(cuda: bool) -> dict[str, str | None]:
+    """The versions beyond torch's and DeepSpeed's that change a measured result (None: not installed), NCCL's
+    (``torch.cuda.nccl.version``) and cuDNN's (``torch.backends.cudnn.version``) where ``cuda``, and the CUDA
+    caching allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``: expandable segments change the peaks)."""
+    import os
+    import platform
+
+    out: dict[str, str | None] = {
+        "python": platform.python_version(),
+        **{name: package_version(name) for name in ("transformers", "flash-attn", "triton", "autofit")},
+        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+    }
+    if cuda:
+        out |= _cuda_libraries()
+    return out
+
+
+def _cuda_libraries() -> dict[str, str | None]:
+    import torch
+
+    def attempt(read: Any) -> str | None:
+        try:
+            value = read()
+        except Exception:  # no NCCL / cuDNN in this build
+            return None
+        return ".".join(map(str, value)) if isinstance(value, tuple) else None if value is None else str(value)
+
+    return {"nccl": attempt(torch.cuda.nccl.version), "cudnn": attempt(torch.backends.cudnn.version)}
 
 
 def _nvml_facts() -> dict[str, Any] | None:

@@ -19,13 +19,16 @@ is claimable again (no client's clock is read). **Cap**: a search whose holders 
 
 **Cache**: a search's ``request_key`` hashes the workload fingerprint, the device, its count and the
 request (:mod:`autofit.schedule.fingerprint`). Adding one whose key is done on the machine fingerprint
-workers of that device now report returns it (``cached``); a newer driver, CUDA, torch or DeepSpeed
-on the workers makes a new search.
+of a live worker of that device (:func:`live_machines`: not exited, seen within :data:`LIVE_S`, or holding
+a search whose lease runs) returns it (``cached``); a newer driver, CUDA, torch, DeepSpeed, library or
+allocator setting on the live workers makes a new search. Workers mark themselves seen at every claim
+attempt and every heartbeat.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,7 @@ from sqlalchemy import func
 from autofit.errors import AutofitError
 from autofit.schedule.fingerprint import MachineFingerprint, digest, request_hash
 from autofit.schedule.store import FINISHED, engine, optuna_storage, server_epoch, tables
+from autofit.storage_url import redact_url, scrub
 
 DEFAULT_LEASE_S = 60.0
 DEFAULT_MAX_CLAIMS = 3
@@ -75,16 +79,35 @@ def request_key(request: dict[str, Any], workload_fp: str) -> str:
     return digest([workload_fp, request["hardware"], request["gpus"], request["nodes"], request_hash(request)])[:24]
 
 
-def current_machine(url: str, hardware: str) -> str | None:
-    """The machine key of the worker for ``hardware`` started last (None: no worker has been seen)."""
+LIVE_S = 2 * DEFAULT_LEASE_S
+"""A worker not seen for this long (and holding no search with a running lease) is not live."""
+
+
+def live_machines(url: str, hardware: str) -> set[str] | None:
+    """The machine keys of the live workers for ``hardware`` (not exited; seen within :data:`LIVE_S` or holding a
+    running search whose lease has not run out). With none live, the key of the worker seen last (the best
+    knowledge of that device's machines); None when no worker for it has been seen."""
     from sqlalchemy import select
 
+    _, searches, workers = tables()
+    w = workers.c
+    with engine(url).connect() as conn:  # the database's clock, as for leases (store.server_epoch)
+        rows = conn.execute(select(w.id, w.machine_key, w.state, (w.seen_s >= server_epoch() - LIVE_S).label("recent"))
+                            .where(w.hardware == hardware).order_by(w.seen_s.desc())).all()
+        s = searches.c
+        leased = {r.worker for r in conn.execute(
+            select(s.worker).where((s.state == "running") & (s.heartbeat_s + s.lease_s >= server_epoch())))}
+    live = {r.machine_key for r in rows if r.state != "exited" and (r.recent or r.id in leased)}
+    return live or ({rows[0].machine_key} if rows else None)
+
+
+def touch_worker(url: str, worker_id: str) -> None:
+    """Mark a worker seen now (its liveness for :func:`live_machines`)."""
+    from sqlalchemy import update
+
     _, _, workers = tables()
-    with engine(url).connect() as conn:
-        row = conn.execute(
-            select(workers.c.machine_key).where(workers.c.hardware == hardware).order_by(workers.c.started_s.desc()).limit(1)
-        ).first()
-    return row[0] if row else None
+    with engine(url).begin() as conn:
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(seen_s=server_epoch()))
 
 
 def add_search(url: str, request: dict[str, Any], workload_fp: str, planned: dict[str, Any] | None = None) -> Added:
@@ -93,7 +116,7 @@ def add_search(url: str, request: dict[str, Any], workload_fp: str, planned: dic
 
     key = request_key(request, workload_fp)
     for _ in range(3):  # another process may add the same search at the same moment: look again
-        found, n_rows = _lookup(url, key, current_machine(url, request["hardware"]))
+        found, n_rows = _lookup(url, key, live_machines(url, request["hardware"]))
         if found is not None:
             return found
         search_id = f"{key[:12]}-{n_rows}"
@@ -103,11 +126,12 @@ def add_search(url: str, request: dict[str, Any], workload_fp: str, planned: dic
         except IntegrityError:
             continue
         return Added(search_id, "queued", False)
-    raise AutofitError(f"could not add the search to {url}: other processes kept adding it")
+    raise AutofitError(f"could not add the search to {redact_url(url)}: other processes kept adding it")
 
 
-def _lookup(url: str, key: str, machine_key: str | None) -> tuple[Added | None, int]:
-    """A queued or running search of ``key``, else one finished on ``machine_key``; and how many rows ``key`` has."""
+def _lookup(url: str, key: str, machine_keys: set[str] | None) -> tuple[Added | None, int]:
+    """A queued or running search of ``key``, else one finished on one of ``machine_keys`` (None: any); and how
+    many rows ``key`` has."""
     from sqlalchemy import select
 
     _, searches, _ = tables()
@@ -117,8 +141,11 @@ def _lookup(url: str, key: str, machine_key: str | None) -> tuple[Added | None, 
         if row.state in ("queued", "running"):
             return Added(row.id, row.state, False), len(rows)
     for row in rows:
-        if row.state in FINISHED and (machine_key is None or row.machine_key == machine_key):
-            return Added(row.id, row.state, True, stored_result(url, row.id)), len(rows)
+        if row.state in FINISHED and (machine_keys is None or row.machine_key in machine_keys):
+            try:
+                return Added(row.id, row.state, True, stored_result(url, row.id)), len(rows)
+            except KeyError:  # its study was deleted from the store: not a cached result
+                continue
     for row in rows:  # a failed search added again resumes in its own study: no finished probe runs again
         if row.state == "failed" and _requeue(url, row.id):
             return Added(row.id, "queued", False), len(rows)
@@ -205,8 +232,10 @@ def _claimable(c: Any, max_claims: int) -> Any:
 
 
 def claim(url: str, worker_id: str, machine: MachineFingerprint, nodes: int = 1,
-          lease_s: float = DEFAULT_LEASE_S, max_claims: int = DEFAULT_MAX_CLAIMS) -> Claim | None:
-    """Take the oldest queued search for this machine (or one whose holder stopped beating); the claim or None.
+          lease_s: float = DEFAULT_LEASE_S, max_claims: int = DEFAULT_MAX_CLAIMS,
+          skip: Collection[str] = ()) -> Claim | None:
+    """Take the oldest queued search for this machine (or one whose holder stopped beating), but none of
+    ``skip`` (searches this worker gave back); the claim or None.
 
     A search whose ``max_claims``-th holder vanished too (each lease ran out: a probe that kills its worker,
     a host out of memory) is not claimed again: it ends ``failed`` with the reason."""
@@ -221,6 +250,8 @@ def claim(url: str, worker_id: str, machine: MachineFingerprint, nodes: int = 1,
             state="failed", lost=lost + 1, worker=None, token=None, finished_s=server_epoch(),
             message=f"given up after {max_claims} claims whose worker vanished without finishing it (its lease ran "
                     "out): a probe may be killing the worker (host out of memory?); add it again to retry"))
+    touch_worker(url, worker_id)
+    mine = mine & c.id.notin_(list(skip)) if skip else mine
     with engine(url).connect() as conn:
         proposed = [r.id for r in conn.execute(select(c.id).where(mine & _claimable(c, max_claims)).order_by(c.created_s))]
     for search_id in proposed:
@@ -246,12 +277,13 @@ def heartbeat(url: str, held: Claim) -> bool:
     """Renew the lease; False when this claim no longer holds the search (another worker took it over)."""
     from sqlalchemy import update
 
-    _, searches, _ = tables()
+    _, searches, workers = tables()
     c = searches.c
     with engine(url).begin() as conn:
         changed = conn.execute(
             update(searches).where(_held(c, held) & (c.state == "running")).values(heartbeat_s=server_epoch())
         ).rowcount
+        conn.execute(update(workers).where(workers.c.id == held.worker).values(seen_s=server_epoch()))
     return changed == 1
 
 
@@ -267,14 +299,16 @@ def finish(url: str, held: Claim, state: str, message: str | None = None,
     with engine(url).begin() as conn:
         changed = conn.execute(
             update(searches).where(_held(c, held) & c.state.in_(("running", state)))
-            .values(state=state, finished_s=server_epoch(), message=message, result=result)
+            .values(state=state, finished_s=server_epoch(), message=scrub(message, url) if message else message,
+                    result=result)
         ).rowcount
     return changed == 1
 
 
-def release(url: str, held: Claim, message: str | None = None) -> bool:
+def release(url: str, held: Claim, message: str | None = None, counted: bool = True) -> bool:
     """Give a claimed search back (``queued``, no holder): a worker told to stop, or one the database failed;
-    the next claim resumes its study. False when the claim no longer held it."""
+    the next claim resumes its study. ``counted=False``: the claim is taken back from the search's count too (a
+    worker that may not or cannot import its entry: :func:`give_back`). False when the claim no longer held it."""
     from sqlalchemy import update
 
     _, searches, _ = tables()
@@ -282,9 +316,16 @@ def release(url: str, held: Claim, message: str | None = None) -> bool:
     with engine(url).begin() as conn:
         changed = conn.execute(
             update(searches).where(_held(c, held) & (c.state == "running"))
-            .values(state="queued", worker=None, token=None, heartbeat_s=None, message=message)
+            .values(state="queued", worker=None, token=None, heartbeat_s=None,
+                    claims=c.claims if counted else c.claims - 1,
+                    message=scrub(message, url) if message else message)
         ).rowcount
     return changed == 1
+
+
+def give_back(url: str, held: Claim, why: str) -> bool:
+    """Put a search this worker holds back in the queue for another worker, the claim not counted, with why."""
+    return release(url, held, f"given back by {held.worker}: {why}", counted=False)
 
 
 def search_rows(url: str) -> list[Any]:

@@ -21,7 +21,11 @@ from autofit.schedule.store import FINISHED, optuna_storage
 
 
 def parse_prices(pairs: tuple[str, ...] | list[str]) -> dict[str, float]:
-    """``("h100-80gb=3.5", ...)`` -> ``{"h100-80gb": 3.5}`` (US dollars per device-hour)."""
+    """``("h100-80gb=3.5", ...)`` -> ``{"h100-80gb": 3.5}`` (US dollars per device-hour); a name that is no
+    preset nor ``cpu`` is an error (a typo would silently price nothing)."""
+    from autofit.hardware import PRESETS
+
+    known = (*PRESETS, "cpu")
     prices = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -31,14 +35,26 @@ def parse_prices(pairs: tuple[str, ...] | list[str]) -> dict[str, float]:
             price = -1.0
         if not sep or not name or not price >= 0:
             raise AutofitError(f"--price takes NAME=USD_PER_DEVICE_HOUR (e.g. h100-80gb=3.5), but got {pair!r}")
+        if name.lower() not in known:
+            raise AutofitError(f"--price {pair}: unknown hardware {name!r}; known: {', '.join(known)}")
         prices[name.lower()] = price
     return prices
 
 
-def _row(search: Any, attrs: dict[str, Any]) -> dict[str, Any] | None:
-    """One search as a results row: measured when a worker finished it, else predicted (planned at add time)."""
+MISSING = {"config": None, "memory_bytes": None, "samples_per_s": None, "tokens_per_s": None, "peak_bytes": None,
+           "machine": None}
+"""A row whose study is missing from the store: shown as such, with no figures."""
+RANK = {"measured": 2, "predicted": 1, "missing": 0}
+"""Which row of one (entry, device, count) is shown: the newest of the best known source."""
+
+
+def _row(search: Any, attrs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """One search as a results row: measured when a worker finished it, else predicted (planned at add time);
+    ``attrs`` None: its study is missing from the store."""
     base = {"id": search.id, "entry": search.entry, "hardware": search.hardware, "devices": search.gpus * search.nodes,
             "state": search.state}
+    if attrs is None:
+        return base | {"source": "missing"} | MISSING
     result = attrs.get(queue.RESULT_ATTR)
     if search.state == "done" and result:
         measured = ProbeResult.from_json(result["best"]["measured"])
@@ -56,6 +72,9 @@ def _row(search: Any, attrs: dict[str, Any]) -> dict[str, Any] | None:
 
 def priced(row: dict[str, Any], prices: dict[str, float]) -> dict[str, Any]:
     """``row`` with headroom and, where the device has a price, dollars per hour and per million tokens/samples."""
+    if row["memory_bytes"] is None:  # a missing study: nothing to price
+        return row | {"headroom_bytes": None, "headroom_fraction": None, "usd_per_hour": None,
+                      "usd_per_million_tokens": None, "usd_per_million_samples": None}
     headroom = row["memory_bytes"] - int(row["peak_bytes"] or 0)
     out = row | {"headroom_bytes": headroom, "headroom_fraction": headroom / row["memory_bytes"],
                  "usd_per_hour": None, "usd_per_million_tokens": None, "usd_per_million_samples": None}
@@ -80,12 +99,15 @@ def compare(url: str, prices: dict[str, float] | None = None, entry: str | None 
     for search in queue.search_rows(url):  # oldest first: a newer search replaces an older one
         if entry is not None and search.entry != entry:
             continue
-        attrs = dict(optuna.load_study(study_name=search.study_name, storage=storage).user_attrs)
+        try:
+            attrs: dict[str, Any] | None = dict(optuna.load_study(study_name=search.study_name, storage=storage).user_attrs)
+        except KeyError:  # the study was deleted from the store: the row says so, the others are shown
+            attrs = None
         row = _row(search, attrs)
         if row is None:
             continue
         key = (row["entry"], row["hardware"], row["devices"])
-        if row["source"] == "measured" or newest.get(key, {}).get("source") != "measured":
+        if key not in newest or RANK[row["source"]] >= RANK[newest[key]["source"]]:  # newer, unless less known
             newest[key] = row
     rows = [priced(r, prices or {}) for r in newest.values()]
     return sorted(rows, key=lambda r: (r["entry"], -(r["samples_per_s"] or 0.0)))
@@ -109,6 +131,9 @@ def _cells(r: dict[str, Any]) -> list[str]:
 
     per_million = r["usd_per_million_tokens"] if r["usd_per_million_tokens"] is not None else r["usd_per_million_samples"]
     unit = " tok" if r["usd_per_million_tokens"] is not None else " samples"
+    if r["source"] == "missing":
+        return [r["entry"].rsplit("/", 1)[-1], f"{r['hardware']} x{r['devices']}", "missing (study not in the store)",
+                *["-"] * 6]
     return [
         r["entry"].rsplit("/", 1)[-1], f"{r['hardware']} x{r['devices']}", r["source"], Config.from_dict(r["config"]).label(),
         f"{r['samples_per_s']:.4g}", "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.4g}",
@@ -119,15 +144,24 @@ def _cells(r: dict[str, Any]) -> list[str]:
 
 
 def write_results_report(rows: list[dict[str, Any]], report_dir: str | os.PathLike[str]) -> Path:
-    """``results.json``, ``results.md`` (the table) and ``results.png`` (throughput and cost by device)."""
+    """``results.json``, ``results.md`` (the table) and ``results.png`` (throughput and cost by device), each
+    written to a temporary file beside it and renamed into place (:func:`autofit.emit.write_text_atomic`): a
+    reader never sees half a report, a failure leaves the old one."""
+    from autofit.emit import write_text_atomic
+
     folder = Path(report_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.json").write_text(json.dumps({"results": rows}, indent=1))
     header = ["entry", "hardware", "source", "config", "samples/s", "tokens/s", "headroom", "$/h", "$/M"]
     lines = ["# autofit results", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
-    (folder / "results.md").write_text("\n".join(lines) + "\n")
-    _chart(rows, folder / "results.png")
+    chart = folder / f".results.png.{os.getpid()}.tmp"
+    try:
+        _chart([r for r in rows if r["source"] != "missing"], chart)
+        write_text_atomic(folder / "results.json", json.dumps({"results": rows}, indent=1))
+        write_text_atomic(folder / "results.md", "\n".join(lines) + "\n")
+        os.replace(chart, folder / "results.png")
+    finally:
+        chart.unlink(missing_ok=True)
     return folder / "results.md"
 
 
@@ -148,5 +182,5 @@ def _chart(rows: list[dict[str, Any]], path: Path) -> None:
     cost.set_ylabel("USD per 1M tokens (or samples)")
     cost.set_title("Cost (devices with a --price)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
     plt.close(fig)

@@ -11,6 +11,7 @@ from typing import Any
 from autofit.probe import ProbeResult
 from autofit.schedule import queue
 from autofit.schedule.store import optuna_storage
+from autofit.storage_url import scrub
 
 
 def best_so_far(trials: list[Any]) -> dict[str, Any] | None:
@@ -33,7 +34,14 @@ def search_summaries(url: str) -> list[dict[str, Any]]:
     storage = optuna_storage(url)
     out = []
     for row in queue.search_rows(url):
-        study = optuna.load_study(study_name=row.study_name, storage=storage)
+        try:
+            study = optuna.load_study(study_name=row.study_name, storage=storage)
+        except KeyError:  # the study was deleted from the store: this row says so, the others are listed
+            out.append({"id": row.id, "entry": row.entry, "hardware": row.hardware, "gpus": row.gpus,
+                        "nodes": row.nodes, "state": "missing", "trials": 0, "probes": 0, "worker": row.worker,
+                        "claims": row.claims, "best": None,
+                        "message": f"study {row.study_name} is missing from the store (the queue says {row.state})"})
+            continue
         trials = study.get_trials(deepcopy=False)
         searched = sum(1 for t in trials if "measured" in t.user_attrs and t.user_attrs.get("phase") == "search")
         result = study.user_attrs.get(queue.RESULT_ATTR)
@@ -43,7 +51,8 @@ def search_summaries(url: str) -> list[dict[str, Any]]:
         out.append({
             "id": row.id, "entry": row.entry, "hardware": row.hardware, "gpus": row.gpus, "nodes": row.nodes,
             "state": row.state, "trials": searched, "probes": sum(1 for t in trials if "measured" in t.user_attrs),
-            "worker": row.worker, "claims": row.claims, "best": best, "message": row.message,
+            "worker": row.worker, "claims": row.claims, "best": best,
+            "message": scrub(row.message, url) if row.message else row.message,
         })
     return out
 

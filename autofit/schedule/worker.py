@@ -29,14 +29,16 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 from autofit.schedule import queue
+from autofit.schedule.checks import entry_refusal
 from autofit.schedule.fingerprint import MachineFingerprint, workload_fingerprint
+from autofit.storage_url import redact_url, scrub
 
 if TYPE_CHECKING:
     from autofit.search.records import SearchResult
@@ -92,10 +94,18 @@ class Worker:
     prober: Callable[[Any], Any] | None = None
     """``plan -> Prober`` (default: the subprocess probe); a test or a remote executor plugs in here."""
     log: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
+    entry_roots: tuple[Path, ...] | None = None
+    """Folders entry points are imported from (:func:`autofit.schedule.checks.entry_roots`); None: any."""
+    given_back: set[str] = field(default_factory=set)
+    """Searches this worker gave back (an entry it may not or cannot import): not claimed again."""
     stopping: str | None = field(default=None, init=False)
     """The signal that told this worker to stop (None while it runs)."""
     _in_search: bool = field(default=False, init=False)
     _lease: Lease | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:  # every log line without the storage's password
+        raw_log = self.log
+        self.log = lambda text: raw_log(scrub(text, self.url))
 
     def serve(self) -> list[str]:
         """Register, then run claimed searches until idle for ``idle_exit_s`` or told to stop (SIGTERM, SIGINT:
@@ -108,7 +118,8 @@ class Worker:
             idle_since = time.monotonic()
             while self.stopping is None:
                 held = self._with_database(lambda: queue.claim(self.url, self.worker_id, self.machine, self.nodes,
-                                                               self.lease_s, self.max_claims), "claiming")
+                                                               self.lease_s, self.max_claims,
+                                                               self.given_back), "claiming")
                 if held is not None:
                     ran.append(held.id)
                     if self.run_one(held) == "database error":
@@ -126,6 +137,13 @@ class Worker:
     def run_one(self, held: queue.Claim) -> str:
         """Run one claimed search to its end; what became of it (a state, ``taken over``, ``given back`` or
         ``database error``: given back too, resumed by the next claim)."""
+        refusal = self._refusal(held.id)
+        if refusal is not None:  # checked before importing: another worker may run it, this one will not claim it again
+            self.given_back.add(held.id)
+            self._with_database(lambda: queue.give_back(self.url, held, refusal), "giving the search back",
+                                patience_s=self.lease_s)
+            self.log(f"autofit worker {self.worker_id}: {held.id} given back: {refusal}")
+            return "given back"
         self._quietly(lambda: queue.set_worker_state(self.url, self.worker_id, "busy"))
         self.log(f"autofit worker {self.worker_id}: running {held.id}")
         with Lease(self.url, held, self.lease_s, on_lost=self._lease_lost) as lease:
@@ -149,6 +167,14 @@ class Worker:
         self.log(f"autofit worker {self.worker_id}: {held.id} {outcome}" + (f": {message}" if message else ""))
         self._quietly(lambda: queue.set_worker_state(self.url, self.worker_id, "idle"))
         return outcome
+
+    def _refusal(self, search_id: str) -> str | None:
+        """Why this worker gives ``search_id`` back (:func:`autofit.schedule.checks.entry_refusal`), None to run it."""
+        try:
+            entry = queue.study_attrs(self.url, search_id)[queue.REQUEST_ATTR]["entry"]
+        except Exception:  # the study is gone or the store down: the attempt fails it and says why
+            return None
+        return entry_refusal(entry, self.entry_roots)
 
     def _progress(self, search_id: str, lease: Lease, event: Any) -> None:
         lease.check(event)
@@ -183,9 +209,9 @@ class Worker:
             return "database error", None, None
         except AutofitError as exc:
             state = "nothing-fits" if str(exc).startswith("nothing fits") else "failed"
-            return state, str(exc), None
+            return state, scrub(str(exc), self.url), None
         except Exception as exc:  # the user's model or the environment: the search fails, the worker goes on
-            return "failed", f"{type(exc).__name__}: {exc}", None
+            return "failed", scrub(f"{type(exc).__name__}: {exc}", self.url), None
         finally:
             self._in_search = False
         return "done", None, winner_record(result, self.machine, plan)
@@ -292,6 +318,7 @@ def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
                            "add the search again")
     if request.get("memory_bytes") is not None:
         hardware = hardware.with_memory(int(request["memory_bytes"]))
+    hardware = replace(hardware, devices_per_node=request["gpus"])  # as schedule add planned it (target.py)
     space = space_from_dict(request["space"], name=request["space_name"])
     return Plan.make(request["entry"], workload, hardware, space, world_size=request["gpus"] * request["nodes"],
                      global_batch=request["global_batch"], fixed=request["fixed"],
@@ -359,8 +386,4 @@ class Lease:
             raise LeaseLost(f"search {self.held.id} was taken over by another worker")
 
 
-def redact(url: str) -> str:
-    """``url`` without its password (for logs)."""
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
+redact = redact_url  # the name this module had for it

@@ -52,6 +52,7 @@ from autofit.search.records import (
 from autofit.search.settings import SearchSettings
 from autofit.search.study import DEFAULT_STORAGE, default_study_name, distributions, open_study, read_back, record_probe
 from autofit.search.verify import verify
+from autofit.storage_url import redact_url
 
 Prober = Callable[[Config, int, float], Any]
 """``(config, timed steps, timeout seconds) -> ProbeResult``: runs one candidate and measures it."""
@@ -190,7 +191,7 @@ class _Search:
             usable_bytes=usable.hardware.memory_bytes,
             n_candidates=len(plan.candidates),
             stop_reason=stop_reason,
-            storage=storage,
+            storage=redact_url(storage),  # the report and the JSON record it: never its password
             study_name=study_name,
             out_path=out_path,
             wall_s=wall_s,

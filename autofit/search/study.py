@@ -23,16 +23,36 @@ from autofit.errors import AutofitError
 from autofit.plan import Plan
 from autofit.probe import ProbeResult
 from autofit.search.records import Phase, TrialRecord
+from autofit.storage_url import redact_url
 
 DEFAULT_STORAGE = "sqlite:///autofit.db"
 
 
+def device_identity(plan: Plan) -> dict[str, Any]:
+    """The device a study's probes measure, as far as it changes a result: its kind and model (``h100-80gb``,
+    ``h100-80gb PCIe``; a detected device and its preset alike), its memory in GiB (on a CUDA device; a CPU's
+    "device memory" is the host's RAM, counted only as a budget given), the precisions it runs, flash
+    attention, and the ranks that share a node. Not the host's RAM or cores, nor devices on a node beyond
+    those the search uses: a worker on a host that differs only there takes a search over, keeping its probes."""
+    hardware = plan.hardware
+    return {
+        "kind": hardware.kind,
+        "model": hardware.name.split(" (")[0],
+        "memory_gib": round(hardware.memory_bytes / 2**30)
+        if hardware.kind == "cuda" or hardware.memory_bytes != hardware.host_memory_bytes else None,  # a budget
+        "precisions": sorted(hardware.peak_flops),
+        "flash": hardware.supports_flash,
+        "ranks_per_node": hardware.ranks_on_a_node(plan.world_size),
+    }
+
+
 def signature(plan: Plan) -> str:
-    """What a study is a search of: entry, device, space, world size, global batch and ``--set``."""
+    """What a study is a search of: entry, device (:func:`device_identity`), space, world size, global batch and
+    ``--set``."""
     text = json.dumps(
         {
             "entry": plan.entry,
-            "hardware": plan.hardware.fingerprint(),
+            "hardware": device_identity(plan),
             "space": plan.space.to_dict(),
             "world_size": plan.world_size,
             "global_batch": plan.global_batch,
@@ -66,7 +86,7 @@ def open_study(plan: Plan, storage: str, study_name: str, margin: float) -> Any:
     earlier = study.user_attrs.get("signature")
     if earlier is not None and earlier != mine:
         raise AutofitError(
-            f"study {study_name!r} in {storage} was started with another entry, device, space, world size, "
+            f"study {study_name!r} in {redact_url(storage)} was started with another entry, device, space, world size, "
             "global batch or --set; give a new --study name"
         )
     if earlier is None:

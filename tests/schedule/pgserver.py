@@ -79,17 +79,15 @@ class Server:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def url(self, database: str = "postgres") -> str:
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def new_database(self) -> str:
         """A fresh, empty database's URL."""
-        import psycopg2
+        import psycopg
 
         self._n += 1
         name = f"autofit_{os.getpid()}_{self._n}_{int(time.time())}"
-        conn = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres")
-        conn.autocommit = True
-        with conn.cursor() as cursor:
-            cursor.execute(f'CREATE DATABASE "{name}"')
-        conn.close()
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
+                             autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)

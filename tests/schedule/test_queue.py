@@ -140,3 +140,52 @@ def test_a_worker_that_finds_another_model_than_queued_fails_the_search(sqlite_u
     summary = search_summaries(sqlite_url)[0]
     assert summary["state"] == "failed" and "not the workload that was queued" in summary["message"]
     assert summary["probes"] == 0
+
+
+def test_the_documented_url_form_reaches_postgresql_through_psycopg_3(pg_url: str) -> None:
+    # `postgresql://user@host/db` as README and examples/slurm document it: SQLAlchemy 2 maps it to psycopg 3
+    from click.testing import CliRunner
+
+    from autofit.cli import main
+    from autofit.schedule.store import engine
+
+    assert pg_url.startswith("postgresql://")
+    assert engine(pg_url).dialect.driver == "psycopg"
+    queue.add_search(pg_url, _request(1), "wfp")
+    done = CliRunner().invoke(main, ["schedule", "list", "--storage", pg_url, "--json"])
+    assert done.exit_code == 0, done.output
+
+
+def test_a_changed_sibling_module_the_entry_imports_makes_a_new_search(sqlite_url: str, tmp_path: Path) -> None:
+    (tmp_path / "sizes.py").write_text("WIDTH = 64\n")
+    model = tmp_path / "model.py"
+    model.write_text(TINY.read_text() + "\nfrom sizes import WIDTH  # noqa: E402, F401\n")
+    entry = f"{model}:tiny_workload"
+    first = queue_tiny(sqlite_url, entry=entry, hardware="l4", memory_mib=None)  # on an L4: as above
+    model_worker(sqlite_url, "w1", "l4").serve()
+    assert queue_tiny(sqlite_url, entry=entry, hardware="l4", memory_mib=None).cached
+    (tmp_path / "sizes.py").write_text("WIDTH = 64  # the model file itself is unchanged\n")
+    changed = queue_tiny(sqlite_url, entry=entry, hardware="l4", memory_mib=None)
+    assert (changed.cached, changed.state) == (False, "queued") and changed.id != first.id
+
+
+def test_the_cache_compares_with_the_live_workers_not_the_last_started_one(sqlite_url: str) -> None:
+    from dataclasses import replace
+
+    from sqlalchemy import update
+
+    from autofit.schedule.store import engine, tables
+
+    first = queue_tiny(sqlite_url)
+    old = model_worker(sqlite_url, "old")
+    old.serve()  # done on the old software, then exited
+    queue.register_worker(sqlite_url, "still-up", old.machine)  # a live worker on the same software
+    upgraded = replace(old.machine, software=old.machine.software | {"transformers": "99.0"})
+    model_worker(sqlite_url, "new", software=upgraded.software).serve()  # started last, but exited at once
+    assert queue_tiny(sqlite_url) == queue.Added(first.id, "done", True, queue.stored_result(sqlite_url, first.id))
+    workers = tables()[2]
+    with engine(sqlite_url).begin() as conn:  # the old-software worker goes away; the upgraded one comes back
+        conn.execute(update(workers).where(workers.c.id == "still-up").values(state="exited"))
+    queue.register_worker(sqlite_url, "new-again", upgraded)
+    fresh = queue_tiny(sqlite_url)
+    assert (fresh.cached, fresh.state) == (False, "queued") and fresh.id != first.id

@@ -78,3 +78,61 @@ def test_bad_prices_and_hardware_are_one_line_errors(sqlite_url: str) -> None:
         parse_prices(["l4=-1"])
     done = runner.invoke(main, ["worker", "--storage", sqlite_url, "--hardware", "tpu"])
     assert done.exit_code == 1 and "unknown hardware" in done.output
+
+
+def test_a_search_whose_study_is_missing_is_shown_as_missing_and_the_rest_still_listed(sqlite_url: str,
+                                                                                     tmp_path: Path) -> None:
+    import optuna
+
+    from autofit.schedule import queue
+    from autofit.schedule.store import optuna_storage
+
+    gone = queue_tiny(sqlite_url, hardware="l4", memory_mib=None)
+    kept = queue_tiny(sqlite_url, hardware="h100-80gb", memory_mib=None)
+    model_worker(sqlite_url, "l4-worker", "l4").serve()
+    optuna.delete_study(study_name=queue.study_name(gone.id), storage=optuna_storage(sqlite_url))
+    runner = CliRunner()
+    listed = runner.invoke(main, ["schedule", "list", "--storage", sqlite_url, "--json"])
+    assert listed.exit_code == 0, listed.output
+    states = {s["id"]: s for s in json.loads(listed.stdout)["searches"]}
+    assert states[gone.id]["state"] == "missing" and "missing from the store" in states[gone.id]["message"]
+    assert states[kept.id]["state"] == "queued"
+    assert runner.invoke(main, ["schedule", "list", "--storage", sqlite_url]).exit_code == 0
+    shown = runner.invoke(main, ["results", "--storage", sqlite_url, "--json", "--report", str(tmp_path / "r")])
+    assert shown.exit_code == 0, shown.output
+    rows = {r["hardware"]: r for r in json.loads(shown.stdout)["results"]}
+    assert rows["l4"]["source"] == "missing" and rows["h100-80gb"]["source"] == "predicted"
+    assert "missing" in (tmp_path / "r" / "results.md").read_text()
+    assert runner.invoke(main, ["results", "--storage", sqlite_url]).exit_code == 0
+    again = queue_tiny(sqlite_url, hardware="l4", memory_mib=None)  # not "cached" on a study that is gone
+    assert (again.state, again.cached) == ("queued", False) and again.id != gone.id
+
+
+def test_the_report_is_replaced_whole_or_not_at_all(two_kinds: str, tmp_path: Path) -> None:
+    from autofit.schedule.results import write_results_report
+
+    folder = tmp_path / "report"
+    rows = compare(two_kinds)
+    write_results_report(rows, folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert set(before) == {"results.json", "results.md", "results.png"}
+    broken = [dict(rows[0], samples_per_s="not a number")]  # the table cannot be made: nothing is replaced
+    with pytest.raises((TypeError, ValueError)):
+        write_results_report(broken, folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # no temporary file left either
+
+
+def test_a_price_for_an_unknown_hardware_name_is_an_error_and_pcie_and_sxm_h100s_are_priced_apart(
+        sqlite_url: str) -> None:
+    with pytest.raises(Exception, match="unknown hardware 'h100'"):
+        parse_prices(["h100=3.9"])
+    done = CliRunner().invoke(main, ["results", "--storage", sqlite_url, "--price", "h100-sxm=3.9"])
+    assert done.exit_code == 1 and "unknown hardware" in done.output and len(done.output.strip().splitlines()) == 1
+    queue_tiny(sqlite_url, hardware="h100-80gb", memory_mib=None)
+    queue_tiny(sqlite_url, hardware="h100-pcie-80gb", memory_mib=None)
+    model_worker(sqlite_url, "sxm", "h100-80gb").serve()
+    model_worker(sqlite_url, "pcie", "h100-pcie-80gb").serve()
+    rows = {r["hardware"]: r for r in compare(sqlite_url, parse_prices(["h100-80gb=3.9", "h100-pcie-80gb=2.5"]))}
+    assert set(rows) == {"h100-80gb", "h100-pcie-80gb"} and {r["source"] for r in rows.values()} == {"measured"}
+    assert (rows["h100-80gb"]["usd_per_hour"], rows["h100-pcie-80gb"]["usd_per_hour"]) == (3.9, 2.5)
+    assert rows["h100-pcie-80gb"]["samples_per_s"] < rows["h100-80gb"]["samples_per_s"]  # its own FLOPs and bandwidth
