@@ -143,8 +143,9 @@ def _lookup(url: str, key: str, machine_keys: set[str] | None) -> tuple[Added | 
     for row in rows:
         if row.state in FINISHED and (machine_keys is None or row.machine_key in machine_keys):
             try:
+                study_attrs(url, row.id)  # the row keeps the winner, but a study deleted from the store is no cache
                 return Added(row.id, row.state, True, stored_result(url, row.id)), len(rows)
-            except KeyError:  # its study was deleted from the store: not a cached result
+            except KeyError:
                 continue
     for row in rows:  # a failed search added again resumes in its own study: no finished probe runs again
         if row.state == "failed" and _requeue(url, row.id):
