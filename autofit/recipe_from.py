@@ -128,7 +128,7 @@ def deepspeed_precision(ds: Mapping[str, Any], source: str) -> str | None:
     except Exception as exc:  # DeepSpeed's pydantic models reject a malformed section
         raise AutofitError(f"{source}: DeepSpeed rejects its bf16/fp16 section: {str(exc).splitlines()[0]}") from None
     if bf16 and fp16:
-        raise AutofitError(f"{source}: bf16 and fp16 are both enabled, which DeepSpeed refuses")
+        raise AutofitError(f"{source}: bf16 and fp16 are both enabled, which DeepSpeed refuses: enable the one you train in")
     return "bf16" if bf16 else "fp16" if fp16 else "fp32"
 
 
