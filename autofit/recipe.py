@@ -100,6 +100,9 @@ class Recipe:
     """Whether a hyperparameter not given is written ``"auto"`` (the Hugging Face Trainer, or
     :func:`autofit.launchers.fill_auto` in a script, fills it) or left out (script mode: the unmodified script
     hands the JSON to ``deepspeed.initialize``, which fills nothing, so the optimizer class's own default applies)."""
+    source: str = ""
+    """Where parts of the recipe were read (``--recipe-from``; :mod:`autofit.recipe_from`), and which parts:
+    ``ds_config.json (DeepSpeed JSON): optimizer, precision, lr``; empty when all came from flags and defaults."""
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -123,15 +126,17 @@ class Recipe:
         return (own, *(v for v in self.allow if v in SUBSTITUTES.get((key, own), {})))
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON's ``autofit.recipe``; ``source`` only where something was read (:attr:`source`)."""
         return {"optimizer": self.optimizer, "precision": self.precision, "allow": list(self.allow),
                 "hyperparameters": {k: list(v) if isinstance(v, tuple) else v for k, v in self.hyperparameters.items()},
-                "auto": self.auto}
+                "auto": self.auto, **({"source": self.source} if self.source else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
         """The inverse of :meth:`to_dict` (a JSON's ``autofit.recipe``, a queued search's request)."""
         return cls(optimizer=data["optimizer"], precision=data["precision"], allow=tuple(data.get("allow", ())),
-                   hyperparameters=dict(data.get("hyperparameters", {})), auto=bool(data.get("auto", True)))
+                   hyperparameters=dict(data.get("hyperparameters", {})), auto=bool(data.get("auto", True)),
+                   source=str(data.get("source", "")))
 
     def optimizer_params(self, optimizer: str) -> dict[str, Any]:
         """The params of ``optimizer``'s JSON section: the user's values, ``"auto"`` for the rest the Hugging Face
@@ -157,7 +162,7 @@ def for_plain_deepspeed(recipe: Recipe) -> Recipe:
             and "lr" not in recipe.hyperparameters:
         raise AutofitError("script mode writes the JSON your script hands to deepspeed.initialize, which cannot fill "
                            "'auto': give your --lr (and --weight-decay, --betas, --eps where yours differ from the "
-                           "optimizer's defaults)")
+                           "optimizer's defaults), or --recipe-from the DeepSpeed JSON your script trains with")
     return replace(recipe, auto=False)
 
 
@@ -229,21 +234,40 @@ def parse_hyperparameters(pairs: Iterable[str]) -> dict[str, Any]:
 
 def recipe_for(fixed: Mapping[str, Any], device_kind: str, has_bf16: bool, *, optimizer: str | None = None,
                precision: str | None = None, allow: Iterable[str] = (),
-               hyperparameters: Mapping[str, Any] | None = None) -> Recipe:
+               hyperparameters: Mapping[str, Any] | None = None, read: Any = None) -> Recipe:
     """The recipe the user stated: ``optimizer``/``precision`` (``--optimizer``/``--precision``) or the same keys
-    fixed with ``--set`` (naming the recipe too), else AdamW and :func:`default_precision`. The two ways
-    disagreeing is an :class:`AutofitError`."""
+    fixed with ``--set`` (naming the recipe too), then what ``read`` (an :class:`autofit.recipe_from.ReadRecipe`,
+    ``--recipe-from``) states, else AdamW and :func:`default_precision`. Two of these ways disagreeing on a value
+    is an :class:`AutofitError`: the recipe is named once. The hyperparameters are ``read``'s with the flags'."""
     stated = {}
     for key, flag in (("optimizer", optimizer), ("precision", precision)):
         value = flag.lower() if isinstance(flag, str) else None
         if value is not None and key in fixed and fixed[key] != value:
             raise AutofitError(f"--{key} {value} and --set {key}={fixed[key]} disagree: name the recipe once")
         stated[key] = value if value is not None else fixed.get(key)
+        from_read = getattr(read, key, None)
+        if from_read is not None and stated[key] is not None and stated[key] != from_read:
+            raise AutofitError(f"{read.source} says {key} {from_read}, the command line {stated[key]}: name the recipe "
+                               "once (leave the flag out, or --recipe-from out)")
+        stated[key] = stated[key] or from_read
+    given = dict(hyperparameters or {})
+    read_values = dict(getattr(read, "hyperparameters", {}))
+    for key in set(given) & set(read_values):
+        if _differ(given[key], read_values[key]):
+            raise AutofitError(f"{read.source} says {key}={read_values[key]!r}, the command line {given[key]!r}: "
+                               "name the recipe once")
     chosen_optimizer = stated["optimizer"] or "adamw"
     chosen_precision = stated["precision"] or default_precision(device_kind, has_bf16)
     return Recipe(optimizer=chosen_optimizer, precision=chosen_precision,
                   allow=expand_allow(allow, chosen_optimizer, chosen_precision),
-                  hyperparameters=dict(hyperparameters or {}))
+                  hyperparameters=read_values | given,
+                  source=f"{read.source}: {read.stated()}" if read is not None else "")
+
+
+def _differ(a: Any, b: Any) -> bool:
+    """Whether two hyperparameter values differ (a pair compared element-wise, numbers as floats)."""
+    pair = [tuple(map(float, v)) if isinstance(v, (list, tuple)) else float(v) for v in (a, b)]
+    return pair[0] != pair[1]
 
 
 @dataclass(frozen=True)
@@ -309,7 +333,8 @@ def recipe_line(recipe: Mapping[str, Any]) -> str:
     """One line naming the recipe the candidates keep (a recipe's ``to_dict``), and the substitutes allowed."""
     allowed = f"; substitutes allowed: {', '.join(recipe['allow'])}" if recipe["allow"] else " exactly (no --allow)"
     given = ", ".join(f"{k}={v}" for k, v in recipe["hyperparameters"].items()) or "none given: 'auto' in the JSON"
-    return f"recipe: {recipe['optimizer']} + {recipe['precision']}{allowed}; hyperparameters: {given}"
+    read = f"; read from {recipe['source']}" if recipe.get("source") else ""
+    return f"recipe: {recipe['optimizer']} + {recipe['precision']}{allowed}; hyperparameters: {given}{read}"
 
 
 def _number(value: Any) -> bool:

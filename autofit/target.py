@@ -106,6 +106,10 @@ class Target:
         "--allow", help="Substitutes the search may try: adamw8bit, adam_mini, fp8, fp16, bf16, or 'near' "
         "(repeatable or comma-separated; docs/recipe.md).", multiple=True, metavar="NAMES"))
     """Substitutes that change the numerics a little, allowed by name (:func:`autofit.recipe.expand_allow`)."""
+    recipe_from: str | None = field(default=None, metadata=option(
+        "--recipe-from", help="Read the recipe (optimizer, precision, lr, ...) from your DeepSpeed JSON or "
+        "TrainingArguments.to_json_string() output (docs/recipe.md).", metavar="FILE"))
+    """A JSON stating the recipe (:func:`autofit.recipe_from.read_recipe`); flags that disagree with it are an error."""
     lr: str | None = field(default=None, metadata=option("--lr", help="Learning rate for the JSON (default 'auto')."))
     """The recipe's learning rate; None: ``"auto"`` in the JSON (the Hugging Face Trainer fills it)."""
     weight_decay: str | None = field(default=None, metadata=option(
@@ -251,6 +255,7 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
     from autofit.hardware import cuda_devices_here, default_gpus, get_hardware
     from autofit.hf import with_hf_options
     from autofit.recipe import parse_hyperparameters, recipe_for
+    from autofit.recipe_from import read_recipe
     from autofit.space import load_space
     from autofit.workload import load_workload
 
@@ -268,9 +273,10 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
     target = dataclasses.replace(target, gpus=gpus)
     # --gpus ranks share each node's host memory and links (cost_model.host, cost_model.time)
     hardware = dataclasses.replace(hardware, devices_per_node=gpus)
+    read = read_recipe(target.recipe_from) if target.recipe_from is not None else None
     recipe = recipe_for(fixed, hardware.kind, hardware.supports_precision("bf16"), optimizer=target.optimizer,
                         precision=target.precision, allow=target.allow,
-                        hyperparameters=parse_hyperparameters(target.hyperparameter_pairs()))
+                        hyperparameters=parse_hyperparameters(target.hyperparameter_pairs()), read=read)
     if workload is None and target.entry is not None:
         workload = load_workload(target.entry)
     return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=workload,

@@ -6,6 +6,8 @@
     python benchmarks/memory_accuracy.py --techniques --json benchmarks/results/memory_accuracy_techniques.json
     python benchmarks/memory_accuracy.py --no-techniques --models benchmarks/models/t5_encdec.py:workload  # full grid
     python benchmarks/memory_accuracy.py --reprice benchmarks/results/memory_accuracy_full.json  # no probe
+    python benchmarks/memory_accuracy.py --models 'hf:examples/hf_configs/llama_gqa?seq_len=128'  # an hf: entry
+    python benchmarks/memory_accuracy.py --hf-twins --json benchmarks/results/memory_accuracy_hf_twins.json
 
 Each row is one config with every key fixed (no key left to a default, checked against the config
 keys), through ``deepspeed.initialize`` with its own JSON, CPU, world size 1, one warm-up and one
@@ -19,6 +21,12 @@ sub-modules (the ResNet). Each row also has the optimizer's state bytes, predict
 ``--reprice FILE`` keeps the measured peaks of a results file and prices its rows again with the cost model
 as it is now (each row's ``priced_on``: the commit), so a change to the model is judged on the same
 measurements without probing again.
+
+``--models`` takes ``hf:`` entries as ``autofit estimate`` does (a local folder is made absolute, so the
+probe's process loads the same one). ``--hf-twins`` runs :data:`TWIN_GRID` on each shipped config of
+``examples/hf_configs/`` (:data:`HF_TWINS`) through ``hf:`` -- predicted and measured -- and prices the same
+rows on the config's hand-written twin (the same model written as a ``Workload``), so a row says whether the
+``hf:`` path predicts what the hand-written entry predicts and how both compare with the measurement.
 
 Prints a markdown table of rows, then the summary by family (median and worst |error|), over every
 model and over the held-out ones (those in :data:`HELD_OUT_DIR`: never used to set a constant).
@@ -35,13 +43,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from autofit.config import CONFIG_KEYS, Config  # noqa: E402
 from autofit.cost_model import predict  # noqa: E402
 from autofit.cost_model.memory import model_states  # noqa: E402
 from autofit.hardware import get_hardware  # noqa: E402
+from autofit.hf import HfEntry, is_hf_entry  # noqa: E402
 from autofit.plan import trace_for, with_kernel_footprints  # noqa: E402
 from autofit.probe import run_probe  # noqa: E402
 from autofit.probe.ops import prepare_ops  # noqa: E402
@@ -57,6 +67,18 @@ MODELS = [
 ]
 #: where the models live that no constant of the cost model was set on
 HELD_OUT_DIR = "benchmarks/models/"
+HF_CONFIGS = "examples/hf_configs"
+#: each shipped config (as the ``hf:`` entry's options) -> its hand-written twin, the same model and batch
+#: (tests/test_hf.py checks their estimates agree); None: no hand-written entry of that model exists
+HF_TWINS: dict[str, tuple[str, str | None]] = {
+    "llama_gqa": ("seq_len=128", "benchmarks/models/gqa_llama.py:workload"),
+    "mixtral_moe": ("seq_len=128", "benchmarks/models/moe.py:workload"),
+    "t5_encdec": ("seq_len=128&target_len=64", "benchmarks/models/t5_encdec.py:workload"),
+    "bert": ("seq_len=128", "examples/hf_bert.py:workload"),
+    "vit": ("", "benchmarks/models/vit.py:workload"),
+    "mistral_sliding": ("seq_len=128", None),
+    "deepseek_v3_mla": ("seq_len=128", None),
+}
 
 #: (zero_stage, precision, optimizer, checkpoint_ratio, micro_batch_size): every stage, both precisions,
 #: every optimizer, every ratio and micro-batches 1-32, each value at least twice, no two rows alike
@@ -89,6 +111,13 @@ QUICK_GRID = [
     (3, "fp32", "adamw", 0.0, 2),
     (0, "bf16", "adamw", 0.5, 2),
     (2, "bf16", "adamw", 0.0, 4),
+]
+
+#: the few rows ``--hf-twins`` runs on each family: fp32 and bf16, ZeRO 0/2/3, no, half and full checkpointing
+TWIN_GRID = [
+    (0, "fp32", "adamw", 0.0, 4),
+    (2, "bf16", "adamw", 0.5, 4),
+    (3, "fp32", "adamw", 1.0, 2),
 ]
 
 
@@ -161,12 +190,33 @@ def row_line(row: dict[str, Any]) -> str:
             f"{row['error']:+.1%} | {states[0]} | {states[1]} |")
 
 
+def loadable(entry: str) -> str:
+    """``entry`` as a probe's process can load it: an ``hf:`` local folder made absolute."""
+    return HfEntry.parse(entry).absolute().to_entry() if is_hf_entry(entry) else entry
+
+
+def held_out(entry: str) -> bool:
+    """Whether no constant of the cost model was set on ``entry``'s model: a hand-written one under
+    :data:`HELD_OUT_DIR`; a shipped ``hf:`` config where its twin is (or it has none)."""
+    if not is_hf_entry(entry):
+        return entry.startswith(HELD_OUT_DIR)
+    folder = Path(HfEntry.parse(entry).source)
+    twin = HF_TWINS.get(folder.name, ("", ""))[1] if folder.parent.name == Path(HF_CONFIGS).name else ""
+    return twin is None or twin.startswith(HELD_OUT_DIR)
+
+
+def model_facts(entry: str, configs: list[Config]) -> tuple[Any, list[Config], Any]:
+    """The workload of ``entry``, the configs it can run, and its traced facts with its kernel footprints."""
+    workload = load_workload(entry)
+    configs = runnable(configs, workload)
+    return workload, configs, with_kernel_footprints(trace_for(workload, configs), entry, configs)
+
+
 def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[str, Any]]:
     """Probe every config of one model; print and return its rows (errored probes print and are left out)."""
     hardware = get_hardware("cpu")
-    workload = load_workload(entry)
-    configs = runnable(configs, workload)
-    facts = with_kernel_footprints(trace_for(workload, configs), entry, configs)
+    entry = loadable(entry)
+    workload, configs, facts = model_facts(entry, configs)
     prepare_ops(configs, hardware)  # an op built inside a probe would be measured with it
     rows = []
     for config in configs:
@@ -176,13 +226,50 @@ def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[st
         if measured.status != "ok":
             print(f"| {workload.name} | {config.label()} | - | - | {measured.status}: {measured.message[:120]} |", flush=True)
             continue
-        row = {"model": workload.name, "held_out": entry.startswith(HELD_OUT_DIR), "config": config.to_dict(),
+        row = {"model": workload.name, "held_out": held_out(entry), "config": config.to_dict(),
                "measured": measured.peak_bytes, "optimizer_measured": measured.optimizer_state_bytes,
                "initialize_measured": measured.per_rank_initialize_bytes[0],
                "probe_s": time.time() - started} | priced(config, facts, hardware, measured.peak_bytes)
         rows.append(row)
         print(row_line(row), flush=True)
     return rows
+
+
+def twin_entries(root: Path) -> list[tuple[str, str | None]]:
+    """Each :data:`HF_TWINS` family as (its ``hf:`` entry, its twin's entry or None), paths under ``root``."""
+    out = []
+    for family, (options, twin) in HF_TWINS.items():
+        entry = f"hf:{root / HF_CONFIGS / family}" + (f"?{options}" if options else "")
+        out.append((entry, None if twin is None else str(root / twin)))
+    return out
+
+
+def relative(entry: str) -> str:
+    """``entry`` with this checkout's root left out (the results JSON names entries as the docs do)."""
+    return entry.replace(str(ROOT) + "/", "")
+
+
+def with_twin(rows: list[dict[str, Any]], twin: str) -> list[dict[str, Any]]:
+    """``rows`` (one model's) with the twin's prediction of each row's config beside it: ``twin_predicted``, its
+    error against the same measurement, and ``hf_vs_twin`` = (predicted - twin_predicted) / twin_predicted."""
+    hardware = get_hardware("cpu")
+    twin_workload, _, twin_facts = model_facts(twin, [Config.from_dict(row["config"]) for row in rows])
+    out = []
+    for row in rows:
+        twin_priced = priced(Config.from_dict(row["config"]), twin_facts, hardware, row["measured"])
+        out.append(row | {"twin": twin_workload.name, "twin_entry": relative(twin),
+                          "twin_predicted": twin_priced["predicted"], "twin_error": twin_priced["error"],
+                          "hf_vs_twin": (row["predicted"] - twin_priced["predicted"]) / twin_priced["predicted"]})
+        print(f"| twin {out[-1]['twin']} | {Config.from_dict(row['config']).label()} | "
+              f"{out[-1]['twin_predicted'] / 2**20:.1f} | - | {out[-1]['twin_error']:+.1%} | "
+              f"hf vs twin {out[-1]['hf_vs_twin']:+.2%} |", flush=True)
+    return out
+
+
+def measure_twins(entry: str, twin: str | None, configs: list[Config], timeout_s: float) -> list[dict[str, Any]]:
+    """:func:`measure` of the ``hf:`` entry, each row with its entry and the twin's prediction (:func:`with_twin`)."""
+    rows = [row | {"entry": relative(entry)} for row in measure(entry, configs, timeout_s)]
+    return with_twin(rows, twin) if twin is not None and rows else rows
 
 
 def reprice(rows: list[dict[str, Any]], entries: list[str]) -> list[dict[str, Any]]:
@@ -192,6 +279,7 @@ def reprice(rows: list[dict[str, Any]], entries: list[str]) -> list[dict[str, An
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent).stdout.strip()
     hardware = get_hardware("cpu")
+    entries = [loadable(entry) for entry in entries]
     by_name = {load_workload(entry).name: entry for entry in entries}
     out = []
     for name in dict.fromkeys(row["model"] for row in rows):
@@ -200,9 +288,12 @@ def reprice(rows: list[dict[str, Any]], entries: list[str]) -> list[dict[str, An
         mine = [row for row in rows if row["model"] == name]
         configs = [Config.from_dict(row["config"]) for row in mine]
         facts = with_kernel_footprints(trace_for(load_workload(by_name[name]), configs), by_name[name], configs)
+        again = []
         for row, config in zip(mine, configs, strict=True):
-            out.append(row | priced(config, facts, hardware, row["measured"]) | {"priced_on": commit})
-            print(row_line(out[-1]), flush=True)
+            again.append(row | priced(config, facts, hardware, row["measured"]) | {"priced_on": commit})
+            print(row_line(again[-1]), flush=True)
+        twin = mine[0].get("twin_entry")
+        out.extend(with_twin(again, str(ROOT / twin)) if twin else again)
     return out
 
 
@@ -212,6 +303,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--techniques", action="store_true", help="only the TECHNIQUE_GRID rows")
     parser.add_argument("--no-techniques", action="store_true", help="leave out the TECHNIQUE_GRID rows")
+    parser.add_argument("--hf-twins", action="store_true",
+                        help="TWIN_GRID on every shipped hf: config, beside its hand-written twin's prediction")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one probe may take")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--reprice", default=None, metavar="FILE",
@@ -228,8 +321,13 @@ def main() -> None:
             kept = json.loads(Path(args.reprice).read_text())
         except (OSError, ValueError) as exc:
             raise SystemExit(f"memory_accuracy: cannot read {args.reprice}: {exc}") from exc
-        rows = reprice(kept["rows"], args.models)
+        entries = [entry for entry, _ in twin_entries(ROOT)] if args.hf_twins else args.models
+        rows = reprice(kept["rows"], entries)
         args.json_path = args.json_path or args.reprice
+    elif args.hf_twins:
+        twin_configs = [fully_fixed(*row) for row in TWIN_GRID]
+        rows = [row for entry, twin in twin_entries(ROOT) for row in measure_twins(entry, twin, twin_configs,
+                                                                                     args.timeout)]
     else:
         rows = [row for entry in args.models for row in measure(entry, configs, args.timeout)]
     summary = summarize(rows) if rows else []

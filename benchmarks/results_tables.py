@@ -114,6 +114,20 @@ def memory_rows(data: list[Any], options: dict[str, str]) -> str:
     return table(head, out, right=2)
 
 
+def memory_hf_twins(data: list[Any], options: dict[str, str]) -> str:
+    """``--hf-twins`` rows: the ``hf:`` entry's predicted and measured peak, its twin's prediction of the same config."""
+    head = ["hf: config", "config", "predicted MiB", "measured MiB", "error", "hand-written twin", "twin predicted MiB",
+            "twin error", "hf: vs twin"]
+    out = []
+    for row in _rows(data):
+        twin = "twin" in row
+        out.append([row["model"], label(row["config"]), f"{row['predicted'] / MIB:.1f}", f"{row['measured'] / MIB:.1f}",
+                     pct(row["error"]), row["twin"] if twin else "none",
+                     f"{row['twin_predicted'] / MIB:.1f}" if twin else "-", pct(row["twin_error"]) if twin else "-",
+                     pct(row["hf_vs_twin"], digits=2) if twin else "-"])
+    return table(head, out, right=2)
+
+
 # --- benchmarks/search_regret.py ------------------------------------------------------------------
 
 def regret(data: list[Any], options: dict[str, str]) -> str:
@@ -205,6 +219,7 @@ def compare_scale(data: list[Any], options: dict[str, str]) -> str:
 RENDERERS: dict[str, Callable[[list[Any], dict[str, str]], str]] = {
     "memory-summary": memory_summary,
     "memory-rows": memory_rows,
+    "memory-hf-twins": memory_hf_twins,
     "regret": regret,
     "regret-replay": regret_replay,
     "deepspeed-estimators": deepspeed_estimators,
