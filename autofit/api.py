@@ -166,6 +166,7 @@ def estimate(
     seq_len: int | None = None,
     task: str | None = None,
     trust_remote_code: bool = False,
+    recipe_from: str | os.PathLike[str] | None = None,
     optimizer: str | None = None,
     precision: str | None = None,
     allow: str | Sequence[str] = (),
@@ -192,6 +193,9 @@ def estimate(
     :param seq_len: an ``hf:`` model's tokens per sample.
     :param task: an ``hf:`` model's task (default: its config's architectures).
     :param trust_remote_code: let an ``hf:`` model run its repository's code.
+    :param recipe_from: a DeepSpeed JSON or a Trainer's ``TrainingArguments`` JSON stating the recipe
+        (:func:`autofit.recipe_from.read_recipe`; the CLI's ``--recipe-from``); keywords that disagree with it are
+        an error.
     :param optimizer: the optimizer you train with (default AdamW); never traded away (docs/recipe.md).
     :param precision: the precision you train in (default: the device's mixed precision; fp32 on a CPU).
     :param allow: substitutes the search may try (``"adamw8bit"``, ``"fp8"``, ``"near"``, ...).
@@ -203,6 +207,7 @@ def estimate(
     target, workload = _request(
         model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, hosts=hosts, global_batch=global_batch, space=space,
         set=set, nvme_path=nvme_path, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
+        recipe_from=recipe_from,
         optimizer=optimizer, precision=precision, allow=allow, lr=lr, weight_decay=weight_decay, betas=betas,
         eps=eps, momentum=momentum,
     )
@@ -227,6 +232,7 @@ def ladder(
     seq_len: int | None = None,
     task: str | None = None,
     trust_remote_code: bool = False,
+    recipe_from: str | os.PathLike[str] | None = None,
     optimizer: str | None = None,
     precision: str | None = None,
     allow: str | Sequence[str] = (),
@@ -254,6 +260,7 @@ def ladder(
     target, workload = _request(
         model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, hosts=hosts, global_batch=global_batch, space=None,
         set=set, nvme_path=nvme_path, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
+        recipe_from=recipe_from,
         optimizer=optimizer, precision=precision, allow=allow, lr=lr, weight_decay=weight_decay, betas=betas,
         eps=eps, momentum=momentum,
     )
@@ -287,6 +294,7 @@ def search(
     seq_len: int | None = None,
     task: str | None = None,
     trust_remote_code: bool = False,
+    recipe_from: str | os.PathLike[str] | None = None,
     optimizer: str | None = None,
     precision: str | None = None,
     allow: str | Sequence[str] = (),
@@ -328,6 +336,7 @@ def search(
     target, workload = _request(
         model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, hosts=hosts, global_batch=global_batch, space=space,
         set=set, nvme_path=nvme_path, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
+        recipe_from=recipe_from,
         optimizer=optimizer, precision=precision, allow=allow, lr=lr, weight_decay=weight_decay, betas=betas,
         eps=eps, momentum=momentum,
     )
@@ -347,7 +356,8 @@ def _request(model: str | Workload, *, hardware: str, memory: str | int | None, 
              nvme_path: str | os.PathLike[str] | None, seq_len: int | None, task: str | None,
              trust_remote_code: bool, optimizer: str | None, precision: str | None, allow: str | Sequence[str],
              lr: Hyperparameter, weight_decay: Hyperparameter, betas: Hyperparameter, eps: Hyperparameter,
-             momentum: Hyperparameter) -> tuple[Target, Workload | None]:
+             momentum: Hyperparameter, recipe_from: str | os.PathLike[str] | None = None,
+             ) -> tuple[Target, Workload | None]:
     """The :class:`Target` the keywords ask for, and the :class:`Workload` object where ``model`` is one."""
     entry, workload = model_entry(model)
     if not isinstance(hardware, str):
@@ -360,6 +370,7 @@ def _request(model: str | Workload, *, hardware: str, memory: str | int | None, 
         lr=hyperparameter(lr, "lr"), weight_decay=hyperparameter(weight_decay, "weight_decay"),
         betas=hyperparameter(betas, "betas"), eps=hyperparameter(eps, "eps"),
         momentum=hyperparameter(momentum, "momentum"),
+        recipe_from=os.fspath(recipe_from) if recipe_from is not None else None,
     )
     return target, workload
 
