@@ -59,10 +59,29 @@ def trace_workload(
     least :data:`SCALE_MIN_LAYERS` alike repeated layers is traced cut to a few of them and extrapolated
     (:mod:`autofit.trace.scaling`; the partial ratio composed); if that cannot fit, it is traced whole.
     """
+    import torch
+
+    from autofit.trace.cache import cached_trace
+
+    started = time.perf_counter()
+    with torch.device("meta"):
+        model = workload.build_model()
+    request = {"precisions": precisions, "attentions": attentions, "checkpoint_ratios": checkpoint_ratios,
+               "optimizers": optimizers, "checkpoint_granularities": checkpoint_granularities,
+               "micro_batches": micro_batches}
+    facts = cached_trace(workload, model, request, lambda: _trace_workload(
+        workload, _structure(workload, optimizers, model), precisions, attentions, checkpoint_ratios,
+        checkpoint_granularities, micro_batches))
+    return replace(facts, trace_seconds=time.perf_counter() - started)
+
+
+def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: tuple[str, ...],
+                    attentions: tuple[str, ...], checkpoint_ratios: tuple[float, ...],
+                    checkpoint_granularities: tuple[str, ...], micro_batches: tuple[int, ...]) -> ModelFacts:
+    """:func:`trace_workload` without the cache."""
     started = time.perf_counter()
     dtype_names = tuple(sorted({trace_dtype_of(p) for p in precisions}))
     attention_names = attentions if workload.searches_attention else ("sdpa",)
-    structure = _structure(workload, optimizers)
     n_layers = structure["n_layers"]
     n_middle = middle_checkpointed_layers(checkpoint_ratios, n_layers)
     granularities = tuple(checkpoint_granularities) if n_layers else ()
@@ -136,9 +155,10 @@ def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, gra
     return out
 
 
-def _structure(workload: Workload, optimizers: tuple[str, ...]) -> dict[str, Any]:
-    """:func:`model_structure`, with Adam-mini's state elements where ``optimizers`` has it."""
-    structure = model_structure(workload)
+def _structure(workload: Workload, optimizers: tuple[str, ...], model: Any = None) -> dict[str, Any]:
+    """:func:`model_structure` (of ``model``, built on the meta device, where given), with Adam-mini's state
+    elements where ``optimizers`` has it."""
+    structure = model_structure(workload, model)
     if "adam_mini" in optimizers:
         from autofit.optim import adam_mini_state_numel
 
