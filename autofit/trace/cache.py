@@ -10,7 +10,7 @@ three:
   :func:`autofit.trace.layers.layers_alike` reads them) and a Hugging Face model's config;
 - the source files of the workload's functions (model, batch, loss, layers, attention modules) and of every
   module class in the model: an edited ``forward`` changes the trace without changing a shape;
-- the batch at each traced micro-batch (each tensor's shape and dtype, built on fake tensors);
+- the batch at each traced micro-batch (each tensor's shape and dtype, built on the meta device);
 - what was asked: precisions, attention kernels, checkpoint ratios and granularities, optimizers, micro-batches;
 - the software: Python, torch, transformers, deepspeed, flash-attn, adam-mini, autofit's version, and a hash of the
   source files of autofit that a trace runs (:data:`TRACED_SOURCES`).
@@ -212,11 +212,13 @@ def _file_digest(path: str) -> str:
 
 
 def batch_fingerprint(workload: Workload, micro_batches: tuple[int, ...]) -> list[Any]:
-    """Each traced micro-batch's leaves: a tensor's shape and dtype, anything else's type and value."""
+    """Each traced micro-batch's leaves: a tensor's shape and dtype, anything else's type and value. Made on the meta
+    device (shapes, no memory; a first ``FakeTensorMode`` would cost seconds of imports on a hit)."""
+    import torch
     from torch.utils._pytree import tree_flatten
 
     out = []
-    with _fake_tensors():
+    with torch.device("meta"):
         for n in micro_batches:
             leaves, spec = tree_flatten(workload.batch(n))
             out.append([str(spec), [_leaf(leaf) for leaf in leaves]])
@@ -229,13 +231,6 @@ def _leaf(leaf: Any) -> Any:
     if isinstance(leaf, torch.Tensor):
         return ["tensor", list(leaf.shape), str(leaf.dtype)]
     return [type(leaf).__qualname__, repr(leaf)]
-
-
-def _fake_tensors() -> Any:
-    """A ``FakeTensorMode`` (the batch functions make tensors of the traced sizes: shapes, no memory)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def cached_trace(workload: Workload, model: Any, request: dict[str, Any], trace: Callable[[], ModelFacts]) -> ModelFacts:
