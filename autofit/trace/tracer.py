@@ -115,6 +115,7 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     ``kinds``: the dtypes and attention kernels to trace."""
     n_layers = structure["n_layers"]
     tracers = {k: _Tracer(cut_workload(workload, k), structure, cut_layers=k) for cut in CUT_LAYERS.values() for k in cut}
+    _trace_in_parallel(tracers, kinds, granularities, micro_batches)
     profiles: dict[str, ActivationProfile] = {}
     for dtype_name in kinds[0]:
         for attention in kinds[1]:
@@ -137,6 +138,73 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
                     profiles[key] = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=True,
                                                       points=points, granularity=granularity)
     return profiles, dict(tracers[CUT_LAYERS["full"][0]].attention_traces)
+
+
+#: environment variable: how many processes trace the cut models at once (default: the CPUs this process may use)
+TRACE_WORKERS_ENV = "AUTOFIT_TRACE_WORKERS"
+#: the steps the forked workers run (set before the fork, read in the children by index)
+_FORKED_STEPS: list[tuple[_Tracer, int, str, str, tuple[float, str]]] = []
+
+
+def trace_workers() -> int:
+    """Processes that trace at once: :data:`TRACE_WORKERS_ENV`, else the CPUs this process may run on."""
+    import os
+
+    wanted = os.environ.get(TRACE_WORKERS_ENV, "")
+    if wanted.isdigit() and int(wanted) > 0:
+        return int(wanted)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _trace_in_parallel(tracers: dict[int, _Tracer], kinds: tuple[tuple[str, ...], tuple[str, ...]],
+                       granularities: tuple[str, ...], micro_batches: tuple[int, ...]) -> None:
+    """Run the cut traces :func:`_scaled_profiles` will ask for in :func:`trace_workers` forked processes, and
+    hand each tracer its results, as if it had run them itself (each step is independent of the others: a fresh
+    model, batch and counters; 36 steps for LLaMA-2-70B's default space). ``flash`` is left to the tracer (which
+    kernel stands in for it is decided as it goes). Where forking is unavailable, a step fails (the tracer runs it
+    again and reports it) or a worker dies, nothing is handed over: the tracer traces as it would have."""
+    import multiprocessing
+
+    global _FORKED_STEPS
+    runs = []  # (tracer, dtype, attention, ckpt)
+    for dtype_name in kinds[0]:
+        for attention in kinds[1]:
+            if attention == "flash":
+                continue
+            for ratio, granularity in [(0.0, "block"), *((1.0, g) for g in granularities)]:
+                for k in CUT_LAYERS[granularity if ratio else "full"]:
+                    runs.append((tracers[k], dtype_name, attention, (ratio, granularity)))
+    steps = [(tracer, n, dtype_name, attention, ckpt) for tracer, dtype_name, attention, ckpt in runs
+             for n in micro_batches]
+    workers = min(trace_workers(), len(steps))
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return
+    # the longest first (more layers, larger micro-batches): the workers end together
+    order = sorted(range(len(steps)), key=lambda i: (-steps[i][0].cut_layers, -steps[i][1]))
+    _FORKED_STEPS = steps
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            done = dict(zip(order, pool.map(_forked_step, order, chunksize=1), strict=True))
+    except Exception:  # a worker that died or could not start: the tracer traces in this process
+        return
+    finally:
+        _FORKED_STEPS = []
+    if any(result is None for result in done.values()):
+        return
+    for r, (tracer, dtype_name, attention, ckpt) in enumerate(runs):
+        results = [done[r * len(micro_batches) + i] for i in range(len(micro_batches))]
+        tracer.hand_over(dtype_name, attention, ckpt, micro_batches, results)
+
+
+def _forked_step(index: int) -> tuple[PeakPoint, dict[tuple[str, int], tuple[int, int]]] | None:
+    """One step of :data:`_FORKED_STEPS`, in a worker: its point and per-segment peaks, or None where it failed."""
+    tracer, n, dtype_name, attention, ckpt = _FORKED_STEPS[index]
+    segments: dict[tuple[str, int], tuple[int, int]] = {}
+    try:
+        point = _trace_step(tracer.workload, n, dtype_name, attention, ckpt, tracer.mode, segments)
+    except Exception:  # the tracer, running it itself, raises or falls back as it always does
+        return None
+    return point, segments
 
 
 def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, granularity: str, n_layers: int,
@@ -244,6 +312,14 @@ class _Tracer:
                 self.done[key] = tuple(self._step(n, dtype_name, attention, ckpt) for n in micro_batches)
             self.segments[key] = tuple(self._recorded[len(self._recorded) - len(micro_batches):])
         return self.done[key]
+
+    def hand_over(self, dtype_name: str, attention: str, ckpt: tuple[float, str], micro_batches: tuple[int, ...],
+                  results: list[tuple[PeakPoint, dict[tuple[str, int], tuple[int, int]]]]) -> None:
+        """The steps at each of ``micro_batches``, traced elsewhere (:func:`_trace_in_parallel`): what
+        :meth:`points` would have traced, then returns without tracing."""
+        key = (dtype_name, attention, (ckpt[0], ckpt[1] if ckpt[0] else "block"), micro_batches)
+        self.done[key] = tuple(point for point, _ in results)
+        self.segments[key] = tuple(segments for _, segments in results)
 
     def cut_trace(self, dtype_name: str, attention: str, ratio: float, micro_batches: tuple[int, ...], i: int,
                   granularity: str = "block") -> CutTrace:
