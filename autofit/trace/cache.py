@@ -128,7 +128,7 @@ def software_versions() -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)
@@ -203,7 +203,7 @@ def _source_file(obj: Any) -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _file_digest(path: str) -> str:
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()

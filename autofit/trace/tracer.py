@@ -189,10 +189,11 @@ def _trace_in_parallel(tracers: dict[int, _Tracer], kinds: tuple[tuple[str, ...]
         return
     finally:
         _FORKED_STEPS = []
-    if any(result is None for result in done.values()):
+    complete = {i: result for i, result in done.items() if result is not None}
+    if len(complete) != len(steps):
         return
     for r, (tracer, dtype_name, attention, ckpt) in enumerate(runs):
-        results = [done[r * len(micro_batches) + i] for i in range(len(micro_batches))]
+        results = [complete[r * len(micro_batches) + i] for i in range(len(micro_batches))]
         tracer.hand_over(dtype_name, attention, ckpt, micro_batches, results)
 
 
