@@ -80,12 +80,12 @@ def measure(plan: str, checkout: Path, repeats: int, scratch: Path, warm_too: bo
 
 
 def commit_of(checkout: Path) -> str:
-    """``git describe``-like: the short commit, ``-dirty`` where the work tree has changes."""
+    """``git describe``-like: the short commit, ``-dirty`` where the work tree has changes (other than results)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True, check=False).stdout.strip()
 
-    return git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no")
-                                                  else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    return git("rev-parse", "--short", "HEAD") + ("-dirty" if changed else "")
 
 
 def main() -> None:
