@@ -140,25 +140,27 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     return profiles, dict(tracers[CUT_LAYERS["full"][0]].attention_traces)
 
 
-#: environment variable: how many processes trace the cut models at once (default: the CPUs this process may use)
+#: environment variable: how many processes trace the cut models at once (default 1: in this process). On the
+#: 2-core development machine with its other core busy, 2 workers took 8.5-9.4 s and 9-10 CPU-s to trace the 70B
+#: against 8.0-8.2 s and 8 CPU-s in one process (each worker pays its own fake-tensor caches); a machine with
+#: idle cores may gain (not measured)
 TRACE_WORKERS_ENV = "AUTOFIT_TRACE_WORKERS"
 #: the steps the forked workers run (set before the fork, read in the children by index)
 _FORKED_STEPS: list[tuple[_Tracer, int, str, str, tuple[float, str]]] = []
 
 
 def trace_workers() -> int:
-    """Processes that trace at once: :data:`TRACE_WORKERS_ENV`, else the CPUs this process may run on."""
+    """Processes that trace at once: :data:`TRACE_WORKERS_ENV`, else 1 (no fork)."""
     import os
 
     wanted = os.environ.get(TRACE_WORKERS_ENV, "")
-    if wanted.isdigit() and int(wanted) > 0:
-        return int(wanted)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return int(wanted) if wanted.isdigit() and int(wanted) > 0 else 1
 
 
 def _trace_in_parallel(tracers: dict[int, _Tracer], kinds: tuple[tuple[str, ...], tuple[str, ...]],
                        granularities: tuple[str, ...], micro_batches: tuple[int, ...]) -> None:
-    """Run the cut traces :func:`_scaled_profiles` will ask for in :func:`trace_workers` forked processes, and
+    """Run the cut traces :func:`_scaled_profiles` will ask for in :func:`trace_workers` forked processes (where
+    more than 1), and
     hand each tracer its results, as if it had run them itself (each step is independent of the others: a fresh
     model, batch and counters; 36 steps for LLaMA-2-70B's default space). ``flash`` is left to the tracer (which
     kernel stands in for it is decided as it goes). Where forking is unavailable, a step fails (the tracer runs it
