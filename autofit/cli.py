@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,9 @@ class Shared:
 ANSWER_OPTIONS = (
     click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout."),
     click.option("--debug", is_flag=True, help="Show tracebacks."),
+    click.option("--no-cache", is_flag=True,
+                 help="Trace the model again instead of reading the trace cache ($AUTOFIT_CACHE_DIR, "
+                      "default ~/.cache/autofit)."),
 )
 
 
@@ -75,6 +79,10 @@ def shared_options(entry_required: bool = True) -> Callable[[Callable[..., Any]]
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
             as_json, debug = kwargs.pop("as_json"), kwargs.pop("debug")
+            if kwargs.pop("no_cache"):
+                from autofit.trace.cache import NO_CACHE_ENV
+
+                os.environ[NO_CACHE_ENV] = "1"  # read by autofit.trace.cache, here and in subprocesses
             values = {name: kwargs.pop(name) for name in names}
             with one_line_errors(debug):
                 return command(Shared(Target(**values), as_json, debug), **kwargs)

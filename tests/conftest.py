@@ -13,3 +13,12 @@ def _no_stale_extension_locks() -> None:
     from autofit.probe.ops import clear_stale_locks
 
     clear_stale_locks()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_trace_cache() -> None:
+    """Tests trace for real and leave nothing in the user's cache directory (:mod:`autofit.trace.cache`); the
+    cache's own tests turn it on in a temporary directory. Set in the environment: CLI subprocesses inherit it."""
+    import os
+
+    os.environ["AUTOFIT_NO_CACHE"] = "1"

@@ -29,6 +29,12 @@ How, module by module:
   arrives; where an input is shared by every layer (a T5 decoder's encoder output, its position bias) that
   is the end of the whole backward, a cost no real run pays (T5 mb16 fp32, every block checkpointed:
   122.7 MiB traced, 102.6 measured). The trace's trackers run with hooks that count instead of holding.
+- :mod:`autofit.trace.cache` keeps each trace on disk (``$AUTOFIT_CACHE_DIR``, default ``~/.cache/autofit``),
+  keyed by the model's structure and code, the batch's shapes, what was asked and the software's versions: a
+  model traced before answers from there (``--no-cache`` or ``AUTOFIT_NO_CACHE=1`` to trace again). With
+  ``AUTOFIT_TRACE_WORKERS=N`` the cut traces of a many-layer model run in N forked processes (each step is
+  independent; each result is what the step gives in one process); the default is 1, which was faster on a
+  2-core machine whose other core was busy.
 - :mod:`autofit.trace.attention` runs each attention kernel (``flash`` through flash-attn's own functions
   where installed, else SDPA forced to its flash backend) and labels which one a prediction rests on.
 

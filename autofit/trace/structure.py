@@ -14,12 +14,14 @@ from autofit.workload import Workload
 from autofit.zero_buckets import persistence_threshold
 
 
-def model_structure(workload: Workload) -> dict[str, Any]:
-    """Parameter counts and shapes, from a model built on the meta device (no memory)."""
+def model_structure(workload: Workload, model: Any = None) -> dict[str, Any]:
+    """Parameter counts and shapes, from a model built on the meta device (no memory); ``model``: one built so
+    already."""
     import torch
 
-    with torch.device("meta"):
-        model = workload.build_model()
+    if model is None:
+        with torch.device("meta"):
+            model = workload.build_model()
     params = [p for p in model.parameters()]
     trainable = [p for p in params if p.requires_grad]
     layers = workload.repeated_layers(model)

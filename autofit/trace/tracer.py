@@ -59,10 +59,29 @@ def trace_workload(
     least :data:`SCALE_MIN_LAYERS` alike repeated layers is traced cut to a few of them and extrapolated
     (:mod:`autofit.trace.scaling`; the partial ratio composed); if that cannot fit, it is traced whole.
     """
+    import torch
+
+    from autofit.trace.cache import cached_trace
+
+    started = time.perf_counter()
+    with torch.device("meta"):
+        model = workload.build_model()
+    request = {"precisions": precisions, "attentions": attentions, "checkpoint_ratios": checkpoint_ratios,
+               "optimizers": optimizers, "checkpoint_granularities": checkpoint_granularities,
+               "micro_batches": micro_batches}
+    facts = cached_trace(workload, model, request, lambda: _trace_workload(
+        workload, _structure(workload, optimizers, model), precisions, attentions, checkpoint_ratios,
+        checkpoint_granularities, micro_batches))
+    return replace(facts, trace_seconds=time.perf_counter() - started)
+
+
+def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: tuple[str, ...],
+                    attentions: tuple[str, ...], checkpoint_ratios: tuple[float, ...],
+                    checkpoint_granularities: tuple[str, ...], micro_batches: tuple[int, ...]) -> ModelFacts:
+    """:func:`trace_workload` without the cache."""
     started = time.perf_counter()
     dtype_names = tuple(sorted({trace_dtype_of(p) for p in precisions}))
     attention_names = attentions if workload.searches_attention else ("sdpa",)
-    structure = _structure(workload, optimizers)
     n_layers = structure["n_layers"]
     n_middle = middle_checkpointed_layers(checkpoint_ratios, n_layers)
     granularities = tuple(checkpoint_granularities) if n_layers else ()
@@ -96,6 +115,7 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     ``kinds``: the dtypes and attention kernels to trace."""
     n_layers = structure["n_layers"]
     tracers = {k: _Tracer(cut_workload(workload, k), structure, cut_layers=k) for cut in CUT_LAYERS.values() for k in cut}
+    _trace_in_parallel(tracers, kinds, granularities, micro_batches)
     profiles: dict[str, ActivationProfile] = {}
     for dtype_name in kinds[0]:
         for attention in kinds[1]:
@@ -120,6 +140,76 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     return profiles, dict(tracers[CUT_LAYERS["full"][0]].attention_traces)
 
 
+#: environment variable: how many processes trace the cut models at once (default 1: in this process). On the
+#: 2-core development machine with its other core busy, 2 workers took 8.5-9.4 s and 9-10 CPU-s to trace the 70B
+#: against 8.0-8.2 s and 8 CPU-s in one process (each worker pays its own fake-tensor caches); a machine with
+#: idle cores may gain (not measured)
+TRACE_WORKERS_ENV = "AUTOFIT_TRACE_WORKERS"
+#: the steps the forked workers run (set before the fork, read in the children by index)
+_FORKED_STEPS: list[tuple[_Tracer, int, str, str, tuple[float, str]]] = []
+
+
+def trace_workers() -> int:
+    """Processes that trace at once: :data:`TRACE_WORKERS_ENV`, else 1 (no fork)."""
+    import os
+
+    wanted = os.environ.get(TRACE_WORKERS_ENV, "")
+    return int(wanted) if wanted.isdigit() and int(wanted) > 0 else 1
+
+
+def _trace_in_parallel(tracers: dict[int, _Tracer], kinds: tuple[tuple[str, ...], tuple[str, ...]],
+                       granularities: tuple[str, ...], micro_batches: tuple[int, ...]) -> None:
+    """Run the cut traces :func:`_scaled_profiles` will ask for in :func:`trace_workers` forked processes (where
+    more than 1), and
+    hand each tracer its results, as if it had run them itself (each step is independent of the others: a fresh
+    model, batch and counters; 36 steps for LLaMA-2-70B's default space). ``flash`` is left to the tracer (which
+    kernel stands in for it is decided as it goes). Where forking is unavailable, a step fails (the tracer runs it
+    again and reports it) or a worker dies, nothing is handed over: the tracer traces as it would have."""
+    import multiprocessing
+
+    global _FORKED_STEPS
+    runs = []  # (tracer, dtype, attention, ckpt)
+    for dtype_name in kinds[0]:
+        for attention in kinds[1]:
+            if attention == "flash":
+                continue
+            for ratio, granularity in [(0.0, "block"), *((1.0, g) for g in granularities)]:
+                for k in CUT_LAYERS[granularity if ratio else "full"]:
+                    runs.append((tracers[k], dtype_name, attention, (ratio, granularity)))
+    steps = [(tracer, n, dtype_name, attention, ckpt) for tracer, dtype_name, attention, ckpt in runs
+             for n in micro_batches]
+    workers = min(trace_workers(), len(steps))
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return
+    # the longest first (more layers, larger micro-batches): the workers end together
+    order = sorted(range(len(steps)), key=lambda i: (-steps[i][0].cut_layers, -steps[i][1]))
+    _FORKED_STEPS = steps
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            done = dict(zip(order, pool.map(_forked_step, order, chunksize=1), strict=True))
+    except Exception:  # a worker that died or could not start: the tracer traces in this process
+        return
+    finally:
+        _FORKED_STEPS = []
+    complete = {i: result for i, result in done.items() if result is not None}
+    if len(complete) != len(steps):
+        return
+    for r, (tracer, dtype_name, attention, ckpt) in enumerate(runs):
+        results = [complete[r * len(micro_batches) + i] for i in range(len(micro_batches))]
+        tracer.hand_over(dtype_name, attention, ckpt, micro_batches, results)
+
+
+def _forked_step(index: int) -> tuple[PeakPoint, dict[tuple[str, int], tuple[int, int]]] | None:
+    """One step of :data:`_FORKED_STEPS`, in a worker: its point and per-segment peaks, or None where it failed."""
+    tracer, n, dtype_name, attention, ckpt = _FORKED_STEPS[index]
+    segments: dict[tuple[str, int], tuple[int, int]] = {}
+    try:
+        point = _trace_step(tracer.workload, n, dtype_name, attention, ckpt, tracer.mode, segments)
+    except Exception:  # the tracer, running it itself, raises or falls back as it always does
+        return None
+    return point, segments
+
+
 def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, granularity: str, n_layers: int,
                            n_middle: int, micro_batches: tuple[int, ...]) -> dict[str, ActivationProfile]:
     """The traces with every layer, and for ``block`` with the middle ratio's first ``n_middle``, checkpointed at
@@ -136,9 +226,10 @@ def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, gra
     return out
 
 
-def _structure(workload: Workload, optimizers: tuple[str, ...]) -> dict[str, Any]:
-    """:func:`model_structure`, with Adam-mini's state elements where ``optimizers`` has it."""
-    structure = model_structure(workload)
+def _structure(workload: Workload, optimizers: tuple[str, ...], model: Any = None) -> dict[str, Any]:
+    """:func:`model_structure` (of ``model``, built on the meta device, where given), with Adam-mini's state
+    elements where ``optimizers`` has it."""
+    structure = model_structure(workload, model)
     if "adam_mini" in optimizers:
         from autofit.optim import adam_mini_state_numel
 
@@ -224,6 +315,14 @@ class _Tracer:
                 self.done[key] = tuple(self._step(n, dtype_name, attention, ckpt) for n in micro_batches)
             self.segments[key] = tuple(self._recorded[len(self._recorded) - len(micro_batches):])
         return self.done[key]
+
+    def hand_over(self, dtype_name: str, attention: str, ckpt: tuple[float, str], micro_batches: tuple[int, ...],
+                  results: list[tuple[PeakPoint, dict[tuple[str, int], tuple[int, int]]]]) -> None:
+        """The steps at each of ``micro_batches``, traced elsewhere (:func:`_trace_in_parallel`): what
+        :meth:`points` would have traced, then returns without tracing."""
+        key = (dtype_name, attention, (ckpt[0], ckpt[1] if ckpt[0] else "block"), micro_batches)
+        self.done[key] = tuple(point for point, _ in results)
+        self.segments[key] = tuple(segments for _, segments in results)
 
     def cut_trace(self, dtype_name: str, attention: str, ratio: float, micro_batches: tuple[int, ...], i: int,
                   granularity: str = "block") -> CutTrace:

@@ -51,6 +51,22 @@ def test_a_deep_model_of_alike_layers_is_traced_cut(scaled) -> None:  # noqa: AN
     assert sorted(facts.profiles) == ["fp32/sdpa/ckpt", "fp32/sdpa/ckpt6", "fp32/sdpa/full"]
 
 
+def test_cut_traces_in_forked_workers_are_the_ones_traced_in_process(scaled, monkeypatch) -> None:  # noqa: ANN001
+    """AUTOFIT_TRACE_WORKERS=2: every step runs in a worker (none in this process), and the facts are the same."""
+    from dataclasses import replace
+
+    from autofit.trace import tracer
+
+    workload, facts = scaled
+    in_process: list[object] = []
+    real_run = tracer._Tracer._run
+    monkeypatch.setattr(tracer._Tracer, "_run", lambda self, *a: in_process.append(a) or real_run(self, *a))
+    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "2")
+    forked = trace_workload(workload, precisions=("fp32",), attentions=("sdpa",), checkpoint_ratios=RATIOS)
+    assert in_process == []
+    assert replace(forked, trace_seconds=0.0) == replace(facts, trace_seconds=0.0)
+
+
 def test_without_checkpointing_the_extrapolation_is_the_whole_trace_exactly(scaled) -> None:  # noqa: ANN001
     """The ordinary whole-model trace, byte for byte and FLOP for FLOP, at both traced micro-batches."""
     workload, facts = scaled

@@ -1,0 +1,251 @@
+"""A cache of traces on disk: a model traced once is not traced again while nothing it depends on changed.
+
+Tracing is most of what ``autofit estimate`` costs (LLaMA-2-70B on 64 GPUs: the model cut to 2-5 layers, 36
+forward+backward steps on fake tensors); what it yields, :class:`autofit.cost_model.facts.ModelFacts`, is a
+function of the model, its batch and the software that traced it, so it is kept, as JSON, under a key of all
+three:
+
+- the model as built on the meta device (no memory): its module tree (names and classes), every parameter's and
+  buffer's name, shape, dtype and ``requires_grad`` (and which are tied), the plain settings of every module (as
+  :func:`autofit.trace.layers.layers_alike` reads them) and a Hugging Face model's config;
+- the source files of the workload's functions (model, batch, loss, layers, attention modules) and of every
+  module class in the model: an edited ``forward`` changes the trace without changing a shape;
+- the batch at each traced micro-batch (each tensor's shape and dtype, built on the meta device);
+- what was asked: precisions, attention kernels, checkpoint ratios and granularities, optimizers, micro-batches;
+- the software: Python, torch, transformers, deepspeed, flash-attn, adam-mini, autofit's version, and a hash of the
+  source files of autofit that a trace runs (:data:`TRACED_SOURCES`).
+
+Where: ``$AUTOFIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/autofit``, else ``~/.cache/autofit`` (the XDG base
+directory default), in ``traces/``. ``AUTOFIT_NO_CACHE=1`` (the commands' ``--no-cache``) neither reads nor
+writes it. Each entry is written whole to a temporary file and renamed over the old one (``os.replace``, atomic
+on POSIX), so a reader never sees half an entry; an entry that cannot be read or parsed is ignored (the model is
+traced again and the entry rewritten), and a cache directory that cannot be written only goes unused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autofit.cost_model.facts import ModelFacts
+from autofit.workload import Workload
+
+#: environment variable naming the cache directory
+CACHE_DIR_ENV = "AUTOFIT_CACHE_DIR"
+#: environment variable that turns the cache off when set to anything but ``""``/``0``
+NO_CACHE_ENV = "AUTOFIT_NO_CACHE"
+#: version of the entry layout; bumped when what is stored changes meaning
+FORMAT = 1
+#: distributions whose versions invalidate every entry (absent ones count as ``None``)
+VERSIONED_PACKAGES = ("torch", "transformers", "deepspeed", "flash-attn", "adam-mini")
+#: autofit's source files that a trace runs, relative to the package (the whole of :mod:`autofit.trace`, and what
+#: it calls elsewhere): a change to any of them may change a trace
+TRACED_SOURCES = ("trace", "apply.py", "workload.py", "config.py", "fp8.py", "optim.py", "ds_constants.py",
+                  "cost_model/facts.py", "__init__.py")
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def cache_dir() -> Path | None:
+    """The directory of trace entries, or None when the cache is turned off (:data:`NO_CACHE_ENV`)."""
+    if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
+        return None
+    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "autofit")
+    return Path(root) / "traces"
+
+
+def trace_key(workload: Workload, model: Any, request: dict[str, Any]) -> str:
+    """The key of the trace of ``workload`` (``model``: built from it on the meta device) for ``request`` (the
+    arguments of :func:`autofit.trace.trace_workload`); a hex SHA-256."""
+    parts = {
+        "format": FORMAT,
+        "software": software_versions(),
+        "name": workload.name,
+        "tokens_per_sample": workload.tokens_per_sample,
+        "searches_attention": workload.searches_attention,
+        "request": {k: list(v) if isinstance(v, tuple) else v for k, v in request.items()},
+        "model": model_fingerprint(model),
+        "code": code_fingerprint(workload, model),
+        "batch": batch_fingerprint(workload, tuple(request.get("micro_batches", ()))),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def load(key: str) -> ModelFacts | None:
+    """The facts stored under ``key``, or None: no entry, the cache off, or an entry that cannot be read."""
+    directory = cache_dir()
+    if directory is None:
+        return None
+    try:
+        entry = json.loads((directory / f"{key}.json").read_text())
+        if entry.get("key") != key:
+            return None
+        return ModelFacts.from_dict(entry["facts"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # missing, truncated, or another layout
+        return None
+
+
+def store(key: str, facts: ModelFacts) -> None:
+    """Keep ``facts`` under ``key``: written to a temporary file beside the entry, then renamed over it. A
+    directory that cannot be written leaves the cache unused, never the command failed."""
+    directory = cache_dir()
+    if directory is None:
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"key": key, "facts": facts.to_dict()})
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+            os.replace(tmp, directory / f"{key}.json")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError:
+        return
+
+
+def software_versions() -> dict[str, Any]:
+    """Python's, each of :data:`VERSIONED_PACKAGES`' and autofit's versions, and :func:`traced_sources_digest`."""
+    return {
+        "python": sys.version,
+        **{name: _version(name) for name in VERSIONED_PACKAGES},
+        "autofit": _version("autofit"),
+        "autofit_sources": traced_sources_digest(),
+    }
+
+
+@functools.cache
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def traced_sources_digest() -> str:
+    """SHA-256 of the contents of :data:`TRACED_SOURCES` (every ``.py`` file under a folder), in a fixed order."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in TRACED_SOURCES:
+        path = package / name
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(str(file.relative_to(package)).encode())
+            digest.update(file.read_bytes() if file.exists() else b"<absent>")
+    return digest.hexdigest()
+
+
+def model_fingerprint(model: Any) -> str:
+    """SHA-256 of the module tree, the parameters and buffers (name, shape, dtype, requires_grad, tied to which),
+    every module's plain settings and the Hugging Face configs the modules hold."""
+    digest = hashlib.sha256()
+    first_name: dict[int, str] = {}
+    configs: dict[int, str] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        cls = type(module)
+        settings = []
+        for attr, value in sorted(vars(module).items()):
+            if attr.startswith("_"):
+                continue
+            if isinstance(value, _PLAIN):
+                settings.append((attr, repr(value)))
+            elif hasattr(value, "to_json_string") and id(value) not in configs:  # a transformers PretrainedConfig
+                configs[id(value)] = value.to_json_string(use_diff=False)
+        digest.update(repr((module_name, cls.__module__, cls.__qualname__, settings)).encode())
+        for kind, tensors in (("p", module._parameters), ("b", module._buffers)):
+            for name, tensor in tensors.items():
+                if tensor is None:
+                    digest.update(repr((kind, name, None)).encode())
+                    continue
+                full = f"{module_name}.{name}"
+                tied = first_name.setdefault(id(tensor), full)
+                digest.update(repr((kind, name, tuple(tensor.shape), str(tensor.dtype),
+                                    bool(tensor.requires_grad), tied)).encode())
+    for text in sorted(configs.values()):
+        digest.update(text.encode())
+    return digest.hexdigest()
+
+
+def code_fingerprint(workload: Workload, model: Any) -> str:
+    """SHA-256 of the source files that define the workload's functions and the model's module classes."""
+    functions = [workload.model, workload.batch, workload.loss, workload.layers, workload.attention_modules]
+    classes = {type(module) for module in model.modules()}
+    files = {_source_file(f) for f in functions if f is not None} | {_source_file(c) for c in classes}
+    digest = hashlib.sha256()
+    for file in sorted(f for f in files if f):
+        digest.update(file.encode())
+        digest.update(_file_digest(file).encode())
+    return digest.hexdigest()
+
+
+def _source_file(obj: Any) -> str | None:
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    obj = inspect.unwrap(obj) if callable(obj) else obj
+    obj = getattr(obj, "__func__", obj)  # a bound method
+    try:
+        return inspect.getsourcefile(obj)
+    except (TypeError, OSError):  # a builtin, or a class defined in C or in a notebook cell
+        return None
+
+
+@functools.cache
+def _file_digest(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return "<unreadable>"
+
+
+def batch_fingerprint(workload: Workload, micro_batches: tuple[int, ...]) -> list[Any]:
+    """Each traced micro-batch's leaves: a tensor's shape and dtype, anything else's type and value. Made on the meta
+    device (shapes, no memory; a first ``FakeTensorMode`` would cost seconds of imports on a hit)."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    out = []
+    with torch.device("meta"):
+        for n in micro_batches:
+            leaves, spec = tree_flatten(workload.batch(n))
+            out.append([str(spec), [_leaf(leaf) for leaf in leaves]])
+    return out
+
+
+def _leaf(leaf: Any) -> Any:
+    import torch
+
+    if isinstance(leaf, torch.Tensor):
+        return ["tensor", list(leaf.shape), str(leaf.dtype)]
+    return [type(leaf).__qualname__, repr(leaf)]
+
+
+def cached_trace(workload: Workload, model: Any, request: dict[str, Any], trace: Callable[[], ModelFacts]) -> ModelFacts:
+    """The facts stored for ``workload`` and ``request`` (``model``: built from it on the meta device), else
+    ``trace()``'s, stored. A workload whose key cannot be made (its batch function fails on fake tensors, say)
+    is traced and not stored."""
+    if cache_dir() is None:
+        return trace()
+    try:
+        key = trace_key(workload, model, request)
+    except Exception:  # the user's batch function on fake tensors, a config that cannot be written as JSON
+        return trace()
+    cached = load(key)
+    if cached is not None:
+        return cached
+    facts = trace()
+    store(key, facts)
+    return facts

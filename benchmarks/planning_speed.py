@@ -1,0 +1,128 @@
+"""How long ``autofit estimate`` takes to answer, as a user sees it: a subprocess timed on the wall clock, imports
+included, cold (an empty trace cache) and warm (the same model traced before: :mod:`autofit.trace.cache`).
+
+    python benchmarks/planning_speed.py [--repeats 3] [--plans 7b,70b] [--label after]
+                                        [--pythonpath DIR] [--out benchmarks/results/planning_speed.json]
+
+Plans: LLaMA-7B on 8 x H100 (``examples/llama_7b.py:workload --gpus 8 --global-batch 64``) and LLaMA-2-70B on 64
+H100s (``examples/llama2.py:llama2_70b --gpus 8 --nodes 8 --global-batch 1024``). Each cold run gets a new empty
+``AUTOFIT_CACHE_DIR``; the warm runs reuse the last cold run's. Reported: the median of ``--repeats`` runs, each
+run's time, the machine's load average when the run started (a shared machine's timings are only comparable with
+its load), and whether every run printed the same ``--json`` document (a warm answer is the cold one).
+
+``--pythonpath``: the ``autofit`` checkout the subprocesses import (default: this one), e.g. a worktree of an
+earlier commit for a before/after comparison (``--label before``; a checkout without the cache runs warm as
+cold: ``--cold-only``). Results are kept by label in ``--out`` (a label measured again replaces its rows) with the commit, host
+and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = {
+    "7b": ["examples/llama_7b.py:workload", "--hardware", "h100-80gb", "--gpus", "8", "--global-batch", "64"],
+    "70b": ["examples/llama2.py:llama2_70b", "--hardware", "h100-80gb", "--gpus", "8", "--nodes", "8",
+            "--global-batch", "1024"],
+}
+
+
+def timed_estimate(plan: str, checkout: Path, cache_dir: Path) -> dict[str, Any]:
+    """One ``autofit estimate --json`` of ``plan`` in a fresh process: its wall time and output's digest."""
+    env = {**os.environ, "PYTHONPATH": str(checkout), "AUTOFIT_CACHE_DIR": str(cache_dir), "DS_ACCELERATOR": "cpu"}
+    env.pop("AUTOFIT_NO_CACHE", None)
+    command = [sys.executable, "-c", "from autofit.cli import main; main()", "estimate", *PLANS[plan], "--json"]
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{plan}: autofit estimate failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return {"wall_s": round(wall, 2), "load_1min": round(load, 2),
+            "output_sha256": hashlib.sha256(done.stdout.encode()).hexdigest()}
+
+
+def measure(plan: str, checkout: Path, repeats: int, scratch: Path, warm_too: bool = True) -> dict[str, Any]:
+    """``repeats`` cold runs (each with an empty cache), then ``repeats`` warm ones (the last cold run's cache;
+    none where not ``warm_too``)."""
+    cold: list[dict[str, Any]] = []
+    warm: list[dict[str, Any]] = []
+    for i in range(repeats):
+        cache = scratch / f"{plan}-cold-{i}"
+        cold.append(timed_estimate(plan, checkout, cache))
+        print(f"{plan} cold {i}: {cold[-1]['wall_s']} s (load {cold[-1]['load_1min']})", file=sys.stderr)
+    for i in range(repeats if warm_too else 0):
+        warm.append(timed_estimate(plan, checkout, cache))
+        print(f"{plan} warm {i}: {warm[-1]['wall_s']} s (load {warm[-1]['load_1min']})", file=sys.stderr)
+    outputs = {run["output_sha256"] for run in cold + warm}
+    return {
+        "plan": plan,
+        "command": "autofit estimate " + " ".join(PLANS[plan]) + " --json",
+        "cold_median_s": statistics.median(r["wall_s"] for r in cold),
+        "warm_median_s": statistics.median(r["wall_s"] for r in warm) if warm else None,
+        "cold_runs": cold,
+        "warm_runs": warm,
+        "same_output": len(outputs) == 1,
+    }
+
+
+def commit_of(checkout: Path) -> str:
+    """``git describe``-like: the short commit, ``-dirty`` where the work tree has changes (other than results)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True, check=False).stdout.strip()
+
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    return git("rev-parse", "--short", "HEAD") + ("-dirty" if changed else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--plans", default="7b,70b", help="comma-separated: " + ", ".join(PLANS))
+    parser.add_argument("--label", default="after", help="the name these rows are kept under in --out")
+    parser.add_argument("--pythonpath", type=Path, default=ROOT, help="the autofit checkout to time")
+    parser.add_argument("--cold-only", action="store_true",
+                        help="no warm runs (a checkout without the trace cache: they would be cold ones)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "planning_speed.json")
+    args = parser.parse_args()
+    checkout = args.pythonpath.resolve()
+    with tempfile.TemporaryDirectory(prefix="autofit-planning-speed-") as scratch:
+        rows = [measure(plan, checkout, args.repeats, Path(scratch), not args.cold_only) for plan in args.plans.split(",")]
+    run = {
+        "label": args.label,
+        "commit": commit_of(checkout),
+        "host": platform.node(),
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "repeats": args.repeats,
+        "plans": rows,
+    }
+    existing = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
+    existing["runs"] = [r for r in existing["runs"] if r["label"] != args.label] + [run]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(existing, indent=1) + "\n")
+    print("| label | commit | plan | cold s (median) | warm s (median) | same output |")
+    print("|---|---|---|---:|---:|---|")
+    for r in existing["runs"]:
+        for p in r["plans"]:
+            warm = "-" if p["warm_median_s"] is None else f"{p['warm_median_s']:.1f}"
+            print(f"| {r['label']} | {r['commit']} | {p['plan']} | {p['cold_median_s']:.1f} | {warm} "
+                  f"| {'yes' if p['same_output'] else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()
