@@ -23,6 +23,17 @@ from autofit.hf import (
 from autofit.workload import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _memory_accuracy():  # noqa: ANN202
+    """benchmarks/memory_accuracy.py, whose HF_TWINS pairs each shipped config with its hand-written twin."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memory_accuracy", ROOT / "benchmarks" / "memory_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 CONFIGS = ROOT / "examples" / "hf_configs"
 #: each shipped config and the task its ``architectures`` names
 FAMILIES = {
@@ -242,16 +253,9 @@ def test_a_queued_hf_entry_is_absolute_and_its_fingerprint_follows_its_config_js
     assert workload_fingerprint(entry, load_workload(entry)) != before
 
 
-#: each shipped config as an entry, and its hand-written twin in benchmarks/ or examples/ (same model, same batch)
-ESTIMATED = {
-    "llama_gqa": ("seq_len=128", "benchmarks/models/gqa_llama.py:workload"),
-    "mixtral_moe": ("seq_len=128", "benchmarks/models/moe.py:workload"),
-    "t5_encdec": ("seq_len=128&target_len=64", "benchmarks/models/t5_encdec.py:workload"),
-    "bert": ("seq_len=128", "examples/hf_bert.py:workload"),
-    "vit": ("", "benchmarks/models/vit.py:workload"),
-    "mistral_sliding": ("seq_len=128", None),
-    "deepseek_v3_mla": ("seq_len=128", None),
-}
+#: each shipped config as an entry, and its hand-written twin in benchmarks/ or examples/ (same model, same batch):
+#: the table the memory benchmark's --hf-twins rows are built from
+ESTIMATED = _memory_accuracy().HF_TWINS
 #: one candidate with every key fixed: bf16, ZeRO-2, half the blocks checkpointed (the blocks matter)
 FIXED = {"micro_batch_size": 4, "checkpoint_ratio": 0.5, "checkpoint_granularity": "block", "precision": "bf16",
          "optimizer": "adamw", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none",
