@@ -34,6 +34,7 @@ def _memory_accuracy():  # noqa: ANN202
     spec.loader.exec_module(module)
     return module
 
+
 CONFIGS = ROOT / "examples" / "hf_configs"
 #: each shipped config and the task its ``architectures`` names
 FAMILIES = {
