@@ -10,7 +10,8 @@ anything of the user's:
 
 - the entry string (an ``hf:`` entry's ``--seq-len``/``--task``/``--trust-remote-code`` travel inside it);
 - the bytes of the entry's file and of every local module it imports, directly or not
-  (:func:`autofit.schedule.fingerprint.local_sources`, the queue's key), or an ``hf:`` folder's ``config.json``;
+  (:func:`autofit.schedule.fingerprint.local_sources`, the queue's key), or an ``hf:`` folder's ``config.json``
+  and Python files;
 - the software (:func:`autofit.trace.cache.software_versions`: Python, torch, transformers, deepspeed, flash-attn,
   adam-mini and autofit, read with ``importlib.metadata``, and the hash of autofit's traced sources) and a hash of
   the autofit files that turn an entry into a workload (:data:`PLANNING_SOURCES`);
@@ -62,6 +63,8 @@ def source_key(entry: str) -> str | None:
         if source is None:
             return None
         code = local_sources(source, *import_root(entry, source))
+        if entry.startswith("hf:"):  # a folder's own model code (--trust-remote-code) beside its config.json
+            code |= {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(source.parent.glob("*.py"))}
     except (OSError, ValueError, ImportError):
         return None
     parts = {"format": cache.FORMAT, "entry": entry, "code": code, "software": cache.software_versions(),

@@ -144,7 +144,10 @@ def test_hf_config_and_query_are_in_the_key(cache_dir: Path, tmp_path: Path) -> 
     assert source_key(with_hf_options(f"hf:{folder}", seq_len=128)) != key
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] + 1}))
-    assert source_key(entry) != key
+    changed = source_key(entry)
+    assert changed != key
+    (folder / "modeling_custom.py").write_text("x = 1\n")  # the folder's own code (--trust-remote-code)
+    assert source_key(entry) != changed
 
 
 def test_a_workload_object_or_no_cache_never_uses_it(cache_dir: Path, tmp_path: Path,
