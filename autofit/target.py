@@ -289,9 +289,8 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
     recipe = recipe_for(fixed, hardware.kind, hardware.supports_precision("bf16"), optimizer=target.optimizer,
                         precision=target.precision, allow=target.allow,
                         hyperparameters=parse_hyperparameters(target.hyperparameter_pairs()), read=read)
-    if workload is None and target.entry is not None:
-        workload = planned_workload(target.entry)
-    return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=workload,
+    planned = planned_workload(target.entry) if workload is None and target.entry is not None else workload
+    return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=planned,
                  recipe=recipe)
 
 

@@ -36,7 +36,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from autofit.trace import cache
 
@@ -115,6 +115,16 @@ def _write(name: str, record: dict[str, Any]) -> None:
         return
 
 
+def _well_formed(answers: Any) -> TypeGuard[dict[str, Any]]:
+    """Whether a record's ``workload`` has every field, each of its type (another layout, or an edited file, is
+    not)."""
+    return (isinstance(answers, dict) and set(WORKLOAD_FIELDS) <= set(answers)
+            and isinstance(answers["name"], (str, type(None)))
+            and (answers["tokens_per_sample"] is None or type(answers["tokens_per_sample"]) is int)
+            and isinstance(answers["searches_attention"], bool)
+            and isinstance(answers.get("checkpoints_attention", False), bool))
+
+
 class SourcePlannedWorkload:
     """An entry's workload as a plan sees it: answered from the record under its source key where there is one;
     the real workload (:attr:`workload`) is loaded on the first question the record cannot answer, and the
@@ -125,7 +135,7 @@ class SourcePlannedWorkload:
         self.key = key
         record = _read(f"source-{key}")
         answers = record.get("workload") if record is not None else None
-        self._answers: dict[str, Any] = dict(answers) if isinstance(answers, dict) else {}
+        self._answers: dict[str, Any] = dict(answers) if _well_formed(answers) else {}
         self._loaded: Workload | None = None
 
     @property

@@ -171,3 +171,20 @@ def test_a_corrupt_record_is_ignored(cache_dir: Path, tmp_path: Path) -> None:
     for record in cache_dir.glob("source-*.json"):
         json.loads(record.read_text())  # rewritten whole
     assert ranked(entry) == cold
+    summary = next(r for r in cache_dir.glob("source-*.json") if "workload" in json.loads(r.read_text()))
+    record = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**record, "workload": {**record["workload"], "searches_attention": "yes"}}))
+    setup = prepare(target(entry))
+    assert setup.workload._loaded is not None, "a record of another layout is a miss"
+    assert ranked(entry) == cold
+
+
+def test_the_ladder_plans_warm_as_cold(cache_dir: Path, tmp_path: Path) -> None:
+    entry = write_entry(tmp_path / "g")
+    cold = [row.to_dict() for row in autofit.ladder(entry, hardware="h100-80gb", gpus=2, global_batch=16).rows]
+    setup = prepare(target(entry))
+    from autofit.ladder import run_ladder
+
+    warm = run_ladder(setup)
+    assert setup.workload._loaded is None, "a warm ladder loaded the workload"
+    assert [row.to_dict() for row in warm.rows] == cold
