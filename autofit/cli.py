@@ -305,7 +305,7 @@ def schedule_add(shared: Shared, trials: int, storage: str) -> None:
     request = make_request(setup.entry_point, setup.hardware, gpus=setup.gpus, nodes=target.nodes,
                            global_batch=target.global_batch, space=setup.space, fixed=setup.fixed, trials=trials,
                            memory_bytes=target.memory_bytes(), recipe=setup.recipe)
-    added = submit(storage, setup.plan(), setup.workload, request)
+    added = submit(storage, setup.plan(), setup.loaded_workload, request)
     if shared.as_json:
         click.echo(json.dumps(added.to_dict()))
         return

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from autofit.search.records import SearchResult
     from autofit.software import Software
     from autofit.target import Setup, Target
+    from autofit.trace.source_cache import SourcePlannedWorkload
 
 #: the baseline's value of every key the ladder steps through
 BASELINE: dict[str, Any] = {
@@ -145,7 +146,7 @@ def check_can_measure(hardware: Hardware) -> None:
                            "without --measure the ladder is predicted only")
 
 
-def ladder_plan(entry: str, workload: Workload, hardware: Hardware, *, world_size: int, global_batch: int,
+def ladder_plan(entry: str, workload: Workload | SourcePlannedWorkload, hardware: Hardware, *, world_size: int, global_batch: int,
                 fixed: dict[str, Any] | None = None, facts: ModelFacts | None = None,
                 software: Software | None = None, recipe: Recipe | None = None) -> Plan:
     """The plan of the ladder's space: enumerated under the rules, traced once (``facts``: a trace made earlier,
@@ -314,7 +315,7 @@ def run_ladder(setup: Setup, *, measure: bool = False, steps: int = 3, timeout_s
     if measure:
         check_can_measure(setup.hardware)
     say(f"autofit: {setup.tracing_note()}")
-    plan = ladder_plan(setup.entry_point, setup.loaded_workload, setup.hardware, world_size=setup.world_size,
+    plan = ladder_plan(setup.entry_point, setup.planning_workload, setup.hardware, world_size=setup.world_size,
                        global_batch=global_batch, fixed=setup.fixed, software=setup.software,
                        recipe=setup.recipe)
     ladder = price_ladder(plan)

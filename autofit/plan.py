@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autofit.config import Config
 from autofit.cost_model import Coefficients, ModelFacts, Prediction
@@ -22,6 +22,9 @@ from autofit.recipe import Recipe, narrow_space, recipe_for
 from autofit.software import Software, detect_software
 from autofit.space import SearchSpace, enumerate_candidates
 from autofit.workload import Workload, is_loadable
+
+if TYPE_CHECKING:
+    from autofit.trace.source_cache import SourcePlannedWorkload
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class Plan:
     def make(
         cls,
         entry: str,
-        workload: Workload,
+        workload: Workload | SourcePlannedWorkload,
         hardware: Hardware,
         space: SearchSpace,
         *,
@@ -203,7 +206,7 @@ def default_recipe(hardware: Hardware, fixed: dict[str, Any] | None = None) -> R
     return recipe_for(fixed or {}, hardware.kind, hardware.supports_precision("bf16"))
 
 
-def _checkpoints_attention(workload: Workload, space: SearchSpace, fixed: dict[str, Any]) -> bool:
+def _checkpoints_attention(workload: Workload | SourcePlannedWorkload, space: SearchSpace, fixed: dict[str, Any]) -> bool:
     """Whether attention-only checkpointing can run: asked of the model only where the space or ``--set`` wants it."""
     wanted = fixed["checkpoint_granularity"] == "attention" if "checkpoint_granularity" in fixed \
         else "attention" in space.values["checkpoint_granularity"]
@@ -217,19 +220,32 @@ def traces_needed(configs: tuple[Config, ...] | list[Config]) -> tuple[tuple[str
     return precisions, attentions
 
 
-def trace_for(workload: Workload, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
-    """Trace ``workload`` at every precision class, attention kernel, checkpoint ratio and granularity the
-    configs use (and count the states of the optimizers that need the model itself: Adam-mini)."""
-    from autofit.trace import trace_micro_batches, trace_workload
+def trace_request(configs: tuple[Config, ...] | list[Config]) -> dict[str, Any]:
+    """The arguments of :func:`autofit.trace.trace_workload` for ``configs``: every precision class, attention
+    kernel, checkpoint ratio and granularity they use, their optimizers and micro-batches."""
+    from autofit.trace import trace_micro_batches
 
     precisions, attentions = traces_needed(configs)
     ratios = tuple(sorted({c.checkpoint_ratio for c in configs}))
     optimizers = tuple(sorted({c.optimizer for c in configs}))
     granularities = tuple(sorted({c.checkpoint_granularity for c in configs if c.checkpoint_ratio > 0})) or ("block",)
     largest = max((c.micro_batch_size for c in configs), default=1)
-    return trace_workload(workload, precisions=precisions, attentions=attentions, checkpoint_ratios=ratios,
-                          optimizers=optimizers, checkpoint_granularities=granularities,
-                          micro_batches=trace_micro_batches(largest))
+    return {"precisions": precisions, "attentions": attentions, "checkpoint_ratios": ratios,
+            "optimizers": optimizers, "checkpoint_granularities": granularities,
+            "micro_batches": trace_micro_batches(largest)}
+
+
+def trace_for(workload: Workload | SourcePlannedWorkload, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
+    """Trace ``workload`` at every precision class, attention kernel, checkpoint ratio and granularity the
+    configs use (and count the states of the optimizers that need the model itself: Adam-mini); an entry's
+    :class:`~autofit.trace.source_cache.SourcePlannedWorkload` answers from its record where it has one."""
+    from autofit.trace import trace_workload
+    from autofit.trace.source_cache import SourcePlannedWorkload
+
+    request = trace_request(configs)
+    if isinstance(workload, SourcePlannedWorkload):
+        return workload.facts(request)
+    return trace_workload(workload, **request)
 
 
 def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:

@@ -3,7 +3,8 @@
 A :class:`Target` is the model entry point, the device, the world size, the global batch, the search space
 and the values fixed with ``--set``: the options (docs/design.md, "CLI") that every ``autofit`` command takes, as plain
 typed values (what a notebook passes as well as what the command line parsed). :func:`prepare` turns it
-into a :class:`Setup`: the workload loaded, the hardware resolved with the memory budget, the space read,
+into a :class:`Setup`: the workload loaded (or, planned from its sources, only when needed:
+:mod:`autofit.trace.source_cache`), the hardware resolved with the memory budget, the space read,
 ``--set`` parsed and the machine's software detected (``--nvme-path`` included), each once. Nothing is
 passed through ``os.environ``: the setup carries every value to the plan, the probes and the JSON.
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from autofit.recipe import Recipe
     from autofit.software import Software
     from autofit.space import SearchSpace
+    from autofit.trace.source_cache import SourcePlannedWorkload
     from autofit.workload import Workload
 
 #: the key of a field's metadata that holds its command-line spelling (read by ``autofit.cli``)
@@ -178,8 +180,9 @@ class Setup:
     """What this machine runs, with ``--nvme-path`` checked (:func:`autofit.software.check_nvme_path`)."""
     fixed: dict[str, Any]
     """``--set``, parsed: config key to value."""
-    workload: Workload | None
-    """The entry point's workload; None in script mode."""
+    workload: Workload | SourcePlannedWorkload | None
+    """The entry point's workload, or what plans read of it (:func:`autofit.trace.source_cache.planned_workload`:
+    the entry is imported only when something needs more); None in script mode."""
     recipe: Recipe
     """The user's training recipe (:mod:`autofit.recipe`): what the search keeps and the JSON carries."""
 
@@ -223,30 +226,39 @@ class Setup:
         return self.target.entry
 
     @property
-    def loaded_workload(self) -> Workload:
-        """ENTRY's workload; an :class:`AutofitError` in script mode, which has none."""
+    def planning_workload(self) -> Workload | SourcePlannedWorkload:
+        """What a plan reads of ENTRY's workload (:attr:`workload`); an :class:`AutofitError` in script mode."""
         if self.workload is None:
             raise AutofitError("this needs an ENTRY (a model entry point); script mode (--script) has none")
         return self.workload
+
+    @property
+    def loaded_workload(self) -> Workload:
+        """ENTRY's workload, loaded; an :class:`AutofitError` in script mode, which has none."""
+        from autofit.trace.source_cache import SourcePlannedWorkload
+
+        workload = self.planning_workload
+        return workload.workload if isinstance(workload, SourcePlannedWorkload) else workload
 
     def tracing_note(self) -> str:
         """What the plan's first step does, in words: the trace, and on a CPU device the kernels' footprint
         (:mod:`autofit.probe.footprint`), which takes a few seconds a precision."""
         measured = " and measuring what its kernels hold on this CPU" if self.hardware.kind == "cpu" else ""
-        return f"tracing {self.loaded_workload.name or self.entry_point}{measured}"
+        return f"tracing {self.planning_workload.name or self.entry_point}{measured}"
 
     def plan(self) -> Plan:
         """Trace the workload and enumerate the space's candidates (:meth:`autofit.plan.Plan.make`)."""
         from autofit.plan import Plan
 
-        return Plan.make(self.entry_point, self.loaded_workload, self.hardware, self.space,
+        return Plan.make(self.entry_point, self.planning_workload, self.hardware, self.space,
                          world_size=self.world_size, global_batch=self.global_batch, fixed=self.fixed,
                          software=self.software, recipe=self.recipe, hosts=self.hosts)
 
 
 def prepare(target: Target, workload: Workload | None = None) -> Setup:
     """Resolve ``target`` once: parse ``--set``, resolve the hardware and its budget and ``gpus`` (None: from
-    detection, :func:`autofit.hardware.default_gpus`), read the space, check ``--nvme-path``, load the workload.
+    detection, :func:`autofit.hardware.default_gpus`), read the space, check ``--nvme-path``, load the workload
+    (:func:`autofit.trace.source_cache.planned_workload`: not where a record of its sources answers).
     Any bad value is one :class:`AutofitError` naming it.
 
     ``workload``: a :class:`Workload` object to use instead of loading ``target.entry`` (the Python API's, which
@@ -257,7 +269,7 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
     from autofit.recipe import parse_hyperparameters, recipe_for
     from autofit.recipe_from import read_recipe
     from autofit.space import load_space
-    from autofit.workload import load_workload
+    from autofit.trace.source_cache import planned_workload
 
     if target.entry is not None:  # the hf: options travel inside the entry string, to the probes too
         target = dataclasses.replace(target, entry=with_hf_options(
@@ -277,9 +289,8 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
     recipe = recipe_for(fixed, hardware.kind, hardware.supports_precision("bf16"), optimizer=target.optimizer,
                         precision=target.precision, allow=target.allow,
                         hyperparameters=parse_hyperparameters(target.hyperparameter_pairs()), read=read)
-    if workload is None and target.entry is not None:
-        workload = load_workload(target.entry)
-    return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=workload,
+    planned = planned_workload(target.entry) if workload is None and target.entry is not None else workload
+    return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=planned,
                  recipe=recipe)
 
 

@@ -1,0 +1,209 @@
+"""Planning from an entry point's sources: a warm plan that neither imports the entry (torch, transformers) nor
+builds its model.
+
+The trace cache (:mod:`autofit.trace.cache`) keys a trace by the model built on the meta device, so even a warm
+plan imports the entry and builds the model (LLaMA-2-70B: ~4 s of imports before the cached trace is read). What a
+plan needs from a workload (:meth:`autofit.plan.Plan.make`, :func:`autofit.plan.trace_for`) is small: its
+``name``, ``tokens_per_sample``, ``searches_attention``, the ``checkpoints_attention()`` answer and the traced
+:class:`~autofit.cost_model.facts.ModelFacts`. Those are kept here under a *source key* made without importing
+anything of the user's:
+
+- the entry string (an ``hf:`` entry's ``--seq-len``/``--task``/``--trust-remote-code`` travel inside it);
+- the bytes of the entry's file and of every local module it imports, directly or not
+  (:func:`autofit.schedule.fingerprint.local_sources`, the queue's key), or an ``hf:`` folder's ``config.json``
+  and Python files;
+- the software (:func:`autofit.trace.cache.software_versions`: Python, torch, transformers, deepspeed, flash-attn,
+  adam-mini and autofit, read with ``importlib.metadata``, and the hash of autofit's traced sources) and a hash of
+  the autofit files that turn an entry into a workload (:data:`PLANNING_SOURCES`);
+- for the facts, the trace request (precisions, attention kernels, checkpoint ratios and granularities,
+  optimizers, micro-batches).
+
+What the key cannot see: environment variables and files the entry reads when it runs, a Hub model's config
+(an ``hf:ORG/NAME`` has no local file: it is never planned from here), installed packages other than those named.
+``--no-cache`` (``AUTOFIT_NO_CACHE``) turns it off with the trace cache. Records sit beside the trace entries
+(``source-<key>.json``), written whole and renamed (:func:`autofit.trace.cache.store`); one that cannot be read is
+ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+from autofit.trace import cache
+
+if TYPE_CHECKING:
+    from autofit.cost_model.facts import ModelFacts
+    from autofit.workload import Workload
+
+#: autofit files (besides :data:`autofit.trace.cache.TRACED_SOURCES`) whose code turns an entry into what is kept
+PLANNING_SOURCES = ("hf.py", "trace/source_cache.py")
+#: what is kept of the workload itself
+WORKLOAD_FIELDS = ("name", "tokens_per_sample", "searches_attention")
+
+
+def source_key(entry: str) -> str | None:
+    """The key of ``entry``'s sources and software, or None: the cache off, an in-process workload, or an entry
+    with no local source file (a Hub name, a module not found)."""
+    from autofit.schedule.fingerprint import entry_source, import_root, local_sources
+    from autofit.workload import is_loadable
+
+    if cache.cache_dir() is None or not is_loadable(entry):
+        return None
+    try:
+        source = entry_source(entry)
+        if source is None:
+            return None
+        code = local_sources(source, *import_root(entry, source))
+        if entry.startswith("hf:"):  # a folder's own model code (--trust-remote-code) beside its config.json
+            code |= {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(source.parent.glob("*.py"))}
+    except (OSError, ValueError, ImportError):
+        return None
+    parts = {"format": cache.FORMAT, "entry": entry, "code": code, "software": cache.software_versions(),
+             "planning": _planning_sources_digest()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _planning_sources_digest() -> str:
+    package = Path(__file__).resolve().parents[1]
+    return hashlib.sha256(b"".join((package / name).read_bytes() for name in PLANNING_SOURCES)).hexdigest()
+
+
+def _request_key(key: str, request: dict[str, Any]) -> str:
+    plain = {k: list(v) if isinstance(v, tuple) else v for k, v in request.items()}
+    return hashlib.sha256(json.dumps([key, plain], sort_keys=True).encode()).hexdigest()
+
+
+def _read(name: str) -> dict[str, Any] | None:
+    directory = cache.cache_dir()
+    if directory is None:
+        return None
+    try:
+        record = json.loads((directory / f"{name}.json").read_text())
+        return record if isinstance(record, dict) and record.get("key") == name else None
+    except (OSError, ValueError):  # missing, truncated, not JSON
+        return None
+
+
+def _write(name: str, record: dict[str, Any]) -> None:
+    """``record`` under ``name``, written to a temporary file and renamed over the old one; an unwritable
+    directory leaves it unkept."""
+    directory = cache.cache_dir()
+    if directory is None:
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name[:24]}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump({**record, "key": name}, out)
+            os.replace(tmp, directory / f"{name}.json")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError:
+        return
+
+
+def _well_formed(answers: Any) -> TypeGuard[dict[str, Any]]:
+    """Whether a record's ``workload`` has every field, each of its type (another layout, or an edited file, is
+    not)."""
+    return (isinstance(answers, dict) and set(WORKLOAD_FIELDS) <= set(answers)
+            and isinstance(answers["name"], (str, type(None)))
+            and (answers["tokens_per_sample"] is None or type(answers["tokens_per_sample"]) is int)
+            and isinstance(answers["searches_attention"], bool)
+            and isinstance(answers.get("checkpoints_attention", False), bool))
+
+
+class SourcePlannedWorkload:
+    """An entry's workload as a plan sees it: answered from the record under its source key where there is one;
+    the real workload (:attr:`workload`) is loaded on the first question the record cannot answer, and the
+    answers are recorded when the plan's trace is (:meth:`facts`)."""
+
+    def __init__(self, entry: str, key: str) -> None:
+        self.entry = entry
+        self.key = key
+        record = _read(f"source-{key}")
+        answers = record.get("workload") if record is not None else None
+        self._answers: dict[str, Any] = dict(answers) if _well_formed(answers) else {}
+        self._loaded: Workload | None = None
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the record under the source key answers for the workload."""
+        return all(k in self._answers for k in WORKLOAD_FIELDS)
+
+    @property
+    def workload(self) -> Workload:
+        """The real workload, loaded once (:func:`autofit.workload.load_workload`)."""
+        if self._loaded is None:
+            from autofit.workload import load_workload
+
+            self._loaded = load_workload(self.entry)
+        return self._loaded
+
+    def _answer(self, name: str) -> Any:
+        if name not in self._answers:
+            value = getattr(self.workload, name)
+            self._answers[name] = value() if name == "checkpoints_attention" else value
+        return self._answers[name]
+
+    @property
+    def name(self) -> str | None:
+        return self._answer("name")
+
+    @property
+    def tokens_per_sample(self) -> int | None:
+        return self._answer("tokens_per_sample")
+
+    @property
+    def searches_attention(self) -> bool:
+        return self._answer("searches_attention")
+
+    def checkpoints_attention(self) -> bool:
+        """:meth:`autofit.workload.Workload.checkpoints_attention`, recorded."""
+        return bool(self._answer("checkpoints_attention"))
+
+    def facts(self, request: dict[str, Any]) -> ModelFacts:
+        """The trace for ``request`` (:func:`autofit.trace.trace_workload`'s arguments): the one recorded, else
+        the real workload's (the trace cache's, or traced), then recorded with the workload's answers."""
+        from autofit.cost_model.facts import ModelFacts
+        from autofit.trace import trace_workload
+
+        started = time.perf_counter()
+        name = f"source-{_request_key(self.key, request)}"
+        record = _read(name)
+        if record is not None and self.recorded:
+            with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+                return replace(ModelFacts.from_dict(record["facts"]), trace_seconds=time.perf_counter() - started)
+        facts = trace_workload(self.workload, **request)
+        for field in WORKLOAD_FIELDS:
+            self._answer(field)
+        _write(f"source-{self.key}", {"workload": self._answers})
+        _write(name, {"facts": facts.to_dict()})
+        return facts
+
+
+def planned_workload(entry: str) -> Workload | SourcePlannedWorkload:
+    """What a plan of ``entry`` reads its workload from: a :class:`SourcePlannedWorkload` where ``entry`` has a
+    :func:`source_key` (on a miss its workload is loaded at once, as without the record, so a bad entry fails
+    here), else the workload itself (:func:`autofit.workload.load_workload`)."""
+    from autofit.workload import load_workload
+
+    key = source_key(entry)
+    if key is None:
+        return load_workload(entry)
+    planned = SourcePlannedWorkload(entry, key)
+    if not planned.recorded:
+        planned.workload  # noqa: B018 - loaded now: a miss does what a plan without the record does
+    return planned
