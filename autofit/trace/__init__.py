@@ -32,9 +32,9 @@ How, module by module:
 - :mod:`autofit.trace.cache` keeps each trace on disk (``$AUTOFIT_CACHE_DIR``, default ``~/.cache/autofit``),
   keyed by the model's structure and code, the batch's shapes, what was asked and the software's versions: a
   model traced before answers from there (``--no-cache`` or ``AUTOFIT_NO_CACHE=1`` to trace again). With
-  ``AUTOFIT_TRACE_WORKERS=N`` the cut traces of a many-layer model run in N forked processes (each step is
-  independent; each result is what the step gives in one process); the default is 1, which was faster on a
-  2-core machine whose other core was busy.
+  the cut traces of a many-layer model run in forked processes, one per usable core (up to 8) where the process
+  runs one Python thread (each step is independent; each result is what the step gives in one process);
+  ``AUTOFIT_TRACE_WORKERS=N`` sets how many (1 on a loaded machine: each worker pays its own caches).
 - :mod:`autofit.trace.attention` runs each attention kernel (``flash`` through flash-attn's own functions
   where installed, else SDPA forced to its flash backend) and labels which one a prediction rests on.
 

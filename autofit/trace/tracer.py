@@ -140,21 +140,31 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     return profiles, dict(tracers[CUT_LAYERS["full"][0]].attention_traces)
 
 
-#: environment variable: how many processes trace the cut models at once (default 1: in this process). On the
-#: 2-core development machine with its other core busy, 2 workers took 8.5-9.4 s and 9-10 CPU-s to trace the 70B
-#: against 8.0-8.2 s and 8 CPU-s in one process (each worker pays its own fake-tensor caches); a machine with
-#: idle cores may gain (not measured)
+#: environment variable: how many processes trace the cut models at once (default :func:`trace_workers`). On the
+#: quiet 2-core development machine, LLaMA-2-70B's cold plan took 12.7 s in one process and 9.7-9.8 s with 2
+#: workers; with its other core busy, 2 workers took 8.5-9.4 s to trace against 8.0-8.2 s in one process (each
+#: worker pays its own fake-tensor caches): set it to 1 on a loaded machine
 TRACE_WORKERS_ENV = "AUTOFIT_TRACE_WORKERS"
+#: the most forked tracers by default (36 steps for LLaMA-2-70B's default space)
+MAX_TRACE_WORKERS = 8
 #: the steps the forked workers run (set before the fork, read in the children by index)
 _FORKED_STEPS: list[tuple[_Tracer, int, str, str, tuple[float, str]]] = []
 
 
 def trace_workers() -> int:
-    """Processes that trace at once: :data:`TRACE_WORKERS_ENV`, else 1 (no fork)."""
+    """Processes that trace at once: :data:`TRACE_WORKERS_ENV`; else one per usable core (up to
+    :data:`MAX_TRACE_WORKERS`) where this process runs a single Python thread (the CLI, a notebook cell): a fork
+    copies only the forking thread, so a process with others (a queue worker's lease thread) could fork a lock one
+    of them held; there 1 (no fork)."""
     import os
+    import threading
 
     wanted = os.environ.get(TRACE_WORKERS_ENV, "")
-    return int(wanted) if wanted.isdigit() and int(wanted) > 0 else 1
+    if wanted.isdigit() and int(wanted) > 0:
+        return int(wanted)
+    if threading.active_count() > 1 or not hasattr(os, "sched_getaffinity"):
+        return 1
+    return max(1, min(MAX_TRACE_WORKERS, len(os.sched_getaffinity(0))))
 
 
 def _trace_in_parallel(tracers: dict[int, _Tracer], kinds: tuple[tuple[str, ...], tuple[str, ...]],
