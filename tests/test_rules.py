@@ -40,6 +40,7 @@ def check_with(name, software, hardware=H100, **values):
     return r.check(Context(hardware, 1, None, software), *(values[k] for k in r.keys))
 
 
+@pytest.mark.slow  # enumerates the default space
 def test_offload_to_the_cpu_when_the_device_is_the_cpu_is_pruned_with_its_reason():
     result = enum(load_space("default"), hardware=CPU, global_batch=64)
     assert all(c.offload_optimizer == "none" and c.offload_params == "none" for c in result.candidates)
@@ -51,6 +52,7 @@ def test_offload_to_the_cpu_when_the_device_is_the_cpu_is_pruned_with_its_reason
         enum(load_space("cpu"), hardware=CPU, global_batch=64, fixed={"offload_optimizer": "cpu"})
 
 
+@pytest.mark.slow  # enumerates the default space
 def test_fp8_needs_torchao_and_the_device():
     assert check_with("fp8_needs_torchao", Software(), precision="fp8") is None
     assert "pip install -e '.[fp8]'" in check_with("fp8_needs_torchao", NOTHING, precision="fp8")
@@ -64,6 +66,7 @@ def test_fp8_needs_torchao_and_the_device():
     assert all(c.precision != "fp8" for c in result.candidates)
 
 
+@pytest.mark.slow  # enumerates the default space
 def test_flash_needs_flash_attn_and_16_bit():
     assert "flash-attn" in check_with("flash_needs_flash_attn", NOTHING, attention="flash")
     assert check_with("flash_needs_flash_attn", NOTHING, attention="sdpa") is None
@@ -167,6 +170,7 @@ def test_fp8_with_zero3_is_pruned_with_torchaos_reason() -> None:
     assert check("fp8_not_with_zero3", precision="bf16", zero_stage=3) is None
 
 
+@pytest.mark.slow  # enumerates the default space
 def test_communication_knobs_are_pruned_at_zero0_and_on_one_rank():
     space = load_space("default")
     h100 = PRESETS["h100-80gb"]

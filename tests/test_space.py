@@ -63,7 +63,8 @@ def test_the_four_spaces_ship():
     assert set(SHIPPED) <= set(shipped_spaces())
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+# the default space (1.45 M configs before rules) takes seconds to enumerate: in the slow tier
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "default" else n for n in SHIPPED])
 def test_every_shipped_space_loads_and_enumerates(name):
     space = load_space(name)
     assert space.name == name
@@ -391,6 +392,7 @@ def test_fixing_every_key_with_parse_set_gives_exactly_one():
     assert result.candidates == [Config(micro_batch_size=4, grad_accum_steps=2)]
 
 
+@pytest.mark.slow  # enumerates the default space
 def test_attention_collapses_when_the_workload_does_not_search_it():
     space = load_space("default")
     result = enum(space, global_batch=64, searches_attention=False)
@@ -406,6 +408,7 @@ def test_attention_collapses_when_the_workload_does_not_search_it():
         enum(space, global_batch=64, searches_attention=False, fixed={"attention": "eager"})
 
 
+@pytest.mark.slow  # enumerates the default space
 def test_rules_hold_for_every_candidate_and_rejections_are_compact():
     space = load_space("default")
     for hardware, world_size in ((CPU, 1), (H100, 8), (A100, 4)):
