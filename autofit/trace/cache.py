@@ -32,7 +32,6 @@ import inspect
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,20 +101,16 @@ def store(key: str, facts: ModelFacts) -> None:
     directory = cache_dir()
     if directory is None:
         return
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"key": key, "facts": facts.to_dict()})
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as out:
-                out.write(text)
-            os.replace(tmp, directory / f"{key}.json")
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError:
-        return
+    write_entry(directory / f"{key}.json", {"key": key, "facts": facts.to_dict()})
+
+
+def write_entry(path: Path, document: dict[str, Any]) -> None:
+    """``document`` as JSON at ``path``, whole or not at all (:func:`autofit.emit.write_text_atomic`); a directory
+    that cannot be written leaves it unkept."""
+    from autofit.emit import write_text_atomic
+
+    with contextlib.suppress(OSError):
+        write_text_atomic(path, json.dumps(document))
 
 
 def software_versions() -> dict[str, Any]:

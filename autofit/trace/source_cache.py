@@ -31,8 +31,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -100,19 +98,7 @@ def _write(name: str, record: dict[str, Any]) -> None:
     directory = cache.cache_dir()
     if directory is None:
         return
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name[:24]}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as out:
-                json.dump({**record, "key": name}, out)
-            os.replace(tmp, directory / f"{name}.json")
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError:
-        return
+    cache.write_entry(directory / f"{name}.json", {**record, "key": name})
 
 
 def _well_formed(answers: Any) -> TypeGuard[dict[str, Any]]:
