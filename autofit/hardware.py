@@ -20,6 +20,16 @@ from autofit.errors import AutofitError
 GB = 10**9
 MIB = 2**20
 TFLOPS = 10**12
+#: where :attr:`Hardware.matmul_ceiling` comes from: Stas Bekman's mamf-finder.py runs, "Maximum Achievable Matmul
+#: FLOPS comparison table" (bf16, CUDA 12.1-12.5): A100 SXM 267.9 of 312 TFLOPS (85.9 %), H100 SXM 792.1 of 989
+#: (80.1 %), GH200 821.0 of 989 (83.0 %), A100 PCIe 256.4 of 312 (82.2 %)
+MAMF_SOURCE = ("https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md"
+               "#maximum-achievable-matmul-flops-comparison-table")
+#: where :attr:`Hardware.step_efficiency` comes from: one run per GPU, Llama-2-7B, sequence 4096, batch 2 a GPU, no
+#: checkpointing, PyTorch FSDP: 3,700 tokens/s a GPU on 128 A100 80GB, 7,500 on 96 H100 80GB (Table 1); over the
+#: prior at 1.0 (``python benchmarks/published_gpu.py --anchors``): A100 0.80, H100 0.63. Those two rows are left
+#: out of that benchmark's errors
+STEP_EFFICIENCY_SOURCE = "https://pytorch.org/blog/maximizing-training/"
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,14 @@ class Hardware:
     """Memory one training process may use on the device."""
     peak_flops: dict[str, float] = field(default_factory=dict)
     """Dense peak FLOP/s per compute dtype (fp32, bf16, fp16, fp8); a missing dtype is unsupported."""
+    matmul_ceiling: float = 0.0
+    """The most of ``peak_flops`` a matmul reaches here, measured: the maximum achievable matmul FLOP/s (MAMF)
+    over the datasheet's, bf16, best shape (:data:`MAMF_SOURCE`); 0: not measured for this device."""
+    step_efficiency: float = 0.0
+    """How much of that roofline (matmuls at ``matmul_ceiling``, the other kernels at the achieved bandwidth) a
+    whole training step reaches here: a published run's measured throughput over what autofit's prior predicts for
+    it at 1.0 (:data:`STEP_EFFICIENCY_SOURCE`); launch gaps, shapes below the best, synchronisation, clocks under
+    sustained load. 0: no run anchors this device."""
     memory_bandwidth_bytes_per_s: float = 0.0
     """Device memory bandwidth."""
     intra_node_bytes_per_s: float = 0.0
@@ -85,12 +103,15 @@ class Hardware:
         return asdict(self) | {"fingerprint": self.fingerprint()}
 
 
-def _hopper(name: str, memory_mib: int, bandwidth: float) -> Hardware:
+def _hopper(name: str, memory_mib: int, bandwidth: float, matmul_ceiling: float = 0.801) -> Hardware:
+    """An H100 SXM's datasheet; its step efficiency anchored on H100 80GB SXM (``STEP_EFFICIENCY_SOURCE``)."""
     return Hardware(
         name=name,
         kind="cuda",
         memory_bytes=memory_mib * MIB,
         peak_flops={"fp32": 67 * TFLOPS, "bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS, "fp8": 1979 * TFLOPS},
+        matmul_ceiling=matmul_ceiling,  # H100 SXM (MAMF_SOURCE)
+        step_efficiency=0.63,
         memory_bandwidth_bytes_per_s=bandwidth,
         intra_node_bytes_per_s=450 * GB,  # NVLink 4: 900 GB/s bidirectional
         inter_node_bytes_per_s=50 * GB,  # 400 Gb/s InfiniBand NDR per GPU
@@ -108,6 +129,8 @@ def _ampere(name: str, memory_mib: int, bandwidth: float) -> Hardware:
         kind="cuda",
         memory_bytes=memory_mib * MIB,
         peak_flops={"fp32": 19.5 * TFLOPS, "bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS},
+        matmul_ceiling=0.859,  # A100 SXM (MAMF_SOURCE)
+        step_efficiency=0.80,  # A100 80GB (STEP_EFFICIENCY_SOURCE)
         memory_bandwidth_bytes_per_s=bandwidth,
         intra_node_bytes_per_s=300 * GB,  # NVLink 3: 600 GB/s bidirectional
         inter_node_bytes_per_s=25 * GB,  # 200 Gb/s HDR per GPU
@@ -126,6 +149,7 @@ def _hopper_pcie(name: str, memory_mib: int) -> Hardware:
     return replace(
         _hopper(name, memory_mib, 2.0e12),
         peak_flops={"fp32": 51 * TFLOPS, "bf16": 756 * TFLOPS, "fp16": 756 * TFLOPS, "fp8": 1513 * TFLOPS},
+        matmul_ceiling=0.0,  # not measured
         intra_node_bytes_per_s=64 * GB,
     )
 
@@ -133,7 +157,7 @@ def _hopper_pcie(name: str, memory_mib: int) -> Hardware:
 PRESETS: dict[str, Hardware] = {
     "h100-80gb": _hopper("h100-80gb", 81559, 3.35e12),
     "h100-pcie-80gb": _hopper_pcie("h100-pcie-80gb", 81559),
-    "h200": _hopper("h200", 143771, 4.8e12),
+    "h200": _hopper("h200", 143771, 4.8e12, matmul_ceiling=0.830),  # GH200's: the same GH100 die with HBM3e
     "a100-40gb": _ampere("a100-40gb", 40960, 1.555e12),
     "a100-80gb": _ampere("a100-80gb", 81920, 2.039e12),
     "l4": Hardware(

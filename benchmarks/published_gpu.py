@@ -44,7 +44,7 @@ LLM_FOUNDRY = ("https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/
 TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md"
 #: what every MosaicML row differs in from a DeepSpeed run
 FOUNDRY_DIFFERS = ("Composer + PyTorch FSDP FULL_SHARD (not DeepSpeed ZeRO-3); MPT with ALiBi and "
-                   "flash/triton attention (autofit prices HF's MptForCausalLM, eager attention FLOPs); "
+                   "flash/triton attention (autofit prices MPT's shape as HF's GPT-2 with SDPA: STAND_IN); "
                    "LionW/decoupled AdamW; torch 1.13-2.0")
 TITAN_DIFFERS = ("torchtitan FSDP2 (not DeepSpeed ZeRO-3); torch.compile and fused kernels as torchtitan "
                  "configured them; selective layer AC = every 2nd layer (autofit: the first half)")
@@ -53,9 +53,17 @@ TITAN_DIFFERS = ("torchtitan FSDP2 (not DeepSpeed ZeRO-3); torch.compile and fus
 #: published NumParams agree within 0.5 %: 12 L d^2 + 50368 d), vocabulary 50368, expansion 4
 MPT = {"1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
        "30b": (7168, 64, 48), "70b": (8192, 64, 80)}
+#: how the MPT rows are traced: Hugging Face's ``MptForCausalLM`` computes attention eagerly (its scores, mask and
+#: softmax in memory, fp32), where llm-foundry's runs used flash or triton kernels, so its memory-bound bytes are
+#: not what ran. GPT-2 at MPT's width, heads, depth, 4x GELU MLP, vocabulary and tied embeddings, dropout 0 (the
+#: pretrain yamls'), with SDPA, is the same matmuls (FLOPs within its biases and learned positions: < 0.1 %)
+STAND_IN = "GPT-2 module at MPT's shape"
 #: (hidden, layers, intermediate, heads, kv heads, vocabulary) of the Llama models torchtitan trains
 LLAMA = {"llama3-8b": (4096, 32, 14336, 32, 8, 128256), "llama3-70b": (8192, 80, 28672, 64, 8, 128256),
-         "llama2-13b": (5120, 40, 13824, 40, 40, 32000), "llama2-70b": (8192, 80, 28672, 64, 8, 32000)}
+         "llama2-13b": (5120, 40, 13824, 40, 40, 32000), "llama2-70b": (8192, 80, 28672, 64, 8, 32000),
+         "llama2-7b": (4096, 32, 11008, 32, 32, 32000),
+         # the 34B of the Llama 2 paper was never released; its published shape is Code Llama 34B's
+         "llama2-34b": (8192, 48, 22016, 64, 8, 32000)}
 
 
 def _foundry(row_id: str, gpu: str, table: str, model: str, gpus: int, micro: int, accum: int, ac: bool,
@@ -73,6 +81,21 @@ def _titan(row_id: str, model: str, seq: int, micro: int, ratio: float, ac: str,
             "published_mfu": mfu, "source": TORCHTITAN,
             "table": f"{'Llama 3' if 'llama3' in model else 'Llama 2'} performance numbers ({ac})",
             "framework": "torchtitan / FSDP2", "differs": TITAN_DIFFERS}
+
+
+IBM_FSDP = "https://pytorch.org/blog/maximizing-training/"
+IBM_DIFFERS = ("PyTorch FSDP (not DeepSpeed ZeRO-3), IBM's Foundation Model Stack Llama with SDPA flash attention, "
+               "torch nightlies of early 2024; 'selective' checkpointing = every n-th block, n unpublished "
+               "(autofit: half the layers)")
+
+
+def _ibm(row_id: str, gpu: str, model: str, gpus: int, ac: float, node_gbps: int, tokens_per_gpu: float,
+         mfu: float) -> dict[str, Any]:
+    return {"id": row_id, "model": model, "seq_len": 4096, "gpu": gpu, "gpus": gpus, "micro_batch": 2,
+            "grad_accum": 1, "checkpoint_ratio": ac, "published_tokens_per_gpu": tokens_per_gpu,
+            "published_mfu": mfu, "source": IBM_FSDP, "inter_node_gbps": node_gbps,
+            "table": "Table 1: Model and Hardware FLOPS utilization of various model sizes on A100 and H100 GPUs",
+            "framework": "PyTorch FSDP (IBM fms-fsdp)", "differs": IBM_DIFFERS}
 
 
 H100 = "H100 80GB BF16"
@@ -100,6 +123,15 @@ ROWS: tuple[dict[str, Any], ...] = (
     _titan("titan-llama2-13b-64", "llama2-13b", 4096, 2, 0.0, "no AC", 2162, 61.1),
     _titan("titan-llama3-70b-64", "llama3-70b", 8192, 1, 1.0, "full", 331, 51.7),
     _titan("titan-llama2-70b-64", "llama2-70b", 4096, 2, 1.0, "full", 353, 50.5),
+    # IBM / PyTorch: A100 80GB, 128 GPUs, 400 Gbps a node; H100 80GB, 96 GPUs, 800 Gbps a node; batch 2 a GPU
+    _ibm("ibm-a100-7b-128", "a100-80gb", "llama2-7b", 128, 0.0, 400, 3700, 57),
+    _ibm("ibm-a100-13b-128", "a100-80gb", "llama2-13b", 128, 0.5, 400, 1800, 51),
+    _ibm("ibm-a100-34b-128", "a100-80gb", "llama2-34b", 128, 1.0, 400, 700, 47),
+    _ibm("ibm-a100-70b-128", "a100-80gb", "llama2-70b", 128, 1.0, 400, 370, 50),
+    _ibm("ibm-h100-7b-96", "h100-80gb", "llama2-7b", 96, 0.0, 800, 7500, 37),
+    _ibm("ibm-h100-13b-96", "h100-80gb", "llama2-13b", 96, 0.5, 800, 3800, 35),
+    _ibm("ibm-h100-34b-96", "h100-80gb", "llama2-34b", 96, 1.0, 800, 1550, 32),
+    _ibm("ibm-h100-70b-96", "h100-80gb", "llama2-70b", 96, 1.0, 800, 800, 34),
 )
 
 
@@ -115,11 +147,13 @@ def workload(model: str, seq_len: int) -> Workload:
     if model.startswith("mpt-"):
         d, heads, layers = MPT[model.removeprefix("mpt-")]
 
-        def build() -> Any:
-            from transformers import MptConfig, MptForCausalLM
+        def build() -> Any:  # MPT's shape as a module with SDPA attention (STAND_IN)
+            from transformers import GPT2Config, GPT2LMHeadModel
 
-            return MptForCausalLM(MptConfig(d_model=d, n_heads=heads, n_layers=layers, expansion_ratio=4,
-                                            max_seq_len=seq_len, vocab_size=50368))
+            return GPT2LMHeadModel(GPT2Config(n_embd=d, n_head=heads, n_layer=layers, n_inner=4 * d,
+                                              n_positions=seq_len, vocab_size=50368, activation_function="gelu",
+                                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                              attn_implementation="sdpa"))
     else:
         hidden, layers, inter, heads, kv, vocab = LLAMA[model]
 
@@ -145,13 +179,25 @@ def configs_of(row: dict[str, Any]) -> list[Config]:
     return [Config(**keys, overlap_comm=o, bucket_scale=s) for o in (False, True) for s in (1, 4)]
 
 
-def hardware_of(row: dict[str, Any]) -> Hardware:
-    """The row's GPU with its 8 GPUs a node (every source ran 8-GPU nodes): what ``--gpus 8 --nodes N`` gives."""
-    return replace(get_hardware(row["gpu"]), devices_per_node=min(8, row["gpus"]))
+#: the rows the CUDA presets' ``step_efficiency`` is taken from (one per GPU: :data:`autofit.hardware.STEP_EFFICIENCY_SOURCE`),
+#: left out of the errors
+ANCHORS = ("ibm-a100-7b-128", "ibm-h100-7b-96")
 
 
-def predict_rows(rows: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
-    """Each row's prediction; one trace per model and sequence length, for every config its rows use."""
+def hardware_of(row: dict[str, Any], step_efficiency: float | None = None) -> Hardware:
+    """The row's GPU with its 8 GPUs a node (every source ran 8-GPU nodes): what ``--gpus 8 --nodes N`` gives; a
+    row that publishes its network (``inter_node_gbps``, a node's) shares it among the node's 8 GPUs."""
+    hardware = replace(get_hardware(row["gpu"]), devices_per_node=min(8, row["gpus"]))
+    if "inter_node_gbps" in row:
+        hardware = replace(hardware, inter_node_bytes_per_s=row["inter_node_gbps"] * 1e9 / 8 / 8)
+    if step_efficiency is not None and hasattr(hardware, "step_efficiency"):
+        hardware = replace(hardware, step_efficiency=step_efficiency)
+    return hardware
+
+
+def predict_rows(rows: tuple[dict[str, Any], ...], step_efficiency: float | None = None) -> list[dict[str, Any]]:
+    """Each row's prediction; one trace per model and sequence length, for every config its rows use
+    (``step_efficiency``: the device's in place of its preset's, 1.0 for the anchors)."""
     out: list[dict[str, Any]] = []
     by_model: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
@@ -161,7 +207,7 @@ def predict_rows(rows: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
         facts = trace_for(workload(model, seq_len), [c for r in group for c in configs_of(r)])
         print(f"  traced {model} at {seq_len} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
         for row in group:
-            hardware = hardware_of(row)
+            hardware = hardware_of(row, step_efficiency)
             priced = [(c, predict(c, facts, hardware, row["gpus"], Coefficients.for_hardware(hardware)))
                       for c in configs_of(row)]
             fitting = [cp for cp in priced if cp[1].fits] or priced
@@ -176,9 +222,10 @@ def predict_rows(rows: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
 
 
 def summary(rows: list[dict[str, Any]], key: str = "error") -> dict[str, Any]:
-    errors = [abs(r[key]) for r in rows if r.get(key) is not None]
-    return {"n": len(errors), "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
-            "median_signed_error": statistics.median(r[key] for r in rows if r.get(key) is not None)}
+    """Median and worst error over the rows but the anchors (:data:`ANCHORS`)."""
+    held_out = [r[key] for r in rows if r.get(key) is not None and r["id"] not in ANCHORS]
+    return {"n": len(held_out), "median_abs_error": statistics.median(map(abs, held_out)),
+            "worst_abs_error": max(map(abs, held_out)), "median_signed_error": statistics.median(held_out)}
 
 
 def merge(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -203,7 +250,7 @@ def markdown(data: dict[str, Any]) -> str:
     def pct(x: float | None) -> str:
         return "" if x is None else f"{100 * x:+.0f}%"
 
-    rows = [[r["id"], r["model"], r["gpu"], str(r["gpus"]), f"{r['micro_batch']}x{r['grad_accum']}",
+    rows = [[r["id"] + (" (anchor)" if r["id"] in ANCHORS else ""), r["model"], r["gpu"], str(r["gpus"]), f"{r['micro_batch']}x{r['grad_accum']}",
              f"{r['checkpoint_ratio']:g}", f"{r['published_tokens_per_gpu']:,.0f}",
              f"{r['before_predicted_tokens_per_gpu']:,.0f}", pct(r["before_error"]),
              f"{r['after_predicted_tokens_per_gpu']:,.0f}", pct(r["after_error"]), r["framework"]] for r in data["rows"]]
@@ -214,7 +261,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"Before ({b['commit']}): median |error| {100 * b['median_abs_error']:.1f}%, worst {100 * b['worst_abs_error']:.1f}%"
         f" (median signed {100 * b['median_signed_error']:+.1f}%). After ({a['commit']}): median |error| "
         f"{100 * a['median_abs_error']:.1f}%, worst {100 * a['worst_abs_error']:.1f}% (median signed "
-        f"{100 * a['median_signed_error']:+.1f}%). Targets: median 15%, worst 30%.", ""])
+        f"{100 * a['median_signed_error']:+.1f}%). Targets: median 15%, worst 30%. Over {a['n']} rows: the anchors "
+        f"({', '.join(ANCHORS)}) are left out.", ""])
 
 
 def main() -> None:
@@ -222,6 +270,8 @@ def main() -> None:
     parser.add_argument("--label", default="after", help="which column this run is (before: the code before a change)")
     parser.add_argument("--out", type=Path, help="where to write this run's rows (JSON)")
     parser.add_argument("--only", help="comma-separated row ids")
+    parser.add_argument("--anchors", action="store_true",
+                        help="the anchor rows at step efficiency 1.0: measured / predicted is each GPU's step efficiency")
     parser.add_argument("--merge", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
                         help="write benchmarks/results/published_gpu.{json,md} from two runs' files")
     args = parser.parse_args()
@@ -230,6 +280,12 @@ def main() -> None:
         (cc.RESULTS / "published_gpu.json").write_text(json.dumps(data, indent=1) + "\n")
         (cc.RESULTS / "published_gpu.md").write_text(markdown(data))
         print(markdown(data))
+        return
+    if args.anchors:
+        for r in predict_rows(tuple(r for r in ROWS if r["id"] in ANCHORS), step_efficiency=1.0):
+            print(f"{r['id']:20s} {r['gpu']:10s} step efficiency = {r['published_tokens_per_gpu']:.0f} / "
+                  f"{r['predicted_tokens_per_gpu']:.0f} = {r['published_tokens_per_gpu'] / r['predicted_tokens_per_gpu']:.3f}"
+                  f" (preset: {get_hardware(r['gpu']).step_efficiency:g})")
         return
     rows = ROWS if not args.only else tuple(r for r in ROWS if r["id"] in args.only.split(","))
     predicted = predict_rows(rows)

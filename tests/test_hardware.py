@@ -35,6 +35,9 @@ def test_presets_are_cuda_with_flash_and_bf16(name):
     assert hardware.context_bytes > 0
     # bf16 tensor cores outrun fp32 on every one of them
     assert hardware.peak_flops["bf16"] > hardware.peak_flops["fp32"]
+    # a measured ceiling or anchored step efficiency is a share of the datasheet's; 0 where none is sourced
+    assert 0.0 <= hardware.matmul_ceiling <= 1.0
+    assert 0.0 <= hardware.step_efficiency <= 1.0
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,16 @@ from autofit.errors import AutofitError
 from autofit.hardware import Hardware
 
 MIB = 2**20
+#: the matmul ceiling of a CUDA device none is measured for: the lowest of the NVIDIA parts measured
+#: (H100 SXM, :data:`autofit.hardware.MAMF_SOURCE`)
+UNMEASURED_MATMUL_CEILING = 0.801
+#: achieved / datasheet memory bandwidth of a streaming kernel on an NVIDIA GPU: ~90% is the most any kernel
+#: reached in NVIDIA's measurements, a read kernel on an A100 80GB SXM 88% (1.80 of 2.04 TB/s, Nsight Compute
+#: agreeing; https://forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083)
+ACHIEVED_BANDWIDTH = 0.9
+#: the step efficiency of a CUDA device no published run anchors: the lowest anchored (H100's,
+#: :data:`autofit.hardware.STEP_EFFICIENCY_SOURCE`)
+UNANCHORED_STEP_EFFICIENCY = 0.63
 
 
 #: the most achieved / datasheet FLOP/s a fitted efficiency may reach. Above 1 the datasheet undersells the
@@ -35,6 +45,11 @@ class Coefficients:
     """Fixed seconds per optimizer step (DeepSpeed bookkeeping, clipping, scheduling)."""
     optimizer_bytes_per_s: float = 1e12
     """Speed of the optimizer update, in bytes of parameters + states + gradients touched per second."""
+    memory_bound_bytes_per_s: float = 0.0
+    """Achieved memory bandwidth of the step's kernels that do no matmul (elementwise ops, norms, softmax, casts):
+    their traced bytes (:attr:`~autofit.cost_model.facts.PeakPoint.memory_bound_bytes`) over it are seconds
+    beside the matmuls' (a roofline). 0: not priced apart, their time is folded into ``compute_efficiency``
+    (the CPU, where a small model's activations stay in cache and DRAM bandwidth does not bound them)."""
     comm_efficiency: float = 0.7
     """Achieved / nominal interconnect bandwidth for collectives."""
     offload_efficiency: float = 0.7
@@ -94,14 +109,24 @@ class Coefficients:
     def for_hardware(cls, hardware: Hardware) -> Coefficients:
         """Starting values before any probe.
 
-        CUDA: ~45% MFU for dense training (the range Megatron-LM and PaLM report),
-        ~20 us per kernel launch folded into a per-micro-batch overhead.
-        CPU: MKL/oneDNN reach ~35% of nominal fp32 on large matmuls; bf16 is given the
-        same nominal value (not assumed faster or slower) until a probe measures it.
+        CUDA: a roofline of the step's kernels. Matmuls run at the device's measured matmul ceiling
+        (:attr:`Hardware.matmul_ceiling`, the MAMF fraction; :data:`UNMEASURED_MATMUL_CEILING` where none is
+        measured), the kernels that do no matmul at :data:`ACHIEVED_BANDWIDTH` of the memory bandwidth, both
+        times the share of that roofline a whole training step reaches on the device
+        (:attr:`Hardware.step_efficiency`, from one published run; :data:`UNANCHORED_STEP_EFFICIENCY` where none),
+        plus ~5 ms a micro-batch of launches and Python. The two sides differ across generations: an H100 has 3.2x an
+        A100's bf16 FLOP/s but 1.6x its bandwidth, so the same model spends a larger share of its step in
+        memory-bound kernels there (the lower MFU its published runs report).
+        CPU: MKL/oneDNN reach ~35% of nominal fp32 on large matmuls, everything else folded in; bf16 is given
+        the same nominal value (not assumed faster or slower) until a probe measures it.
         """
         if hardware.kind == "cuda":
+            step = hardware.step_efficiency or UNANCHORED_STEP_EFFICIENCY
+            ceiling = step * (hardware.matmul_ceiling or UNMEASURED_MATMUL_CEILING)
             return cls(
-                compute_efficiency={"fp32": 0.45, "bf16": 0.45, "fp16": 0.45, "fp8": 0.35},
+                # fp8 keeps the earlier prior's ratio to bf16 (0.35 / 0.45): an assumption, no fp8 MAMF is sourced
+                compute_efficiency={"fp32": ceiling, "bf16": ceiling, "fp16": ceiling, "fp8": ceiling * 0.35 / 0.45},
+                memory_bound_bytes_per_s=step * ACHIEVED_BANDWIDTH * hardware.memory_bandwidth_bytes_per_s,
                 micro_batch_overhead_s=0.005,
                 step_overhead_s=0.005,
                 optimizer_bytes_per_s=0.7 * hardware.memory_bandwidth_bytes_per_s,

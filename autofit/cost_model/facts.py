@@ -27,6 +27,9 @@ class PeakPoint:
     """FLOPs of forward + backward (+ recompute when checkpointed)."""
     fp8_flops: int = 0
     """The part of ``flops`` inside the Linear layers fp8 training converts (:mod:`autofit.fp8`)."""
+    memory_bound_bytes: int = 0
+    """Bytes read and written by the step's kernels that do no matmul (elementwise, norms, softmax, copies,
+    reductions): what bounds their time is memory bandwidth, not FLOP/s (:func:`autofit.trace.tensors.memory_bound_bytes`)."""
 
 
 #: the key part of a checkpointed trace, by checkpoint granularity

@@ -2,7 +2,10 @@
 
 Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
 
-* compute = a x FLOPs(micro-batch) / (peak FLOP/s[dtype] x efficiency[dtype]); FLOPs are counted
+* compute = a x (FLOPs(micro-batch) / (peak FLOP/s[dtype] x efficiency[dtype]) + bytes / achieved bandwidth):
+  a roofline of the step's kernels (Williams et al. 2009), the matmuls bound by FLOP/s, the kernels that do no
+  matmul (elementwise, norms, softmax, casts; their bytes traced) by memory bandwidth where
+  ``memory_bound_bytes_per_s`` is set (on CUDA; a CPU folds them into its efficiency). FLOPs are counted
   on the traced model (``torch.utils.flop_counter``), so the recompute that checkpointing adds is in them:
   a whole block's forward again, or only its attention's at ``checkpoint_granularity=attention``.
   fp8 speeds up only the Linear layers torchao converts, and adds their casts, memory-bound passes that only
@@ -55,7 +58,22 @@ def micro_batch_flops(config: Config, facts: ModelFacts) -> float:
                                  config.checkpoint_granularity)
 
 
+def micro_batch_memory_bound_bytes(config: Config, facts: ModelFacts) -> float:
+    """Bytes the non-matmul kernels of one micro-batch read and write (as traced; interpolated as the FLOPs are)."""
+    n_ckpt = config.checkpointed_layers(facts.n_layers)
+    return facts.at_checkpointed(config.trace_dtype, config.attention, n_ckpt, config.micro_batch_size,
+                                 "memory_bound_bytes", config.checkpoint_granularity)
+
+
 def micro_batch_compute_s(config: Config, facts: ModelFacts, hardware: Hardware, coefficients: Coefficients) -> float:
+    """Seconds of kernels in one micro-batch: the matmuls' FLOPs at the achieved FLOP/s (under fp8 only the
+    converted Linears at the fp8 rate), the other kernels' bytes at the achieved memory bandwidth."""
+    bandwidth = coefficients.memory_bound_bytes_per_s
+    memory_s = micro_batch_memory_bound_bytes(config, facts) / bandwidth if bandwidth > 0 else 0.0
+    return micro_batch_matmul_s(config, facts, hardware, coefficients) + memory_s
+
+
+def micro_batch_matmul_s(config: Config, facts: ModelFacts, hardware: Hardware, coefficients: Coefficients) -> float:
     """Seconds of arithmetic in one micro-batch; under fp8 only the converted Linears run at the fp8 rate."""
 
     def rate(dtype: str) -> float:

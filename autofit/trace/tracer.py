@@ -23,6 +23,7 @@ from autofit.trace.tensors import (
     first_line,
     flop_counter,
     kernel_workspace_bytes,
+    memory_bound_bytes,
     to_dtype,
 )
 from autofit.workload import Workload
@@ -442,6 +443,8 @@ class _LiveBytes:
     peak_with_grads: int = 0
     peak_without_grads: int = 0
     tracked: set[int] = field(default_factory=set)
+    memory_bound_bytes: int = 0
+    """Bytes the step's non-matmul ops read and write (:func:`autofit.trace.tensors.memory_bound_bytes`)."""
     marks: SegmentMarks | None = None
     """Where the step is (cut traces only): peaks are kept per segment too."""
     segment_peaks: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
@@ -479,6 +482,7 @@ def _make_tracker(counter: _LiveBytes) -> Any:
                 if isinstance(tensor, torch.Tensor):
                     self._track(tensor)
             counter.note(kernel_workspace_bytes(func, args, out))
+            counter.memory_bound_bytes += memory_bound_bytes(func, args, kwargs, out)
             return out
 
         def _track(self, tensor: Any) -> None:
@@ -547,6 +551,7 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckp
         grad_bytes=grad_bytes,
         flops=int(flops.get_total_flops()),
         fp8_flops=fp8_flops,
+        memory_bound_bytes=counter.memory_bound_bytes,
     )
 
 

@@ -263,3 +263,33 @@ def test_each_reduce_bucket_is_priced_in_memory():
     assert grads(zero_stage=3, bucket_scale=4) - grads(zero_stage=3) == 3 * bucket
     more = predict(Config(precision="bf16", zero_stage=2, overlap_comm=True), facts, h100, 8).peak_bytes
     assert more > predict(Config(precision="bf16", zero_stage=2), facts, h100, 8).peak_bytes
+
+
+def _with_memory_bound_bytes(facts: ModelFacts, bytes_per_sample: int) -> ModelFacts:
+    """``facts`` whose every traced point also reads and writes ``bytes_per_sample`` in non-matmul kernels."""
+    from dataclasses import replace
+
+    profiles = {key: replace(p, points=tuple(replace(pt, memory_bound_bytes=pt.micro_batch_size * bytes_per_sample)
+                                             for pt in p.points))
+                for key, p in facts.profiles.items()}
+    return replace(facts, profiles=profiles)
+
+
+def test_a_cuda_step_prices_its_memory_bound_kernels_at_the_devices_bandwidth() -> None:
+    """The roofline's memory side: more non-matmul bytes, a longer step on a GPU, longer where the bandwidth is
+    lower for its FLOP/s; a CPU folds them into its efficiency (its small activations stay in cache)."""
+    config = Config(micro_batch_size=4, checkpoint_ratio=0.0, precision="bf16", optimizer="adamw", zero_stage=0)
+    plain = facts_with(10**8, flops_per_sample=10**12)
+    heavy = _with_memory_bound_bytes(plain, 10**9)
+
+    def step(facts: ModelFacts, name: str) -> float:
+        hardware = get_hardware(name)
+        return predict(config, facts, hardware, 1, Coefficients.for_hardware(hardware)).time_breakdown["compute"]
+
+    h100, a100 = (step(heavy, n) / step(plain, n) for n in ("h100-80gb", "a100-80gb"))
+    assert h100 > a100 > 1.0  # an H100 has 3.2x an A100's bf16 FLOP/s, 1.6x its bandwidth
+    cpu = get_hardware("cpu")
+    cpu_config = config.with_(precision="fp32")
+    assert (predict(cpu_config, heavy, cpu, 1, Coefficients.for_hardware(cpu)).step_time_s
+            == predict(cpu_config, plain, cpu, 1, Coefficients.for_hardware(cpu)).step_time_s)
+
