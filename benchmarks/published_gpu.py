@@ -46,8 +46,9 @@ TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.m
 FOUNDRY_DIFFERS = ("Composer + PyTorch FSDP FULL_SHARD (not DeepSpeed ZeRO-3); MPT with ALiBi and "
                    "flash/triton attention (autofit prices MPT's shape as HF's GPT-2 with SDPA: STAND_IN); "
                    "LionW/decoupled AdamW; torch 1.13-2.0")
-TITAN_DIFFERS = ("torchtitan FSDP2 (not DeepSpeed ZeRO-3); torch.compile and fused kernels as torchtitan "
-                 "configured them; selective layer AC = every 2nd layer (autofit: the first half)")
+TITAN_DIFFERS = ("torchtitan FSDP2 (not DeepSpeed ZeRO-3); its own model code and kernels (whether torch.compile was "
+                 "on is not published: autofit prices eager kernels); selective layer AC = every 2nd layer "
+                 "(autofit: the first half)")
 
 #: (d_model, n_heads, n_layers) of the MPT sizes (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml; the
 #: published NumParams agree within 0.5 %: 12 L d^2 + 50368 d), vocabulary 50368, expansion 4

@@ -29,7 +29,11 @@ class PeakPoint:
     """The part of ``flops`` inside the Linear layers fp8 training converts (:mod:`autofit.fp8`)."""
     memory_bound_bytes: int = 0
     """Bytes read and written by the step's kernels that do no matmul (elementwise, norms, softmax, copies,
-    reductions): what bounds their time is memory bandwidth, not FLOP/s (:func:`autofit.trace.tensors.memory_bound_bytes`)."""
+    reductions), each op its own kernel: what bounds their time is memory bandwidth, not FLOP/s
+    (:mod:`autofit.trace.traffic`)."""
+    fused_memory_bound_bytes: int = 0
+    """The same kernels' bytes as ``torch.compile`` fuses their chains between matmuls (a lower bound:
+    :mod:`autofit.trace.traffic`)."""
 
 
 #: the key part of a checkpointed trace, by checkpoint granularity

@@ -59,10 +59,12 @@ def micro_batch_flops(config: Config, facts: ModelFacts) -> float:
 
 
 def micro_batch_memory_bound_bytes(config: Config, facts: ModelFacts) -> float:
-    """Bytes the non-matmul kernels of one micro-batch read and write (as traced; interpolated as the FLOPs are)."""
+    """Bytes the non-matmul kernels of one micro-batch read and write (as traced; interpolated as the FLOPs are):
+    each op its own kernel, or under ``compile`` their chains fused (:mod:`autofit.trace.traffic`)."""
     n_ckpt = config.checkpointed_layers(facts.n_layers)
-    return facts.at_checkpointed(config.trace_dtype, config.attention, n_ckpt, config.micro_batch_size,
-                                 "memory_bound_bytes", config.checkpoint_granularity)
+    attr = "fused_memory_bound_bytes" if config.compile == "on" else "memory_bound_bytes"
+    return facts.at_checkpointed(config.trace_dtype, config.attention, n_ckpt, config.micro_batch_size, attr,
+                                 config.checkpoint_granularity)
 
 
 def micro_batch_compute_s(config: Config, facts: ModelFacts, hardware: Hardware, coefficients: Coefficients) -> float:

@@ -96,54 +96,6 @@ def kernel_workspace_bytes(func: Any, args: Any, out: Any) -> int:
     return 0
 
 
-def memory_bound_bytes(func: Any, args: Any, kwargs: Any, out: Any) -> int:
-    """Bytes an op that does no matmul reads and writes: its tensor inputs and outputs (elementwise ops, norms,
-    softmax, reductions, copies, casts); 0 for an op that only views its input, allocates without writing, or
-    is a matmul or attention kernel (FLOP-bound: :func:`flop_counter` counts those). A gather reads only what
-    it writes (an embedding lookup reads its rows, not the table).
-
-    A roofline's memory side (Williams et al. 2009): such a kernel's time is its bytes over the device's
-    achieved memory bandwidth. Eager PyTorch runs each op as its own kernel, so each op's bytes cross memory
-    (a compiler that fuses them moves fewer; :mod:`autofit.cost_model.time`)."""
-    from torch.utils._pytree import tree_leaves
-
-    if _moves_nothing(func):
-        return 0
-    written = sum(_nbytes(t) for t in tree_leaves(out) if _is_tensor(t))
-    if not written:  # a query of a tensor's metadata (``prim.device``), or an op with nothing to write
-        return 0
-    if func.overloadpacket in _gather_ops():
-        indices = [t for t in tree_leaves((args, kwargs)) if _is_tensor(t) and not t.is_floating_point()]
-        return 2 * written + sum(_nbytes(t) for t in indices)
-    return written + sum(_nbytes(t) for t in tree_leaves((args, kwargs)) if _is_tensor(t))
-
-
-@functools.cache
-def _moves_nothing(func: Any) -> bool:
-    """Views, uninitialised allocations, matmuls and attention kernels (looked up once per op)."""
-    from torch.utils.flop_counter import flop_registry
-
-    packet = func.overloadpacket
-    name = packet.__name__
-    return (func.is_view or name == "_unsafe_view" or "empty" in name or packet in flop_registry
-            or packet in cpu_sdpa_flop_formulas())
-
-
-@functools.cache
-def _gather_ops() -> frozenset[Any]:
-    import torch
-
-    aten = torch.ops.aten
-    return frozenset({aten.embedding, aten.index_select, aten.gather, aten.nll_loss_forward, aten.nll_loss2d_forward,
-                      aten.index})
-
-
-def _is_tensor(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor)
-
-
 @functools.cache
 def _convolution_ops() -> tuple[Any, Any]:
     """aten's convolution and its backward, looked up once (the trace asks for every op it runs)."""

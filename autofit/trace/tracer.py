@@ -23,9 +23,9 @@ from autofit.trace.tensors import (
     first_line,
     flop_counter,
     kernel_workspace_bytes,
-    memory_bound_bytes,
     to_dtype,
 )
+from autofit.trace.traffic import Traffic, storage_key
 from autofit.workload import Workload
 
 #: the micro-batches every profile is traced at; a space with larger ones adds its largest
@@ -443,8 +443,8 @@ class _LiveBytes:
     peak_with_grads: int = 0
     peak_without_grads: int = 0
     tracked: set[int] = field(default_factory=set)
-    memory_bound_bytes: int = 0
-    """Bytes the step's non-matmul ops read and write (:func:`autofit.trace.tensors.memory_bound_bytes`)."""
+    traffic: Traffic = field(default_factory=Traffic)
+    """Bytes the step's non-matmul kernels move, eager and fused (:mod:`autofit.trace.traffic`)."""
     marks: SegmentMarks | None = None
     """Where the step is (cut traces only): peaks are kept per segment too."""
     segment_peaks: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
@@ -455,6 +455,7 @@ class _LiveBytes:
 
     def remove(self, key: int, n_bytes: int) -> None:
         self.tracked.discard(key)
+        self.traffic.forget(key)
         self.live -= n_bytes
 
     def note(self, workspace: int = 0) -> None:
@@ -482,7 +483,7 @@ def _make_tracker(counter: _LiveBytes) -> Any:
                 if isinstance(tensor, torch.Tensor):
                     self._track(tensor)
             counter.note(kernel_workspace_bytes(func, args, out))
-            counter.memory_bound_bytes += memory_bound_bytes(func, args, kwargs, out)
+            counter.traffic.record(func, args, kwargs, out)
             return out
 
         def _track(self, tensor: Any) -> None:
@@ -531,6 +532,7 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckp
                 activation_bytes_at_loss = counter.live
                 if counter.marks:
                     counter.marks.start_backward()
+                counter.traffic.start_backward()
                 loss.backward()
             for hook in hooks:
                 hook.remove()
@@ -551,7 +553,8 @@ def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckp
         grad_bytes=grad_bytes,
         flops=int(flops.get_total_flops()),
         fp8_flops=fp8_flops,
-        memory_bound_bytes=counter.memory_bound_bytes,
+        memory_bound_bytes=counter.traffic.eager,
+        fused_memory_bound_bytes=counter.traffic.fused,
     )
 
 
@@ -566,6 +569,7 @@ def _grad_hook(counter: _LiveBytes) -> Any:
         grad = param.grad
         if grad is not None:
             counter.grads += grad.untyped_storage().nbytes()
+            counter.traffic.keep(storage_key(grad))  # the optimizer reads it
             counter.note()
 
     return hook

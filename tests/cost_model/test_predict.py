@@ -293,3 +293,20 @@ def test_a_cuda_step_prices_its_memory_bound_kernels_at_the_devices_bandwidth() 
     assert (predict(cpu_config, heavy, cpu, 1, Coefficients.for_hardware(cpu)).step_time_s
             == predict(cpu_config, plain, cpu, 1, Coefficients.for_hardware(cpu)).step_time_s)
 
+
+
+def test_compile_prices_the_fused_bytes_of_the_non_matmul_kernels() -> None:
+    config = Config(micro_batch_size=4, checkpoint_ratio=0.0, precision="bf16", optimizer="adamw", zero_stage=0)
+    facts = _with_memory_bound_bytes(facts_with(10**8, flops_per_sample=10**12), 10**9)
+    from dataclasses import replace
+
+    fused = replace(facts, profiles={key: replace(p, points=tuple(
+        replace(pt, fused_memory_bound_bytes=pt.memory_bound_bytes // 4) for pt in p.points))
+        for key, p in facts.profiles.items()})
+    hardware = get_hardware("h100-80gb")
+    prior = Coefficients.for_hardware(hardware)
+    eager_s = predict(config, fused, hardware, 1, prior).time_breakdown["compute"]
+    compiled_s = predict(config.with_(compile="on"), fused, hardware, 1, prior).time_breakdown["compute"]
+    matmul_only_s = predict(config, facts_with(10**8, flops_per_sample=10**12), hardware, 1, prior).time_breakdown["compute"]
+    assert matmul_only_s < compiled_s < eager_s
+    assert (eager_s - matmul_only_s) == pytest.approx(4 * (compiled_s - matmul_only_s))

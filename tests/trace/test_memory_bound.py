@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autofit.config import Config
 from autofit.plan import trace_for
-from autofit.trace.tensors import memory_bound_bytes
+from autofit.trace.traffic import memory_bound_bytes
 from autofit.workload import Workload
 
 aten = torch.ops.aten
@@ -66,3 +66,38 @@ def test_the_trace_counts_elementwise_traffic_apart_from_flops() -> None:
     assert at(gated, 4, "flops") == pytest.approx(at(plain, 4, "flops"), rel=0.01)
     assert at(gated, 4, "memory_bound_bytes") > 1.3 * at(plain, 4, "memory_bound_bytes") > 0
     assert at(plain, 8, "memory_bound_bytes") > 1.5 * at(plain, 4, "memory_bound_bytes")
+
+
+def test_a_compiler_fuses_the_chain_between_two_matmuls() -> None:
+    """Fused, the gate's two elementwise ops move what they read from the first matmul and what the second matmul
+    reads (plus what backward reads of them), not every intermediate: less than eager adds, and never more."""
+    plain, gated = _facts(False), _facts(True)
+
+    def at(facts, attr: str) -> float:  # noqa: ANN001
+        return facts.at_checkpointed("fp32", "sdpa", 0, 4, attr)
+
+    for facts in (plain, gated):
+        assert 0 < at(facts, "fused_memory_bound_bytes") < at(facts, "memory_bound_bytes")
+    eager_added = at(gated, "memory_bound_bytes") - at(plain, "memory_bound_bytes")
+    fused_added = at(gated, "fused_memory_bound_bytes") - at(plain, "fused_memory_bound_bytes")
+    assert 0 <= fused_added < eager_added
+
+
+def test_what_backward_or_a_matmul_reads_reaches_memory() -> None:
+    """A chain's output that a matmul reads is written; one only the chain reads is not; a forward output read in
+    backward is written (forward and backward compile as two graphs)."""
+    from autofit.trace.traffic import Traffic
+
+    with FakeTensorMode():
+        x, w = torch.empty(64, 64), torch.empty(64, 64)
+        traffic = Traffic()
+        h = aten.relu.default(x)
+        traffic.record(aten.relu.default, (x,), {}, h)
+        g = aten.mul.Tensor(h, h)
+        traffic.record(aten.mul.Tensor, (h, h), {}, g)
+        assert traffic.writes == 0  # nothing outside the chain has read h or g
+        traffic.record(aten.mm.default, (g, w), {}, aten.mm.default(g, w))
+        assert traffic.writes == 64 * 64 * 4  # g, which the matmul reads; h stays in registers
+        traffic.start_backward()
+        traffic.record(aten.neg.default, (h,), {}, aten.neg.default(h))
+        assert traffic.writes == 2 * 64 * 64 * 4  # h, saved for backward
