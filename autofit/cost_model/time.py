@@ -5,7 +5,8 @@ Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
 * compute = a x (FLOPs(micro-batch) / (peak FLOP/s[dtype] x efficiency[dtype]) + bytes / achieved bandwidth):
   a roofline of the step's kernels (Williams et al. 2009), the matmuls bound by FLOP/s, the kernels that do no
   matmul (elementwise, norms, softmax, casts; their bytes traced) by memory bandwidth where
-  ``memory_bound_bytes_per_s`` is set (on CUDA; a CPU folds them into its efficiency). FLOPs are counted
+  ``memory_bound_bytes_per_s`` is set (on CUDA; a CPU folds them into its efficiency); under ``compile`` their
+  bytes as inductor fuses them (:mod:`autofit.trace.traffic`). FLOPs are counted
   on the traced model (``torch.utils.flop_counter``), so the recompute that checkpointing adds is in them:
   a whole block's forward again, or only its attention's at ``checkpoint_granularity=attention``.
   fp8 speeds up only the Linear layers torchao converts, and adds their casts, memory-bound passes that only
