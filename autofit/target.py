@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autofit.errors import AutofitError
+from autofit.hardware import PRESETS
 from autofit.hf import TASKS as HF_TASKS
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class Target:
     """``path/to/file.py:function`` or ``package.module:function`` returning an :class:`autofit.Workload`;
     None in script mode (``autofit run --script``), which has no entry point."""
     hardware: str = field(default="auto", metadata=option(
-        "--hardware", help="Preset (h100-80gb, h200, a100-40gb, a100-80gb, l4, rtx4090), cpu, or auto.",
+        "--hardware", help=f"Preset ({', '.join(PRESETS)}), cpu, or auto.",
         show_default=True))
     """A preset name (``h100-80gb``), ``cpu`` (this machine's CPU) or ``auto`` (detect):
     :func:`autofit.hardware.get_hardware`."""
