@@ -13,7 +13,8 @@ reciprocal coefficients::
 
 with ``W`` the FLOPs over the datasheet FLOP/s (seconds at 100 % efficiency),
 ``M`` the micro-batches per step, ``S`` = 1, ``B`` the optimizer bytes touched
-and ``R`` everything else (communication, offload). A probe also times the
+and ``R`` everything else (communication, offload, and on CUDA the kernels that do no matmul, priced at
+the prior's bandwidth: :attr:`Coefficients.memory_bound_bytes_per_s` is not fitted). A probe also times the
 optimizer's own ``engine.step`` apart: then only forward and backward (``W, M, R``)
 are fitted here, against the step less the update, and the update is the
 optimizer's factor below. :func:`time_terms` reads
