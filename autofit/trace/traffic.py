@@ -23,16 +23,19 @@ def memory_bound_bytes(func: Any, args: Any, kwargs: Any, out: Any) -> int:
     softmax, reductions, copies, casts); 0 for an op that only views its input, allocates without writing, or
     is a matmul or attention kernel (FLOP-bound: :func:`autofit.trace.tensors.flop_counter` counts those). A
     gather reads only what it writes (an embedding lookup reads its rows, not the table)."""
-    from torch.utils._pytree import tree_leaves
-
     if _moves_nothing(func):
         return 0
-    written = sum(_nbytes(t) for t in tree_leaves(out) if _is_tensor(t))
+    return _moved(func, _inputs(args, kwargs), _inputs(out, None))
+
+
+def _moved(func: Any, inputs: list[Any], outputs: list[Any]) -> int:
+    """:func:`memory_bound_bytes` of an op that is neither a view, an allocation nor a matmul."""
+    written = sum(_nbytes(t) for t in outputs)
     if not written:  # a query of a tensor's metadata (``prim.device``), or an op with nothing to write
         return 0
     if _is_gather(func):
-        return 2 * written + sum(_nbytes(t) for t in _inputs(args, kwargs) if not t.is_floating_point())
-    return written + sum(_nbytes(t) for t in _inputs(args, kwargs))
+        return 2 * written + sum(_nbytes(t) for t in inputs if not t.is_floating_point())
+    return written + sum(_nbytes(t) for t in inputs)
 
 
 @dataclass
@@ -59,26 +62,28 @@ class Traffic:
 
     def record(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """One op of the step, with its outputs."""
-        from torch.utils._pytree import tree_leaves
-
-        moved = memory_bound_bytes(func, args, kwargs, out)
-        self.eager += moved
-        if not moved and not _is_matmul(func):
+        matmul = _is_matmul(func)
+        if not matmul and _moves_nothing(func):
             return  # a view or an allocation: no kernel reads anything
-        for tensor in _inputs(args, kwargs):
+        inputs, outputs = _inputs(args, kwargs), _inputs(out, None)
+        moved = 0 if matmul else _moved(func, inputs, outputs)
+        self.eager += moved
+        if not moved and not matmul:
+            return
+        gather = moved and _is_gather(func)
+        for tensor in inputs:
             key = storage_key(tensor)
             produced = self.pending.get(key)
             inside_chain = moved and produced is not None and produced[1] == self.backward
             if produced is not None and not inside_chain:
                 self.keep(key)
-            if moved and not inside_chain and not _is_gather(func):
+            if moved and not inside_chain and not gather:
                 self.reads += _nbytes(tensor)
-        if moved and _is_gather(func):
+        if gather:
             self.reads += moved // 2
         if moved:
-            for tensor in tree_leaves(out):
-                if _is_tensor(tensor):
-                    self.pending[storage_key(tensor)] = (_nbytes(tensor), self.backward)
+            for tensor in outputs:
+                self.pending[storage_key(tensor)] = (_nbytes(tensor), self.backward)
 
     def keep(self, key: int) -> None:
         """The storage ``key`` is read outside its chain (or outlives the step): its write reaches memory."""
