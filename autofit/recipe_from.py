@@ -65,19 +65,36 @@ class ReadRecipe:
         return ", ".join([*parts, *self.hyperparameters]) or "nothing"
 
 
+#: keys only ``TrainingArguments.to_json_string()`` writes (every one of them, whatever was set)
+TRAINING_ARGUMENTS_KEYS = ("output_dir", "optim", "learning_rate", "per_device_train_batch_size")
+#: top-level keys of a DeepSpeed JSON that say something of the recipe or the batch (deepspeed/runtime/constants.py)
+DEEPSPEED_KEYS = ("optimizer", "bf16", "bfloat16", "fp16", "torch_autocast", "zero_optimization", "train_batch_size",
+                  "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "scheduler", "gradient_clipping")
+
+
 def read_recipe(path: str | Path) -> ReadRecipe:
-    """The recipe in the JSON file ``path``: ``TrainingArguments.to_json_string()``'s output (it has ``optim`` and
-    ``learning_rate``) or else a DeepSpeed JSON. An unreadable file is one :class:`AutofitError`."""
+    """The recipe in the JSON file ``path``: ``TrainingArguments.to_json_string()``'s output (any of
+    :data:`TRAINING_ARGUMENTS_KEYS`) or a DeepSpeed JSON (any of :data:`DEEPSPEED_KEYS`); a file that is neither, or
+    unreadable, is one :class:`AutofitError`."""
     path = Path(path)
+    data = _read_json_object(path, f"--recipe-from {path}")
+    if any(key in data for key in TRAINING_ARGUMENTS_KEYS):
+        return from_training_arguments(data, source=f"{path.name} (TrainingArguments)", base=path.parent)
+    if any(key in data for key in DEEPSPEED_KEYS):
+        return from_deepspeed(data, source=f"{path.name} (DeepSpeed JSON)")
+    raise AutofitError(f"--recipe-from {path}: neither a DeepSpeed JSON (none of {', '.join(DEEPSPEED_KEYS)}) nor a "
+                       f"TrainingArguments JSON (none of {', '.join(TRAINING_ARGUMENTS_KEYS)})")
+
+
+def _read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in the file ``path``; anything else is one :class:`AutofitError` that starts with ``what``."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise AutofitError(f"--recipe-from {path}: cannot read it as JSON ({exc})") from None
+        raise AutofitError(f"{what}: cannot read it as JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise AutofitError(f"--recipe-from {path}: expected a JSON object, but got {type(data).__name__}")
-    if "optim" in data and "learning_rate" in data:
-        return from_training_arguments(data, source=f"{path.name} (TrainingArguments)", base=path.parent)
-    return from_deepspeed(data, source=f"{path.name} (DeepSpeed JSON)")
+        raise AutofitError(f"{what}: expected a JSON object, but got {type(data).__name__}")
+    return data
 
 
 def from_deepspeed(ds: Mapping[str, Any], source: str = "the DeepSpeed JSON") -> ReadRecipe:
@@ -87,11 +104,23 @@ def from_deepspeed(ds: Mapping[str, Any], source: str = "the DeepSpeed JSON") ->
     from deepspeed.runtime.config import get_optimizer_name, get_optimizer_params
 
     ds = dict(ds)
+    _check_optimizer_section(ds.get("optimizer"), source)
     name = get_optimizer_name(ds)
     params = dict(get_optimizer_params(ds) or {})
     optimizer = None if name is None else deepspeed_optimizer(name, params, source)
     return ReadRecipe(source=source, optimizer=optimizer, precision=deepspeed_precision(ds, source),
                       hyperparameters=_taken(optimizer, {k: params[k] for k in HYPERPARAMETER_OPTIMIZERS if k in params}))
+
+
+def _check_optimizer_section(section: Any, source: str) -> None:
+    """A DeepSpeed ``optimizer`` section as DeepSpeed reads it: a mapping with a string ``type`` and, if any, a
+    mapping of ``params`` (its getters fail with a bare TypeError otherwise)."""
+    if section is None:
+        return
+    if not isinstance(section, Mapping) or not isinstance(section.get("type"), str):
+        raise AutofitError(f'{source}: "optimizer" must be an object with a string "type", but got {section!r}')
+    if not isinstance(section.get("params", {}), Mapping):
+        raise AutofitError(f'{source}: "optimizer.params" must be an object, but got {section["params"]!r}')
 
 
 def deepspeed_optimizer(name: str, params: Mapping[str, Any], source: str) -> str:
@@ -140,12 +169,16 @@ def from_training_arguments(args: Any, source: str = "TrainingArguments", base: 
     Trainer trains with that section, its ``"auto"`` values filled from these arguments (transformers/integrations/
     deepspeed.py, ``trainer_config_process``): so does this. ``base``: the folder a relative ``deepspeed`` path is in."""
     get = args.get if isinstance(args, Mapping) else lambda key, default=None: getattr(args, key, default)
-    optim = str(getattr(get("optim"), "value", get("optim")))
+    optim = get("optim") if get("optim") is not None else _trainer_default_optim()
+    optim = str(getattr(optim, "value", optim))
     precision = "bf16" if get("bf16") else "fp16" if get("fp16") else "fp32"
     given = {"lr": get("learning_rate"), "weight_decay": get("weight_decay"),
              "betas": (get("adam_beta1"), get("adam_beta2")), "eps": get("adam_epsilon"),
              "momentum": _optim_args(get("optim_args")).get("momentum")}
     given = {k: v for k, v in given.items() if v is not None and v != (None, None)}
+    for key, value in given.items():
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in _values(value)):
+            raise AutofitError(f"{source}: {key} must be a number, but got {value!r}")
     ds = _deepspeed_section(get("deepspeed"), base)
     if ds is not None and "optimizer" in ds:
         read = from_deepspeed(ds, source=f"{source}'s DeepSpeed JSON")
@@ -160,6 +193,22 @@ def from_training_arguments(args: Any, source: str = "TrainingArguments", base: 
     optimizer = TRAINER_OPTIMIZERS[optim]
     return ReadRecipe(source=source, optimizer=optimizer, precision=precision,
                       hyperparameters=_taken(optimizer, given))
+
+
+def _trainer_default_optim() -> str:
+    """``TrainingArguments``' own default ``optim`` (a JSON that leaves it out trains with it)."""
+    try:
+        from transformers import TrainingArguments
+    except ImportError:
+        raise AutofitError("a TrainingArguments JSON without optim trains with transformers' default optimizer, and "
+                           "transformers is not installed: state optim in the file or the recipe with --optimizer") from None
+    default = TrainingArguments.__dataclass_fields__["optim"].default
+    return str(getattr(default, "value", default))
+
+
+def _values(value: Any) -> tuple[Any, ...]:
+    """A hyperparameter's numbers (``betas`` is a pair; a value may be partly None)."""
+    return tuple(v for v in (value if isinstance(value, (list, tuple)) else (value,)) if v is not None)
 
 
 def _taken(optimizer: str | None, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -194,8 +243,4 @@ def _deepspeed_section(value: Any, base: Path | None) -> dict[str, Any] | None:
     path = Path(str(value))
     if not path.is_absolute() and base is not None and not path.exists():
         path = base / path
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise AutofitError(f"TrainingArguments.deepspeed {value!r}: cannot read it as JSON ({exc})") from None
-    return data if isinstance(data, dict) else None
+    return _read_json_object(path, f"TrainingArguments.deepspeed {value!r}")

@@ -143,6 +143,30 @@ def test_read_recipe_tells_the_two_files_apart_and_refuses_what_is_not_json(tmp_
         read_recipe(tmp_path / "missing.json")
 
 
+@pytest.mark.parametrize(("content", "fragment"), [
+    ({"optimizer": 5}, '"optimizer" must be an object with a string "type"'),
+    ({"optimizer": {"type": 5, "params": "x"}}, '"optimizer" must be an object with a string "type"'),
+    ({"optimizer": {"type": "AdamW", "params": "x"}}, '"optimizer.params" must be an object'),
+    ({"learning_rate": "abc"}, "lr must be a number, but got 'abc'"),
+    ({"learning_rate": 1e-4, "adam_beta1": "0.9"}, "betas must be a number"),
+    ({}, "neither a DeepSpeed JSON .* nor a TrainingArguments JSON"),
+    ({"steps": 10}, "neither a DeepSpeed JSON"),
+    ([], "expected a JSON object, but got list"),
+])
+def test_a_file_of_the_wrong_shape_is_one_line_naming_what_is_wrong(tmp_path: Path, content: Any,
+                                                                    fragment: str) -> None:
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(AutofitError, match=fragment):
+        read_recipe(path)
+
+
+def test_training_arguments_without_optim_train_with_the_trainers_default() -> None:
+    """A TrainingArguments JSON that leaves ``optim`` out trains with the library's default (an AdamW)."""
+    read = from_training_arguments({"learning_rate": 1e-4, "bf16": True})
+    assert (read.optimizer, read.precision, dict(read.hyperparameters)) == ("adamw", "bf16", {"lr": 1e-4})
+
+
 def test_the_read_recipe_fills_what_the_flags_leave_and_a_disagreement_is_refused() -> None:
     read = from_deepspeed(ADAM_BF16, source="ds.json (DeepSpeed JSON)")
     recipe = recipe_for({}, "cpu", True, read=read)
