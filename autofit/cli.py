@@ -198,7 +198,8 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
     measured = run_probe(setup.entry_point, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,
                          warmup_steps=warmup, timeout_s=timeout_s, memory_snapshot=snapshot_path,
                          software=software, hosts=setup.hosts,
-                         hidden_size=result.facts.hidden_size if result.facts else 0)
+                         hidden_size=result.facts.hidden_size if result.facts else 0,
+                         largest_param_numel=result.facts.largest_param_numel if result.facts else 0)
     _say_fragmentation(measured)
     document = measured.to_json() | {"predicted": chosen.prediction.to_dict()}
     if shared.as_json:

@@ -55,8 +55,8 @@ def deepspeed_config(
     ``software`` (default: this machine's) decides ``torch_adam`` where FusedAdam cannot be built,
     the NVMe path and whether offload buffers are pinned.
     ``largest_param_numel``: the traced model's largest parameter, which sizes NVMe parameter offload's swap
-    buffers (:func:`with_param_swap_buffers`); None leaves DeepSpeed's default (the probe's worker sizes it from
-    the real model). ``hidden_size``: the model's
+    buffers (:func:`with_param_swap_buffers`); None leaves DeepSpeed's default (100,000,000 elements, which a
+    7B's embedding overflows). ``hidden_size``: the model's
     (:attr:`autofit.cost_model.facts.ModelFacts.hidden_size`), which ZeRO's bucket sizes are derived from
     (:mod:`autofit.zero_buckets`); 0: unknown.
     """

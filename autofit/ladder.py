@@ -239,6 +239,8 @@ class Ladder:
     rows: tuple[LadderRow, ...]
     hidden_size: int = 0
     """The model's hidden size, which the probed rungs' ZeRO buckets are derived from (:mod:`autofit.zero_buckets`)."""
+    largest_param_numel: int = 0
+    """The model's largest parameter, which sizes a probed rung's NVMe swap buffers (:func:`autofit.probe.run_probe`)."""
 
     def with_measured(self, measured: dict[int, dict[str, Any]]) -> Ladder:
         """The same ladder with the probes' JSON (by rung index) added."""
@@ -266,7 +268,8 @@ def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
         for i, (rung, config) in enumerate(zip(ladder, rung_configs(base, ladder), strict=True))
     )
     return Ladder(name=plan.name, n_params=plan.facts.n_params, hardware=plan.hardware, world_size=plan.world_size,
-                  global_batch=first.samples_per_step(plan.world_size), rows=rows, hidden_size=plan.facts.hidden_size)
+                  global_batch=first.samples_per_step(plan.world_size), rows=rows, hidden_size=plan.facts.hidden_size,
+                  largest_param_numel=plan.facts.largest_param_numel)
 
 
 def _quiet(line: str) -> None:
@@ -299,7 +302,8 @@ def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: flo
     for row in fitting:
         say(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}")
         probed = run_probe(entry, row.config, ladder.hardware, ladder.world_size, steps=steps, timeout_s=timeout_s,
-                           software=software, hidden_size=ladder.hidden_size)
+                           software=software, hidden_size=ladder.hidden_size,
+                           largest_param_numel=ladder.largest_param_numel)
         measured[row.index] = probed.to_json()
     return ladder.with_measured(measured)
 

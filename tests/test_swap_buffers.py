@@ -165,18 +165,17 @@ def test_a_zero3_candidate_on_eight_gpus_passes_deepspeeds_parser() -> None:
     assert DeepSpeedZeroConfig(**ds["zero_optimization"]).stage == 3
 
 
-@pytest.mark.slow
-def test_a_probe_sizes_the_buffers_from_its_models_largest_parameter(tmp_path: Path) -> None:
-    """The probe's JSON is written without the traced facts: the worker sizes it from a meta-device build."""
-    from autofit.probe.worker import sized_param_swap_buffers
+def test_a_probes_json_sizes_the_buffers_from_the_traced_largest_parameter(tmp_path: Path) -> None:
+    """The probe's spec carries the planner's largest parameter: its JSON sizes the swap buffers as the emitted
+    one does, and DeepSpeed's own buffer check takes it."""
+    from autofit.probe import _spec
 
-    workload = types.SimpleNamespace(build_model=lambda attention: torch.nn.Sequential(torch.nn.Embedding(3000, 700),
-                                                                                       torch.nn.Linear(700, 10)))
-    ds = deepspeed_config(NVME, 2, "cuda", Software(nvme_path=str(tmp_path)))
-    sized = sized_param_swap_buffers(ds, workload, NVME, 2, torch)
-    assert sized["zero_optimization"]["offload_param"]["buffer_size"] == swap_buffers.io_aligned(3000 * 700 // 2, 2)
-    swapper_get_buffer(sized, torch.bfloat16, zero3_partition_numel(3000 * 700, 2))
-    assert sized_param_swap_buffers(sized, workload, NVME, 2, torch) is sized
+    hardware = replace(PRESETS["h100-80gb"], devices_per_node=2)
+    spec = _spec("m.py:w", NVME, hardware, 2, "real", 3, 1, Software(nvme_path=str(tmp_path)),
+                 largest_param_numel=3000 * 700)
+    ds = spec["deepspeed"]
+    assert ds["zero_optimization"]["offload_param"]["buffer_size"] == swap_buffers.io_aligned(3000 * 700 // 2, 2)
+    swapper_get_buffer(ds, torch.bfloat16, zero3_partition_numel(3000 * 700, 2))
 
 
 def _nvme_room(software: Software, **config: object):

@@ -159,6 +159,7 @@ def run_probe(
     software: Software | None = None,
     hosts: tuple[str, ...] = (),
     hidden_size: int = 0,
+    largest_param_numel: int = 0,
 ) -> ProbeResult:
     """Run ``config`` of the workload at ``entry`` on ``world_size`` ranks of ``hardware`` and measure it.
 
@@ -172,7 +173,9 @@ def run_probe(
     ``hosts`` (``--hosts``), else on the Slurm allocation, else simulated here (on CUDA each with its own GPUs);
     where none can run them, an :class:`AutofitError` line before anything starts (:mod:`autofit.probe.nodes`).
     ``hidden_size``: the model's (:attr:`autofit.cost_model.facts.ModelFacts.hidden_size`), which the JSON's ZeRO
-    bucket sizes are derived from (:mod:`autofit.zero_buckets`), as the cost model priced them.
+    bucket sizes are derived from (:mod:`autofit.zero_buckets`), as the cost model priced them;
+    ``largest_param_numel``: its largest parameter, which sizes NVMe parameter offload's swap buffers
+    (:func:`autofit.emit.with_param_swap_buffers`; 0: DeepSpeed's default, which a 7B's embedding overflows).
     Never raises for what happens inside the probe: that is the result's ``status``.
     """
     from autofit.probe.elastic import check_devices, launch_agents, node_launch
@@ -186,7 +189,8 @@ def run_probe(
         raise AutofitError(f"world_size must be >= 1, but got {world_size!r}")
     if steps < 1 or warmup_steps < 0:
         raise AutofitError(f"probe needs steps >= 1 and warmup_steps >= 0, but got {steps=}, {warmup_steps=}")
-    spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps, software, hidden_size)
+    spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps, software, hidden_size,
+                 largest_param_numel)
     if memory_snapshot is not None:
         spec["memory_snapshot"] = str(Path(memory_snapshot).resolve())
     ranks_per_node, n_nodes = hardware.ranks_on_a_node(world_size), hardware.n_nodes(world_size)
@@ -229,7 +233,7 @@ def visible_cuda_device_list() -> list[str] | None:
 
 def _spec(
     entry: str, config: Config, hardware: Hardware, world_size: int, mode: str, steps: int, warmup_steps: int,
-    software: Software | None = None, hidden_size: int = 0,
+    software: Software | None = None, hidden_size: int = 0, largest_param_numel: int = 0,
 ) -> dict[str, Any]:
     """What the worker reads: the workload, the config and its DeepSpeed JSON, the steps and the device."""
     from autofit.cost_model.cuda_runtime import nccl_buffer_bytes
@@ -238,7 +242,8 @@ def _spec(
     return {
         "entry": entry,
         "config": config.to_dict(),
-        "deepspeed": deepspeed_config(config, world_size, hardware.kind, software, hidden_size=hidden_size),
+        "deepspeed": deepspeed_config(config, world_size, hardware.kind, software, hidden_size=hidden_size,
+                                      largest_param_numel=largest_param_numel or None),
         "world_size": world_size,
         "mode": mode,
         "steps": steps,

@@ -86,7 +86,8 @@ def winner_snapshot(entry: str, result: SearchResult, report_dir: str | Path, *,
     say(f"autofit: recording the winner's CUDA memory snapshot into {path}")
     measured = run_probe(entry, result.config, result.hardware, result.world_size, steps=1,
                          memory_snapshot=str(path), software=software,
-                         hidden_size=result.facts.hidden_size if result.facts is not None else 0)
+                         hidden_size=result.facts.hidden_size if result.facts is not None else 0,
+                         largest_param_numel=result.facts.largest_param_numel if result.facts is not None else 0)
     advice = fragmentation_advice(measured.device_memory)
     if advice:
         say(f"autofit: {advice}")

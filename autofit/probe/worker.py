@@ -113,7 +113,6 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     config = Config.from_dict(spec["config"])
     ds = spec["deepspeed"]
     workload = import_workload(spec["entry"], config.attention, torch)
-    ds = sized_param_swap_buffers(ds, workload, config, int(spec["world_size"]), torch)
     phases["imports_s"] = time.time() - t0
 
     def on_exceeded(used: int) -> None:
@@ -195,21 +194,6 @@ def import_workload(entry: str, attention: str, torch: Any) -> Any:
         workload.build_model(attention=attention)
     hf_deepspeed_config_class()  # what build_context imports for a ZeRO-3 build
     return workload
-
-
-def sized_param_swap_buffers(ds: dict[str, Any], workload: Any, config: Any, world_size: int, torch: Any) -> dict[str, Any]:
-    """``ds`` with NVMe parameter offload's swap buffers sized for this model's largest parameter (read from a
-    meta-device build: no memory), where the JSON does not size them already (:func:`autofit.emit.with_param_swap_buffers`)."""
-    from autofit.config import WORKING_BYTES
-    from autofit.emit import with_param_swap_buffers
-
-    offload = ds.get("zero_optimization", {}).get("offload_param") or {}
-    if offload.get("device") != "nvme" or "buffer_size" in offload:
-        return ds
-    with torch.device("meta"):
-        model = workload.build_model(attention=config.attention)
-    largest = max((p.numel() for p in model.parameters()), default=1)
-    return with_param_swap_buffers(ds, largest, world_size, WORKING_BYTES[config.precision])
 
 
 def _build_model(workload: Any, config: Any, ds: dict[str, Any]) -> tuple[Any, int]:

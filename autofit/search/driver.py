@@ -85,7 +85,8 @@ def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None
 
     def probe(config: Config, steps: int, timeout_s: float) -> Any:
         return run_probe(plan.entry, config, plan.hardware, plan.world_size, steps=steps, timeout_s=timeout_s,
-                         software=plan.software, hosts=plan.hosts, hidden_size=plan.facts.hidden_size)
+                         software=plan.software, hosts=plan.hosts, hidden_size=plan.facts.hidden_size,
+                         largest_param_numel=plan.facts.largest_param_numel)
 
     return probe
 
