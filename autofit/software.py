@@ -68,15 +68,25 @@ class Software:
     so an NVMe candidate whose pinned swap pools pass it is rejected."""
 
     def can_load_op(self, op: str) -> bool:
-        """Whether DeepSpeed's op ``op`` is installed pre-built or can be JIT-built here: a host op (CPU Adam/Lion)
-        with the C++ compiler, a CUDA op with nvcc, async_io also with libaio; never one whose build failed."""
+        """Whether DeepSpeed's op ``op`` is installed pre-built or can be JIT-built here (:meth:`op_unavailable`)."""
+        return self.op_unavailable(op) is None
+
+    def op_unavailable(self, op: str) -> str | None:
+        """Why DeepSpeed's op ``op`` can neither be loaded pre-built nor JIT-built here, as a clause that follows
+        "DeepSpeed's <op> op" ("whose build failed", ...); None where it can. A host op (CPU Adam/Lion) builds with
+        the C++ compiler, a CUDA op with nvcc, async_io also with libaio; one whose build failed never loads."""
         if op in self.failed_ops:
-            return False
+            return "whose build failed"
         if op in self.prebuilt_ops:
-            return True
-        if op in HOST_OPS:
-            return self.host_compiler
-        return self.cuda_toolkit and (op != "async_io" or self.has_libaio())
+            return None
+        if op in HOST_OPS:  # CPU Adam/Lion: the host compiler builds them, nvcc or not
+            return None if self.host_compiler else "which is not pre-built and cannot be built without a C++ compiler"
+        if not self.cuda_toolkit:
+            return "which is not pre-built and cannot be built without a CUDA toolkit (nvcc)"
+        if op == "async_io" and not self.has_libaio():
+            return ("which needs libaio (AsyncIOBuilder().is_compatible() is False: install libaio-dev / "
+                    "libaio-devel)")
+        return None
 
     def has_libaio(self) -> bool:
         """:attr:`libaio`, checked with DeepSpeed's builder where it was not yet."""

@@ -113,6 +113,26 @@ def test_nvme_offload_needs_a_path_and_async_io():
     assert check_with("nvme_offload_ready", prebuilt, offload_optimizer="none", offload_params="nvme") is None
 
 
+def test_one_reason_an_op_cannot_load_for_both_rules():
+    """Software.op_unavailable says why; the optimizer rule and the NVMe rule both quote it."""
+    failed = Software(failed_ops=frozenset({"cpu_adam", "async_io"}))
+    assert failed.op_unavailable("cpu_adam") == failed.op_unavailable("async_io") == "whose build failed"
+    assert check_with("deepspeed_op_loadable", failed, optimizer="adamw", offload_optimizer="cpu") == (
+        "adamw needs DeepSpeed's cpu_adam op, whose build failed")
+    assert check_with("nvme_offload_ready", failed, offload_optimizer="nvme", offload_params="none") == (
+        "NVMe offload needs DeepSpeed's async_io op, whose build failed")
+    no_cxx = replace(NOTHING, host_compiler=False)
+    assert "without a C++ compiler" in no_cxx.op_unavailable("cpu_lion")
+    assert check_with("deepspeed_op_loadable", NOTHING, optimizer="lion", offload_optimizer="none") == (
+        "lion needs DeepSpeed's fused_lion op, which is not pre-built and cannot be built without a CUDA toolkit (nvcc)")
+    assert "(nvcc)" in check_with("nvme_offload_ready", replace(Software(), cuda_toolkit=False),
+                                  offload_optimizer="nvme", offload_params="none")
+    assert "libaio-dev" in replace(Software(), libaio=False).op_unavailable("async_io")
+    for software in (failed, no_cxx, NOTHING, Software(), replace(Software(), libaio=False)):
+        for op in ("cpu_adam", "fused_lion", "async_io", "fused_adam"):
+            assert software.can_load_op(op) == (software.op_unavailable(op) is None), (software, op)
+
+
 @pytest.mark.slow
 def test_cpu_adam_and_lion_are_host_ops_on_the_cuda_accelerator():
     """Why autofit.software.HOST_OPS holds them: DeepSpeed's CUDA accelerator hands out the CPU builders."""
