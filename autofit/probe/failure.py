@@ -129,6 +129,16 @@ def _line_at(text: str, index: int) -> str:
 # ranks that died without a result
 
 
+#: the exit status a shell or launcher reports for a child ended by SIGKILL (128 + signal number)
+SHELL_SIGKILL = 128 + int(signal.SIGKILL)
+
+
+def ended_by_sigkill(returncode: int | None) -> bool:
+    """Whether an exit status says SIGKILL: ``-9`` (Popen, torch's elastic agent) or ``137`` (through a shell,
+    ``srun``, ``ssh`` or torchrun)."""
+    return returncode in (-signal.SIGKILL, SHELL_SIGKILL)
+
+
 def oom_killed_pids(kernel_log: str) -> set[int]:
     """Pids the kernel's OOM killer killed, from kernel log text (``dmesg`` or ``/dev/kmsg`` records)."""
     return {int(m.group(1)) for m in _KILLED_RE.finditer(kernel_log)}
@@ -142,7 +152,13 @@ def oom_kill_count(vmstat: str | None = None) -> int | None:
                 vmstat = handle.read()
         except OSError:
             return None
-    for line in vmstat.splitlines():
+    return oom_kill_counter(vmstat)
+
+
+def oom_kill_counter(text: str) -> int | None:
+    """The ``oom_kill N`` line's count in a kernel counter file (``/proc/vmstat``, a cgroup v2 ``memory.events``,
+    a cgroup v1 ``memory.oom_control``: one ``key value`` pair a line); None where it has none."""
+    for line in text.splitlines():
         key, _, value = line.partition(" ")
         if key == "oom_kill" and value.strip().isdigit():
             return int(value)
@@ -199,10 +215,11 @@ def classify_exit(
 ) -> Failure | None:
     """The result of a rank that wrote none: ``oom`` on the host when the OOM killer took it, else None.
 
-    Only a SIGKILL this process did not send counts; the kernel log naming ``pid`` decides, and where
-    no log could be read a rise of the system's ``oom_kill`` counter during the probe does.
+    Only a SIGKILL this process did not send counts, in either form its exit status takes
+    (:func:`ended_by_sigkill`); the kernel log naming ``pid`` decides, and where no log could be read a rise
+    of the ``oom_kill`` counter during the probe does.
     """
-    if killed_by_us or returncode != -signal.SIGKILL:
+    if killed_by_us or not ended_by_sigkill(returncode):
         return None
     marked = pid in oom_killed_pids(kernel_log)
     if not marked and not kernel_log and oom_kills_before is not None and oom_kills_after is not None:
