@@ -80,7 +80,7 @@ def oom_location(name: str, text: str, innermost: str = "") -> tuple[OomOn, str]
                 where = "host"
             return where, _line_at(text, match.end() - 1)
     if name in _OOM_TYPES:
-        return _OOM_TYPES[name], _first_line(text)
+        return _OOM_TYPES[name], first_line(text)
     return None
 
 
@@ -100,7 +100,7 @@ def classify_exception(exc: BaseException) -> Failure:
     if found is not None:
         where, line = found
         return {"status": "oom", "message": _one_line(name, line), "oom_on": where}
-    return {"status": "error", "message": _one_line(name, _first_line(text)), "oom_on": None}
+    return {"status": "error", "message": _one_line(name, first_line(text)), "oom_on": None}
 
 
 def innermost_frame(exc: BaseException) -> str:
@@ -114,7 +114,8 @@ def _one_line(name: str, line: str) -> str:
     return (f"{name}: {line}" if line else name)[:500]
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
+    """The first line of ``text`` that is not blank, stripped ("" where there is none)."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[0] if lines else ""
 
