@@ -27,7 +27,7 @@ import contextlib
 import functools
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autofit.errors import AutofitError
@@ -216,10 +216,16 @@ def compile_engine(engine: Any, ds: dict[str, Any]) -> bool:
     is built by the first forward and backward, which is why that step is slow (the probe times it apart as
     ``compile_s``). A model wrapped by hand in ``torch.compile`` would hide the parameters DeepSpeed hooks.
     """
-    if str(ds.get("autofit", {}).get("compile", "off")) != "on":
+    if not compiles(ds):
         return False
     engine.compile()
     return True
+
+
+def compiles(ds: Mapping[str, Any]) -> bool:
+    """Whether a DeepSpeed JSON's ``"autofit"`` section says ``"compile": "on"`` (:func:`compile_engine`)."""
+    section = ds.get("autofit")
+    return isinstance(section, Mapping) and str(section.get("compile", "off")) == "on"
 
 
 def apply_to_model(model: Any, ds: dict[str, Any], layers: Sequence[Any],

@@ -70,6 +70,9 @@ class Hardware:
     """Host RAM of one node: every rank's process, model build and offloaded states share it."""
     devices_per_node: int = 0
     """Devices (ranks) that share one node, ``--gpus``; 0: every rank on one node."""
+    compute_capability: tuple[int, int] | None = None
+    """CUDA compute capability (major, minor): the preset's, or the device's where torch detected it; None on the
+    CPU. What the libraries decide by (cuBLAS's workspace size, :mod:`autofit.cost_model.cuda_runtime`)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("cuda", "cpu"):
@@ -120,6 +123,7 @@ def _hopper(name: str, memory_mib: int, bandwidth: float, matmul_ceiling: float 
         context_bytes=530 * MIB,
         supports_flash=True,
         host_memory_bytes=2048 * GB,
+        compute_capability=(9, 0),
     )
 
 
@@ -138,6 +142,7 @@ def _ampere(name: str, memory_mib: int, bandwidth: float) -> Hardware:
         nvme_bytes_per_s=5 * GB,
         context_bytes=480 * MIB,
         supports_flash=True,
+        compute_capability=(8, 0),
         host_memory_bytes=1024 * GB,
     )
 
@@ -173,6 +178,7 @@ PRESETS: dict[str, Hardware] = {
         context_bytes=400 * MIB,
         supports_flash=True,
         host_memory_bytes=256 * GB,
+        compute_capability=(8, 9),
     ),
     "rtx4090": Hardware(
         name="rtx4090",
@@ -188,6 +194,7 @@ PRESETS: dict[str, Hardware] = {
         context_bytes=400 * MIB,
         supports_flash=True,
         host_memory_bytes=128 * GB,
+        compute_capability=(8, 9),
     ),
 }
 HARDWARE_NAMES = (*PRESETS, "cpu", "auto")
@@ -352,17 +359,24 @@ def detect_cuda() -> Hardware | None:
     closest = _closest_preset(props.name, props.total_memory)
     if closest is not None:
         key, preset = closest
-        return replace(preset, name=f"{key} ({props.name})", memory_bytes=props.total_memory)
-    major = props.major
+        return replace(preset, name=f"{key} ({props.name})", memory_bytes=props.total_memory,
+                       compute_capability=(props.major, props.minor))
+    return unmatched_cuda_device(props.name, props.total_memory, (props.major, props.minor))
+
+
+def unmatched_cuda_device(name: str, memory_bytes: int, capability: tuple[int, int]) -> Hardware:
+    """A CUDA device no preset matches (torch's name, memory and compute capability): the nearest architecture's
+    preset under the device's own name, memory and capability."""
+    major = capability[0]
     base = PRESETS["h100-80gb"] if major >= 9 else PRESETS["a100-80gb"]
     # bf16 tensor math needs sm80 (Ampere), fp8 sm89 (Ada/Hopper): an older card must not claim them
-    capability = (props.major, props.minor)
     flops = {
         dtype: value
         for dtype, value in base.peak_flops.items()
         if not (dtype == "bf16" and capability < (8, 0)) and not (dtype == "fp8" and capability < (8, 9))
     }
-    return replace(base, name=props.name, memory_bytes=props.total_memory, peak_flops=flops, supports_flash=major >= 8)
+    return replace(base, name=name, memory_bytes=memory_bytes, peak_flops=flops, supports_flash=major >= 8,
+                   compute_capability=capability)
 
 
 def cuda_devices_here() -> int:

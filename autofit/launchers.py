@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from autofit.apply import compiles
 from autofit.errors import AutofitError
 from autofit.recipe import HYPERPARAMETER_OPTIMIZERS, checked_hyperparameters
 
@@ -130,11 +131,6 @@ def _uses_16bit(ds: Mapping[str, Any], section: str) -> bool | str:
     if enabled == AUTO:
         return AUTO
     return bool(enabled)
-
-
-def compiles(ds: Mapping[str, Any]) -> bool:
-    """Whether the JSON's ``"autofit"`` section says ``"compile": "on"`` (DeepSpeed's ``engine.compile()``)."""
-    return _lookup(ds, "autofit.compile") == "on"
 
 
 def checkpointing_by_trainer(ds: Mapping[str, Any]) -> bool:

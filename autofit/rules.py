@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autofit.hardware import Hardware
-from autofit.software import HOST_OPS, Software, optimizer_op
+from autofit.software import Software, optimizer_op
 
 #: optimizers DeepSpeed has a CPU implementation of (DeepSpeedCPUAdam, DeepSpeedCPULion;
 #: deepspeed/runtime/engine.py, _configure_basic_optimizer). Others would run a torch
@@ -100,13 +100,10 @@ def deepspeed_op_loadable(ctx: Context, optimizer: str, offload_optimizer: str) 
     if ctx.hardware.kind != "cuda":
         return None
     op = optimizer_op(optimizer, offload_optimizer, ctx.hardware.kind)
-    if op is None or op == "fused_adam" or ctx.software.can_load_op(op):
+    if op is None or op == "fused_adam":
         return None
-    if op in ctx.software.failed_ops:
-        return f"{optimizer} needs DeepSpeed's {op} op, whose build failed"
-    if op in HOST_OPS:  # CPU Adam/Lion: the host compiler builds them, nvcc or not
-        return f"{optimizer} needs DeepSpeed's {op} op, which is not pre-built and cannot be built without a C++ compiler"
-    return f"{optimizer} needs DeepSpeed's {op} op, which is not pre-built and cannot be built without a CUDA toolkit (nvcc)"
+    why = ctx.software.op_unavailable(op)
+    return f"{optimizer} needs DeepSpeed's {op} op, {why}" if why else None
 
 
 def nvme_offload_ready(ctx: Context, offload_optimizer: str, offload_params: str) -> str | None:
@@ -115,14 +112,8 @@ def nvme_offload_ready(ctx: Context, offload_optimizer: str, offload_params: str
         return None
     if not ctx.software.nvme_path:
         return "NVMe offload needs --nvme-path DIR (a writable directory on the NVMe drive)"
-    if not ctx.software.can_load_op("async_io"):
-        if "async_io" in ctx.software.failed_ops:
-            return "NVMe offload needs DeepSpeed's async_io op, whose build failed"
-        if not ctx.software.cuda_toolkit:
-            return "NVMe offload needs DeepSpeed's async_io op, which is not pre-built and cannot be built without nvcc"
-        return ("NVMe offload needs DeepSpeed's async_io op, which needs libaio (AsyncIOBuilder().is_compatible() "
-                "is False: install libaio-dev / libaio-devel)")
-    return None
+    why = ctx.software.op_unavailable("async_io")
+    return f"NVMe offload needs DeepSpeed's async_io op, {why}" if why else None
 
 
 def param_offload_needs_zero3(ctx: Context, offload_params: str, zero_stage: int) -> str | None:

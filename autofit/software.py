@@ -36,13 +36,13 @@ class Software:
     cuda_toolkit: bool = True
     """``nvcc`` is found (as ``torch.utils.cpp_extension`` finds it): DeepSpeed's CUDA ops can be JIT-built."""
     cxx_compiler: bool = True
-    """Inductor's C++ compiler is found (``$CXX``, else ``g++``: torch/_inductor/config.py, ``cpp.cxx``):
+    """Inductor's C++ compiler is found (:func:`find_cxx` of :data:`INDUCTOR_CXX`):
     ``torch.compile`` of a CPU device builds its kernels with it."""
     triton: bool = True
     """``triton`` is importable: ``torch.compile`` of a CUDA device generates its kernels in Triton (inductor)."""
     host_compiler: bool = True
-    """A C++ compiler (``$CXX`` or ``c++``, as ``torch.utils.cpp_extension`` picks it) is found: DeepSpeed's host
-    ops (CPU Adam/Lion, :data:`HOST_OPS`) can be JIT-built, with or without nvcc."""
+    """A C++ compiler (:func:`find_cxx` of :data:`CPP_EXTENSION_CXX`, as ``torch.utils.cpp_extension`` picks it)
+    is found: DeepSpeed's host ops (CPU Adam/Lion, :data:`HOST_OPS`) can be JIT-built, with or without nvcc."""
     libaio: bool | None = True
     """DeepSpeed's async_io op can be built here (``AsyncIOBuilder().is_compatible()``: libaio's headers and
     library link); None: not checked yet, :func:`async_io_compatible` is asked (once a process) the first
@@ -68,15 +68,25 @@ class Software:
     so an NVMe candidate whose pinned swap pools pass it is rejected."""
 
     def can_load_op(self, op: str) -> bool:
-        """Whether DeepSpeed's op ``op`` is installed pre-built or can be JIT-built here: a host op (CPU Adam/Lion)
-        with the C++ compiler, a CUDA op with nvcc, async_io also with libaio; never one whose build failed."""
+        """Whether DeepSpeed's op ``op`` is installed pre-built or can be JIT-built here (:meth:`op_unavailable`)."""
+        return self.op_unavailable(op) is None
+
+    def op_unavailable(self, op: str) -> str | None:
+        """Why DeepSpeed's op ``op`` can neither be loaded pre-built nor JIT-built here, as a clause that follows
+        "DeepSpeed's <op> op" ("whose build failed", ...); None where it can. A host op (CPU Adam/Lion) builds with
+        the C++ compiler, a CUDA op with nvcc, async_io also with libaio; one whose build failed never loads."""
         if op in self.failed_ops:
-            return False
+            return "whose build failed"
         if op in self.prebuilt_ops:
-            return True
-        if op in HOST_OPS:
-            return self.host_compiler
-        return self.cuda_toolkit and (op != "async_io" or self.has_libaio())
+            return None
+        if op in HOST_OPS:  # CPU Adam/Lion: the host compiler builds them, nvcc or not
+            return None if self.host_compiler else "which is not pre-built and cannot be built without a C++ compiler"
+        if not self.cuda_toolkit:
+            return "which is not pre-built and cannot be built without a CUDA toolkit (nvcc)"
+        if op == "async_io" and not self.has_libaio():
+            return ("which needs libaio (AsyncIOBuilder().is_compatible() is False: install libaio-dev / "
+                    "libaio-devel)")
+        return None
 
     def has_libaio(self) -> bool:
         """:attr:`libaio`, checked with DeepSpeed's builder where it was not yet."""
@@ -91,9 +101,9 @@ def detect_software() -> Software:
         flash_attn=_has_module("flash_attn"),
         adam_mini=_has_module("adam_mini"),
         cuda_toolkit=find_nvcc() is not None,
-        cxx_compiler=shutil.which(os.environ.get("CXX", "g++")) is not None,
+        cxx_compiler=find_cxx(INDUCTOR_CXX) is not None,
         triton=_has_module("triton"),
-        host_compiler=find_host_compiler() is not None,
+        host_compiler=find_cxx(CPP_EXTENSION_CXX) is not None,
         prebuilt_ops=frozenset(op for op, built in deepspeed_installed_ops().items() if built),
         nvme_path=os.environ.get(NVME_PATH_ENV) or None,
         memlock_bytes=memlock_limit_bytes(),
@@ -158,9 +168,18 @@ def _has_module(name: str) -> bool:
         return False
 
 
-def find_host_compiler() -> Path | None:
-    """The C++ compiler ``torch.utils.cpp_extension.get_cxx_compiler`` uses on Linux: ``$CXX``, else ``c++``."""
-    found = shutil.which(os.environ.get("CXX") or "c++")
+#: inductor's C++ compiler where ``CXX`` is unset (torch/_inductor/config.py, ``cpp.cxx``)
+INDUCTOR_CXX = "clang++" if sys.platform == "darwin" else "g++"
+#: the compiler DeepSpeed's op builders JIT-build with where ``CXX`` is unset: torch's
+#: ``torch.utils.cpp_extension.get_cxx_compiler`` (``load`` writes it into the ninja file)
+CPP_EXTENSION_CXX = "c++"
+
+
+def find_cxx(default: str) -> Path | None:
+    """The C++ compiler a tool whose default is ``default`` runs: ``$CXX`` where set, else ``default``; None where
+    it is not found. Both tools read ``os.environ.get("CXX", default)``, so a ``CXX`` set but empty is no compiler
+    to them (measured, torch 2.13: inductor raises ``PermissionError: ''`` and ``cpp_extension`` runs ``''``)."""
+    found = shutil.which(os.environ.get("CXX", default))
     return Path(found) if found else None
 
 

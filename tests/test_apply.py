@@ -12,6 +12,7 @@ from autofit.apply import (
     apply_to_model,
     client_optimizer,
     compile_engine,
+    compiles,
     is_checkpointed,
     n_checkpointed,
 )
@@ -147,3 +148,13 @@ def test_compile_engine_does_nothing_where_the_json_says_off() -> None:
     ds = deepspeed_config(Config())
     assert ds["autofit"]["compile"] == "off"
     assert compile_engine(None, ds) is False  # the engine is not touched
+
+
+def test_one_compile_check_for_the_engine_the_probe_and_the_launchers() -> None:
+    from autofit import launchers
+    from autofit.probe import steps
+
+    on = deepspeed_config(Config(compile="on"))
+    assert compiles(on) and not compiles(deepspeed_config(Config()))
+    assert not compiles({}) and not compiles({"autofit": None})  # no section, or a null one: eager
+    assert launchers.compiles is compiles and steps.compiles is compiles

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autofit.errors import AutofitError
-from autofit.hardware import HARDWARE_NAMES, PRESETS, Hardware, default_gpus, detect_cpu, get_hardware
+from autofit.hardware import HARDWARE_NAMES, PRESETS, Hardware, cuda_devices_here, default_gpus, detect_cpu, get_hardware
 
 PRESET_NAMES = ["h100-80gb", "h100-pcie-80gb", "h200", "a100-40gb", "a100-80gb", "l4", "rtx4090"]
 
@@ -191,3 +191,15 @@ def test_the_h100_pcie_card_is_a_preset_of_its_own():
     assert pcie.peak_flops["bf16"] < PRESETS["h100-80gb"].peak_flops["bf16"]
     assert pcie.memory_bandwidth_bytes_per_s < PRESETS["h100-80gb"].memory_bandwidth_bytes_per_s
     assert node_hardware([_h100()]).name == "h100-80gb (NVIDIA H100 80GB HBM3)"  # the SXM part keeps its preset
+
+
+def test_the_probe_lists_the_visible_devices_as_the_meter_maps_them(monkeypatch):
+    """autofit.probe's device list and autofit.probe.nvml.visible_device read CUDA_VISIBLE_DEVICES alike: to its
+    first empty entry, where CUDA stops."""
+    from autofit.probe import visible_cuda_device_list
+    from autofit.probe.nvml import visible_device
+
+    for listed, entries in (("3, 1", ["3", "1"]), ("4,,5", ["4"]), ("", [])):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+        assert visible_cuda_device_list() == entries and cuda_devices_here() == len(entries)
+        assert [visible_device(listed, i) for i in range(len(entries))] == entries

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -113,6 +114,26 @@ def test_nvme_offload_needs_a_path_and_async_io():
     assert check_with("nvme_offload_ready", prebuilt, offload_optimizer="none", offload_params="nvme") is None
 
 
+def test_one_reason_an_op_cannot_load_for_both_rules():
+    """Software.op_unavailable says why; the optimizer rule and the NVMe rule both quote it."""
+    failed = Software(failed_ops=frozenset({"cpu_adam", "async_io"}))
+    assert failed.op_unavailable("cpu_adam") == failed.op_unavailable("async_io") == "whose build failed"
+    assert check_with("deepspeed_op_loadable", failed, optimizer="adamw", offload_optimizer="cpu") == (
+        "adamw needs DeepSpeed's cpu_adam op, whose build failed")
+    assert check_with("nvme_offload_ready", failed, offload_optimizer="nvme", offload_params="none") == (
+        "NVMe offload needs DeepSpeed's async_io op, whose build failed")
+    no_cxx = replace(NOTHING, host_compiler=False)
+    assert "without a C++ compiler" in no_cxx.op_unavailable("cpu_lion")
+    assert check_with("deepspeed_op_loadable", NOTHING, optimizer="lion", offload_optimizer="none") == (
+        "lion needs DeepSpeed's fused_lion op, which is not pre-built and cannot be built without a CUDA toolkit (nvcc)")
+    assert "(nvcc)" in check_with("nvme_offload_ready", replace(Software(), cuda_toolkit=False),
+                                  offload_optimizer="nvme", offload_params="none")
+    assert "libaio-dev" in replace(Software(), libaio=False).op_unavailable("async_io")
+    for software in (failed, no_cxx, NOTHING, Software(), replace(Software(), libaio=False)):
+        for op in ("cpu_adam", "fused_lion", "async_io", "fused_adam"):
+            assert software.can_load_op(op) == (software.op_unavailable(op) is None), (software, op)
+
+
 @pytest.mark.slow
 def test_cpu_adam_and_lion_are_host_ops_on_the_cuda_accelerator():
     """Why autofit.software.HOST_OPS holds them: DeepSpeed's CUDA accelerator hands out the CPU builders."""
@@ -147,6 +168,46 @@ def test_nvme_path_must_be_a_writable_directory(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(AutofitError, match="not an existing directory"):
         check_nvme_path(str(tmp_path / "file"))
+
+
+def test_one_cxx_lookup_reads_cxx_as_torchs_cpp_extension_does(monkeypatch, tmp_path) -> None:
+    """find_cxx resolves CXX as torch.utils.cpp_extension.get_cxx_compiler (DeepSpeed's JIT builds) reads it: set
+    wins, unset is the tool's default, set but empty is no compiler (torch then runs '')."""
+    import shutil
+
+    from torch.utils.cpp_extension import get_cxx_compiler
+
+    from autofit.software import CPP_EXTENSION_CXX, INDUCTOR_CXX, find_cxx
+
+    fake = tmp_path / "my-cxx"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    for cxx in (None, "", str(fake), str(tmp_path / "missing-cxx")):
+        if cxx is None:
+            monkeypatch.delenv("CXX", raising=False)
+        else:
+            monkeypatch.setenv("CXX", cxx)
+        torchs = shutil.which(get_cxx_compiler())
+        assert find_cxx(CPP_EXTENSION_CXX) == (Path(torchs) if torchs else None), cxx
+        if cxx is not None:  # both tools read the same variable
+            assert find_cxx(INDUCTOR_CXX) == find_cxx(CPP_EXTENSION_CXX)
+    monkeypatch.setenv("CXX", "")
+    assert find_cxx("g++") is None and find_cxx("c++") is None
+
+
+@pytest.mark.slow  # a fresh process: inductor reads CXX once, at import
+def test_an_empty_cxx_is_no_compiler_to_inductor_either() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = ("from autofit.software import INDUCTOR_CXX, find_cxx\n"
+            "from torch._inductor.cpp_builder import get_cpp_compiler\n"
+            "print('autofit', find_cxx(INDUCTOR_CXX))\n"
+            "try:\n    print('inductor', get_cpp_compiler())\nexcept Exception as exc:\n    print('inductor fails', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CXX": ""}, capture_output=True,
+                          text=True, check=True, timeout=120)
+    assert "autofit None" in done.stdout and "inductor fails" in done.stdout, done.stdout
 
 
 def test_compile_needs_inductors_compiler_on_its_device() -> None:

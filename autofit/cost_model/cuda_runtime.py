@@ -41,8 +41,8 @@ RING_PEERS = 2
 #: cuBLAS workspace per handle: ``:4096:8`` on Hopper (sm90), ``:4096:2:16:8`` before (CublasHandlePool.cpp)
 CUBLAS_WORKSPACE_HOPPER = 4096 * 1024 * 8
 CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
-#: preset families that are Hopper parts
-HOPPER_FAMILIES = ("h100", "h200")
+#: the compute capability torch gives cuBLAS the larger workspace on (``sm90``: major 9, minor 0)
+HOPPER_CAPABILITY = (9, 0)
 
 
 def nccl_buffer_bytes(world_size: int) -> int:
@@ -51,8 +51,10 @@ def nccl_buffer_bytes(world_size: int) -> int:
 
 
 def cublas_workspace_bytes(hardware: Hardware) -> int:
-    """cuBLAS's workspace of the default stream's handle on ``hardware``."""
-    return CUBLAS_WORKSPACE_HOPPER if hardware.name.split("-")[0] in HOPPER_FAMILIES else CUBLAS_WORKSPACE_DEFAULT
+    """cuBLAS's workspace of the default stream's handle on ``hardware``, decided as torch decides it: by the
+    device's compute capability (``parseChosenWorkspaceSize``: ``major == 9 && minor == 0``), not its name."""
+    capability = tuple(hardware.compute_capability or ())  # a list once through JSON (a probe's spec)
+    return CUBLAS_WORKSPACE_HOPPER if capability == HOPPER_CAPABILITY else CUBLAS_WORKSPACE_DEFAULT
 
 
 def priced_outside_allocator_bytes(hardware: Hardware, world_size: int) -> int:

@@ -222,11 +222,11 @@ def visible_cuda_device_list() -> list[str] | None:
     import os
 
     from autofit.hardware import nvml_records
+    from autofit.probe.nvml import visible_device_entries
 
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
-        entries = [d.strip() for d in listed.split(",")]
-        return entries[:entries.index("")] if "" in entries else entries
+        return visible_device_entries(listed)
     records = nvml_records()
     return [str(i) for i in range(len(records))] if records is not None else None
 

@@ -57,15 +57,15 @@ def exit_records(failures: dict[int, Any], reported: set[int], kernel_log: str, 
                  oom_kills_after: int | None) -> list[dict[str, Any]]:
     """What to say of each failed rank (torch's ``ProcessFailure`` by global rank) that wrote no result: its
     exit code and pid, and a host ``oom`` result where the OOM killer ended it."""
-    from autofit.probe.oom_killer import host_oom
+    from autofit.probe.failure import classify_exit
     from autofit.probe.rank import RankResult
 
     records = []
     for rank, failure in sorted(failures.items()):
         if rank in reported:
             continue
-        verdict = host_oom(failure.exitcode, failure.pid, killed_by_us=False, kernel_log=kernel_log,
-                           oom_kills_before=oom_kills_before, oom_kills_after=oom_kills_after)
+        verdict = classify_exit(failure.exitcode, failure.pid, killed_by_us=False, kernel_log=kernel_log,
+                                oom_kills_before=oom_kills_before, oom_kills_after=oom_kills_after)
         result = RankResult(rank=rank, **verdict).to_json() if verdict is not None else None
         records.append({"rank": rank, "exitcode": failure.exitcode, "pid": failure.pid, "result": result})
     return records

@@ -80,7 +80,7 @@ def oom_location(name: str, text: str, innermost: str = "") -> tuple[OomOn, str]
                 where = "host"
             return where, _line_at(text, match.end() - 1)
     if name in _OOM_TYPES:
-        return _OOM_TYPES[name], _first_line(text)
+        return _OOM_TYPES[name], first_line(text)
     return None
 
 
@@ -100,7 +100,7 @@ def classify_exception(exc: BaseException) -> Failure:
     if found is not None:
         where, line = found
         return {"status": "oom", "message": _one_line(name, line), "oom_on": where}
-    return {"status": "error", "message": _one_line(name, _first_line(text)), "oom_on": None}
+    return {"status": "error", "message": _one_line(name, first_line(text)), "oom_on": None}
 
 
 def innermost_frame(exc: BaseException) -> str:
@@ -114,7 +114,8 @@ def _one_line(name: str, line: str) -> str:
     return (f"{name}: {line}" if line else name)[:500]
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
+    """The first line of ``text`` that is not blank, stripped ("" where there is none)."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[0] if lines else ""
 
@@ -127,6 +128,16 @@ def _line_at(text: str, index: int) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # ranks that died without a result
+
+
+#: the exit status a shell or launcher reports for a child ended by SIGKILL (128 + signal number)
+SHELL_SIGKILL = 128 + int(signal.SIGKILL)
+
+
+def ended_by_sigkill(returncode: int | None) -> bool:
+    """Whether an exit status says SIGKILL: ``-9`` (Popen, torch's elastic agent) or ``137`` (through a shell,
+    ``srun``, ``ssh`` or torchrun)."""
+    return returncode in (-signal.SIGKILL, SHELL_SIGKILL)
 
 
 def oom_killed_pids(kernel_log: str) -> set[int]:
@@ -142,7 +153,13 @@ def oom_kill_count(vmstat: str | None = None) -> int | None:
                 vmstat = handle.read()
         except OSError:
             return None
-    for line in vmstat.splitlines():
+    return oom_kill_counter(vmstat)
+
+
+def oom_kill_counter(text: str) -> int | None:
+    """The ``oom_kill N`` line's count in a kernel counter file (``/proc/vmstat``, a cgroup v2 ``memory.events``,
+    a cgroup v1 ``memory.oom_control``: one ``key value`` pair a line); None where it has none."""
+    for line in text.splitlines():
         key, _, value = line.partition(" ")
         if key == "oom_kill" and value.strip().isdigit():
             return int(value)
@@ -199,10 +216,11 @@ def classify_exit(
 ) -> Failure | None:
     """The result of a rank that wrote none: ``oom`` on the host when the OOM killer took it, else None.
 
-    Only a SIGKILL this process did not send counts; the kernel log naming ``pid`` decides, and where
-    no log could be read a rise of the system's ``oom_kill`` counter during the probe does.
+    Only a SIGKILL this process did not send counts, in either form its exit status takes
+    (:func:`ended_by_sigkill`); the kernel log naming ``pid`` decides, and where no log could be read a rise
+    of the ``oom_kill`` counter during the probe does.
     """
-    if killed_by_us or returncode != -signal.SIGKILL:
+    if killed_by_us or not ended_by_sigkill(returncode):
         return None
     marked = pid in oom_killed_pids(kernel_log)
     if not marked and not kernel_log and oom_kills_before is not None and oom_kills_after is not None:

@@ -37,15 +37,22 @@ def visible_device(cuda_visible_devices: str | None, local_index: int) -> str:
     """
     if cuda_visible_devices is None:
         return str(local_index)
+    entries = visible_device_entries(cuda_visible_devices)
+    if local_index >= len(entries):
+        raise ValueError(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} has no device {local_index}")
+    return entries[local_index]
+
+
+def visible_device_entries(cuda_visible_devices: str) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES``'s entries (NVML indices or UUIDs), up to the first invalid one (an empty one
+    here), where CUDA stops reading the list."""
     entries: list[str] = []
     for entry in cuda_visible_devices.split(","):
         entry = entry.strip()
         if not entry:
             break
         entries.append(entry)
-    if local_index >= len(entries):
-        raise ValueError(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} has no device {local_index}")
-    return entries[local_index]
+    return entries
 
 
 def process_used_bytes(processes: Iterable[Any], pid: int) -> int | None:

@@ -13,18 +13,11 @@ it was the OOM killer (and not a user's ``kill -9``) is read, on the node where 
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
-from autofit.probe.failure import Failure, classify_exit, oom_kill_count
+from autofit.probe.failure import SHELL_SIGKILL, classify_exit, ended_by_sigkill, oom_kill_count, oom_kill_counter
 
-#: the exit status a shell or launcher reports for a child ended by SIGKILL (128 + signal number)
-SHELL_SIGKILL = 128 + int(signal.SIGKILL)
-
-
-def ended_by_sigkill(returncode: int | None) -> bool:
-    """Whether an exit status says SIGKILL: ``-9`` (Popen, torch's elastic agent) or ``137`` (through a shell)."""
-    return returncode in (-signal.SIGKILL, SHELL_SIGKILL)
+__all__ = ["SHELL_SIGKILL", "cgroup_oom_kills", "ended_by_sigkill", "host_oom", "memory_events_path", "oom_kills"]
 
 
 def memory_events_path(self_cgroup: str, cgroup_root: Path) -> Path | None:
@@ -57,11 +50,7 @@ def cgroup_oom_kills(cgroup_root: str | Path = "/sys/fs/cgroup", self_cgroup: st
         text = path.read_text() if path is not None else ""
     except OSError:
         return None
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill" and value.strip().isdigit():
-            return int(value)
-    return None
+    return oom_kill_counter(text)
 
 
 def oom_kills(cgroup_root: str | Path = "/sys/fs/cgroup", self_cgroup: str | Path = "/proc/self/cgroup",
@@ -71,10 +60,6 @@ def oom_kills(cgroup_root: str | Path = "/sys/fs/cgroup", self_cgroup: str | Pat
     return sum(known) if known else None
 
 
-def host_oom(returncode: int | None, pid: int, *, killed_by_us: bool, kernel_log: str, oom_kills_before: int | None,
-             oom_kills_after: int | None) -> Failure | None:
-    """``oom`` on the host for a rank the OOM killer ended (:func:`autofit.probe.failure.classify_exit`, a ``137``
-    read as the SIGKILL it is), else None."""
-    code = -signal.SIGKILL if ended_by_sigkill(returncode) else returncode
-    return classify_exit(code, pid, killed_by_us=killed_by_us, kernel_log=kernel_log,
-                         oom_kills_before=oom_kills_before, oom_kills_after=oom_kills_after)
+#: :func:`autofit.probe.failure.classify_exit` under its former name: it reads a 137 as the SIGKILL it is itself,
+#: so this is no wrapper; kept only for callers not yet moved to classify_exit (autofit/probe/launch.py)
+host_oom = classify_exit

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofit.apply import compiles
 from autofit.probe import memory
 from autofit.probe.meter import Meter
 
@@ -66,7 +67,7 @@ def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: in
 
     # the compiling step comes before the warm-up ones, which then run the compiled graph (a recompile a guard
     # triggers in the second step lands in warm-up, not in the timed steps)
-    compile_s = compile_step(step) if compiles(spec) else None
+    compile_s = compile_step(step) if compiles(spec.get("deepspeed", {})) else None
     for _ in range(spec["warmup_steps"]):
         step()
     peak = 0
@@ -91,16 +92,11 @@ class CompileError(RuntimeError):
     """The step that compiles the model raised: ``torch.compile`` cannot run this config."""
 
 
-def compiles(spec: dict) -> bool:
-    """Whether the probe's JSON compiles the model (``"autofit": {"compile": "on"}``)."""
-    return str(spec.get("deepspeed", {}).get("autofit", {}).get("compile", "off")) == "on"
-
-
 def compile_step(step: Callable[[], tuple]) -> float:
     """Run the first step, the one that compiles (dynamo traces, inductor builds forward and backward); return its
     seconds. It counts in the probe's wall time, never in its samples/s. An error in it is a
     :class:`CompileError` naming the cause, unless it ran out of memory (that stays an out-of-memory)."""
-    from autofit.probe.failure import oom_location
+    from autofit.probe.failure import first_line, oom_location
 
     t0 = time.perf_counter()
     try:
@@ -110,7 +106,7 @@ def compile_step(step: Callable[[], tuple]) -> float:
         if oom_location(name, text) is not None:
             raise
         root = root_cause(exc)
-        why = f"{name} ({type(root).__name__}: {_first_line(str(root))})" if root is not exc else f"{name}: {_first_line(text)}"
+        why = f"{name} ({type(root).__name__}: {first_line(str(root))})" if root is not exc else f"{name}: {first_line(text)}"
         raise CompileError(f"torch.compile failed in the first step: {why}"[:400]) from exc
     return time.perf_counter() - t0
 
@@ -124,7 +120,3 @@ def root_cause(exc: BaseException) -> BaseException:
             return exc
         seen.add(id(inner))
         exc = inner
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")

@@ -32,6 +32,23 @@ def test_the_prior_prices_nccl_by_world_size_and_cublas_by_architecture() -> Non
     assert cublas_workspace_bytes(H100) == 32 * MIB > cublas_workspace_bytes(PRESETS["a100-80gb"])
 
 
+def test_cublas_workspace_follows_the_compute_capability_not_the_name() -> None:
+    """A device torch detected and no preset matched keeps its raw name (an H100 NVL's 94 GB is no preset's
+    memory): it is Hopper by its capability, as torch's parseChosenWorkspaceSize decides."""
+    import json
+    from dataclasses import asdict
+
+    from autofit.hardware import Hardware, unmatched_cuda_device
+
+    nvl = unmatched_cuda_device("NVIDIA H100 NVL", 94 * GIB, (9, 0))
+    assert nvl.name == "NVIDIA H100 NVL" and cublas_workspace_bytes(nvl) == 32 * MIB
+    ada = unmatched_cuda_device("NVIDIA RTX 6000 Ada Generation", 48 * GIB, (8, 9))
+    assert cublas_workspace_bytes(ada) == cublas_workspace_bytes(PRESETS["a100-80gb"]) < 32 * MIB
+    # a probe's spec carries the hardware as JSON, where the capability becomes a list
+    assert cublas_workspace_bytes(Hardware(**json.loads(json.dumps(asdict(nvl))))) == 32 * MIB
+    assert {PRESETS[k].compute_capability for k in ("h100-80gb", "h100-pcie-80gb", "h200")} == {(9, 0)}
+
+
 def _observed(config: Config, peak: int, outside: int | None, hardware=H100, world_size: int = 8) -> Observation:
     step = predict(config, FACTS, hardware, world_size).step_time_s
     return Observation(config, "ok", peak, step, hardware.memory_bytes, outside_allocator_bytes=outside)

@@ -112,6 +112,17 @@ def test_a_sigkill_without_the_oom_killers_mark_stays_an_error() -> None:
     assert classify_exit(proc.returncode, proc.pid, killed_by_us=False, **marked)["oom_on"] == "host"  # type: ignore[index]
 
 
+def test_a_sigkill_reported_through_a_shell_is_classified_too() -> None:
+    """torchrun, srun and ssh report a SIGKILLed child as 137 (128 + 9): classify_exit reads it as the -9 it is."""
+    killer = f"{sys.executable} -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'; exit $?"
+    done = subprocess.run(["sh", "-c", killer], check=False)
+    assert done.returncode == 137
+    marked = {"kernel_log": "Out of memory: Killed process 4242 (python)\n", "oom_kills_before": None, "oom_kills_after": None}
+    assert classify_exit(done.returncode, 4242, killed_by_us=False, **marked)["oom_on"] == "host"  # type: ignore[index]
+    assert classify_exit(done.returncode, 4242, killed_by_us=True, **marked) is None
+    assert classify_exit(1, 4242, killed_by_us=False, **marked) is None
+
+
 def _memory_cgroup(limit_bytes: int) -> Path | None:
     """A fresh cgroup-v1 memory group capped at ``limit_bytes``, or None where this user cannot make one."""
     root = Path("/sys/fs/cgroup/memory")

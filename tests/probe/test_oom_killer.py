@@ -1,4 +1,5 @@
-"""Ranks the kernel's OOM killer ended: a real child ended by SIGKILL, read against a cgroup's counter."""
+"""Ranks the kernel's OOM killer ended: a real child ended by SIGKILL (-9 directly, 137 through a shell), read by
+:func:`autofit.probe.failure.classify_exit` against a cgroup's counter."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autofit.probe.oom_killer import cgroup_oom_kills, ended_by_sigkill, host_oom, memory_events_path, oom_kills
+from autofit.probe.failure import classify_exit, ended_by_sigkill
+from autofit.probe.oom_killer import cgroup_oom_kills, memory_events_path, oom_kills
 
 MEMORY_EVENTS = "low 0\nhigh 0\nmax {max}\noom {oom}\noom_kill {kills}\noom_group_kill 0\n"
 
@@ -43,22 +45,22 @@ def test_a_sigkilled_rank_with_the_cgroup_counter_risen_is_a_host_oom(tmp_path: 
         _cgroup_v2(tmp_path, kills=3)  # the kernel's OOM killer counts the kill in the job's cgroup
         after = cgroup_oom_kills(root, self_cgroup)
         assert (before, after) == (2, 3)
-        verdict = host_oom(child.returncode, child.pid, killed_by_us=False, kernel_log="",
-                           oom_kills_before=before, oom_kills_after=after)
+        verdict = classify_exit(child.returncode, child.pid, killed_by_us=False, kernel_log="",
+                                oom_kills_before=before, oom_kills_after=after)
         assert verdict is not None and verdict["status"] == "oom" and verdict["oom_on"] == "host"
         assert str(child.pid) in verdict["message"]
         # no rise: a kill -9 from someone else, not the OOM killer; sent by autofit: never an OOM
-        assert host_oom(child.returncode, child.pid, killed_by_us=False, kernel_log="", oom_kills_before=3,
-                        oom_kills_after=3) is None
-        assert host_oom(child.returncode, child.pid, killed_by_us=True, kernel_log="", oom_kills_before=2,
-                        oom_kills_after=3) is None
+        assert classify_exit(child.returncode, child.pid, killed_by_us=False, kernel_log="", oom_kills_before=3,
+                             oom_kills_after=3) is None
+        assert classify_exit(child.returncode, child.pid, killed_by_us=True, kernel_log="", oom_kills_before=2,
+                             oom_kills_after=3) is None
         _cgroup_v2(tmp_path, kills=2)
 
 
 def test_an_exit_code_that_is_not_sigkill_is_never_an_oom_kill() -> None:
     done = subprocess.run([sys.executable, "-c", "raise SystemExit(1)"], check=False)
     assert not ended_by_sigkill(done.returncode)
-    assert host_oom(done.returncode, 1, killed_by_us=False, kernel_log="", oom_kills_before=0, oom_kills_after=5) is None
+    assert classify_exit(done.returncode, 1, killed_by_us=False, kernel_log="", oom_kills_before=0, oom_kills_after=5) is None
 
 
 def test_cgroup_v1_and_a_container_that_sees_its_cgroup_as_root(tmp_path: Path) -> None:
