@@ -5,8 +5,9 @@ and the values fixed with ``--set``: the options (docs/design.md, "CLI") that ev
 typed values (what a notebook passes as well as what the command line parsed). :func:`prepare` turns it
 into a :class:`Setup`: the workload loaded (or, planned from its sources, only when needed:
 :mod:`autofit.trace.source_cache`), the hardware resolved with the memory budget, the space read,
-``--set`` parsed and the machine's software detected (``--nvme-path`` included), each once. Nothing is
-passed through ``os.environ``: the setup carries every value to the plan, the probes and the JSON.
+``--set`` parsed, ``--hosts`` read (one a node) and the machine's software detected (``--nvme-path`` included),
+each once. Nothing is passed through ``os.environ``: the setup carries every value to the plan, the probes and
+the JSON.
 
 Each field of :class:`Target` also says how the command line spells it (:func:`option`): ``autofit.cli``
 makes its shared options from these fields, so an option every command takes is added here, in one line.
@@ -186,6 +187,8 @@ class Setup:
     the entry is imported only when something needs more); None in script mode."""
     recipe: Recipe
     """The user's training recipe (:mod:`autofit.recipe`): what the search keeps and the JSON carries."""
+    hosts: tuple[str, ...] = ()
+    """``--hosts``, read once (:func:`autofit.probe.nodes.read_hosts`), one a node; empty when not given."""
 
     @property
     def entry(self) -> str | None:
@@ -211,13 +214,6 @@ class Setup:
     def global_batch(self) -> int | None:
         """Samples per optimizer step over all ranks; None: the space's own."""
         return self.target.global_batch
-
-    @property
-    def hosts(self) -> tuple[str, ...]:
-        """``--hosts``, read (:func:`autofit.probe.nodes.read_hosts`); empty when not given."""
-        from autofit.probe.nodes import read_hosts
-
-        return read_hosts(self.target.hosts) if self.target.hosts is not None else ()
 
     @property
     def entry_point(self) -> str:
@@ -258,8 +254,9 @@ class Setup:
 
 def prepare(target: Target, workload: Workload | None = None) -> Setup:
     """Resolve ``target`` once: parse ``--set``, resolve the hardware and its budget and ``gpus`` (None: from
-    detection, :func:`autofit.hardware.default_gpus`), read the space, check ``--nvme-path``, load the workload
-    (:func:`autofit.trace.source_cache.planned_workload`: not where a record of its sources answers).
+    detection, :func:`autofit.hardware.default_gpus`), read the space and ``--hosts`` (one a node), check
+    ``--nvme-path``, load the workload (:func:`autofit.trace.source_cache.planned_workload`: not where a record of
+    its sources answers).
     Any bad value is one :class:`AutofitError` naming it.
 
     ``workload``: a :class:`Workload` object to use instead of loading ``target.entry`` (the Python API's, which
@@ -267,6 +264,7 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
     from autofit.config import parse_set
     from autofit.hardware import cuda_devices_here, default_gpus, get_hardware
     from autofit.hf import with_hf_options
+    from autofit.probe.nodes import check_host_count, read_hosts
     from autofit.recipe import parse_hyperparameters, recipe_for
     from autofit.recipe_from import read_recipe
     from autofit.space import load_space
@@ -276,6 +274,9 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
         target = dataclasses.replace(target, entry=with_hf_options(
             target.entry, seq_len=target.seq_len, task=target.task, trust_remote_code=target.trust_remote_code))
     fixed = parse_set(target.set_values)
+    hosts = read_hosts(target.hosts) if target.hosts is not None else ()
+    if hosts:  # before the trace: a probe would refuse them only once it starts
+        check_host_count(hosts, target.nodes)
     hardware = get_hardware(target.hardware, target.memory_bytes())
     space = load_space(target.space)
     software = machine_software(target.nvme_path)
@@ -292,7 +293,7 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
                         hyperparameters=parse_hyperparameters(target.hyperparameter_pairs()), read=read)
     planned = planned_workload(target.entry) if workload is None and target.entry is not None else workload
     return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=planned,
-                 recipe=recipe)
+                 recipe=recipe, hosts=hosts)
 
 
 def machine_software(nvme_path: str | None) -> Software:

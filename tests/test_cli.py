@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -84,6 +85,19 @@ def test_bad_input_is_one_line_and_exit_1(args: list[str], message: str) -> None
     assert len(lines) == 1 and lines[0].startswith("autofit: error: ")
     assert message in lines[0]
     assert "Traceback" not in result.output
+
+
+def test_bad_hosts_are_one_line_before_any_trace(tmp_path: Path) -> None:
+    binary = tmp_path / "hosts.bin"
+    binary.write_bytes(Path(sys.executable).read_bytes()[:4096])  # a program, not a hostfile
+    shared = ["estimate", MLP, "--hardware", "cpu", "--nodes", "2"]
+    for hosts, message in ((str(binary), f"cannot read the hostfile {binary}"),
+                           ("onlyone", "--hosts names 1 host(s) (onlyone) for --nodes 2"),
+                           ("-oProxyCommand=x,b", "'-oProxyCommand=x' is not a host name")):
+        result = invoke(*shared, "--hosts", hosts)
+        assert result.exit_code == 1, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("autofit: error: ") and message in lines[0], lines
 
 
 def test_entry_that_raises_is_reported_not_crashed(tmp_path: Path) -> None:

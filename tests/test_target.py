@@ -60,3 +60,14 @@ def test_gpus_left_out_are_resolved_once_by_prepare() -> None:
     setup = prepare(target)  # a preset plans for one device unless told more (autofit.hardware.default_gpus)
     assert setup.gpus == 1 and setup.target.gpus == 1 and setup.hardware.devices_per_node == 1
     assert setup.world_size == 1
+
+
+def test_prepare_reads_hosts_once_and_wants_one_a_node(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=8\nworker-2 slots=8\n")
+    setup = prepare(Target(entry=MLP, hardware="cpu", nodes=2, hosts=str(hostfile)))
+    hostfile.unlink()  # read once: the setup keeps what the file said
+    assert setup.hosts == ("worker-1", "worker-2")
+    assert prepare(Target(entry=MLP, hardware="cpu")).hosts == ()
+    with pytest.raises(AutofitError, match="--hosts names 1 host\\(s\\) \\(onlyone\\) for --nodes 2; give one host per node"):
+        prepare(Target(entry=MLP, hardware="cpu", nodes=2, hosts="onlyone"))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.errors import AutofitError
-from autofit.probe.launch import FAILURE_GRACE_S, RankOutcome, _tail, kill_group
+from autofit.probe.launch import RankOutcome, _tail, kill_group, wait_for_ranks, with_package_root
 from autofit.probe.nodes import NodeLaunch, plan_nodes
 from autofit.probe.rank import RankResult
 
@@ -45,9 +45,7 @@ def node_launch(kind: str, n_nodes: int, ranks_per_node: int, hosts: tuple[str, 
     from autofit.probe import visible_cuda_device_list
     from autofit.probe.launch import free_port
 
-    environ = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])  # this autofit, for the agents
-    environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environ.get("PYTHONPATH")) if p)
+    environ = dict(os.environ, PYTHONPATH=with_package_root(os.environ.get("PYTHONPATH")))  # for the agents
     return plan_nodes(kind, n_nodes, ranks_per_node, environ=environ, hosts=hosts,
                       visible_devices=visible_cuda_device_list() if kind == "cuda" else None, python=sys.executable,
                       cwd=os.getcwd(), port=free_port(), run_id=uuid.uuid4().hex[:12], this_host=socket.gethostname(),
@@ -110,7 +108,9 @@ def launch_agents(spec: dict[str, Any], workdir: Path, launch: NodeLaunch, world
             assert proc.stdin is not None
             proc.stdin.write(line)
             proc.stdin.flush()
-        timed_out = _wait_agents(agents, world_size, time.monotonic() + timeout_s)
+        # an agent has failed once one of its ranks reported a result other than ok
+        timed_out = wait_for_ranks([agent.proc for agent in agents], time.monotonic() + timeout_s,
+                                   lambda index, _code: any(r.status != "ok" for r in agents[index].results.values()))
     finally:
         _stop(agents)
     return [_rank_outcome(workdir, rank, agents) for rank in range(world_size)], timed_out
@@ -146,17 +146,3 @@ def _rank_outcome(workdir: Path, rank: int, agents: list[_Agent]) -> RankOutcome
     pid = int(exit_info.get("pid", (owner or agents[0]).proc.pid))
     return RankOutcome(rank, returncode, owner.results.get(rank) if owner else None, tail, pid=pid)
 
-
-def _wait_agents(agents: list[_Agent], world_size: int, deadline: float) -> bool:
-    """Wait until every agent exits; stop a grace period after a rank reports a failure. True on the deadline."""
-    failed_at: float | None = None
-    while any(agent.proc.poll() is None for agent in agents):
-        now = time.monotonic()
-        if now > deadline:
-            return True
-        if failed_at is None and any(r.status != "ok" for a in agents for r in a.results.values()):
-            failed_at = now
-        if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
-            return False
-        time.sleep(0.1)
-    return False

@@ -117,10 +117,17 @@ def training_env(base: dict[str, str], kind: str, local_ranks: int, cores: int,
         env.setdefault("LRU_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
     elif tensor_parallel > 1:
         env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    # the probe must import this autofit, wherever the caller runs from
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = with_package_root(env.get("PYTHONPATH"))
     return env
+
+
+def with_package_root(pythonpath: str | None) -> str:
+    """``pythonpath`` with this autofit's root first, once: a probe imports this autofit wherever its caller
+    runs from (the agents of several nodes get it from :func:`autofit.probe.elastic.node_launch`, their ranks
+    from :func:`training_env`, so the root is already there the second time)."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    rest = [p for p in pythonpath.split(os.pathsep) if p != package_root] if pythonpath else []
+    return os.pathsep.join([package_root, *rest])
 
 
 def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: float) -> tuple[list[RankOutcome], bool]:

@@ -5,7 +5,9 @@ launcher, ``torch.distributed.launcher.api.elastic_launch``, with a c10d rendezv
 ranks. :func:`plan_nodes` picks, in this order:
 
 1. ``--hosts a,b`` (or a hostfile): the agent runs on each host through ``ssh -o BatchMode=yes`` (a host that
-   is this machine runs it directly); the rendezvous store is on the first host.
+   is this machine runs it directly); the rendezvous store is on the first host, at the name given, which every
+   node must reach: a list that mixes a loopback name (``localhost``, ``127.0.0.1``) with remote hosts is
+   refused (:func:`check_reachable`).
 2. A Slurm allocation (``SLURM_JOB_ID`` and ``SLURM_JOB_NODELIST``) of at least N nodes: one ``srun`` step
    of N tasks, one per node (``--ntasks-per-node=1``), each the agent; the store is on the allocation's first
    node (where ``sbatch`` runs its script, and autofit with it). No ssh.
@@ -34,7 +36,8 @@ from autofit.errors import AutofitError
 #: the environment a remote agent is given through ssh (srun exports the whole environment by itself)
 FORWARDED_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "DS_", "AUTOFIT_", "HF_")
 FORWARDED = ("PYTHONPATH", "OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "LD_LIBRARY_PATH", "PATH")
-LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+#: names of this machine's loopback interface (``/etc/hosts``); any ``127.0.0.0/8`` or ``::1`` address is one too
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
 
 @dataclass(frozen=True)
@@ -95,16 +98,66 @@ def slurm_hosts(environ: Mapping[str, str]) -> list[str] | None:
 
 def read_hosts(value: str) -> tuple[str, ...]:
     """``--hosts``: ``a,b,c``, or a hostfile (a host a line, DeepSpeed's ``host slots=N`` read as the host;
-    ``#`` starts a comment). An empty list is one line of error."""
+    ``#`` starts a comment). An empty list, an unreadable hostfile or a name ssh would misread (:func:`check_host`)
+    is one line of error."""
     path = Path(value)
     if path.is_file():
-        lines = [line.split("#", 1)[0].split() for line in path.read_text().splitlines()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AutofitError(f"--hosts: cannot read the hostfile {value} ({type(exc).__name__}: {exc}); "
+                               "give a,b or a text file with a host a line") from None
+        lines = [line.split("#", 1)[0].split() for line in text.splitlines()]
         hosts = tuple(words[0] for words in lines if words)
     else:
         hosts = tuple(h.strip() for h in value.split(",") if h.strip())
     if not hosts:
         raise AutofitError(f"--hosts {value!r} names no host (give a,b or a hostfile with a host a line)")
+    for host in hosts:
+        check_host(host)
     return hosts
+
+
+def check_host(host: str) -> None:
+    """One line for a host name ssh would not read as one host: one starting with ``-`` (an ssh option, e.g.
+    ``-oProxyCommand=...``) or holding whitespace or control characters."""
+    if host.startswith("-") or any(c.isspace() or not c.isprintable() for c in host):
+        raise AutofitError(f"--hosts: {host!r} is not a host name (it starts with '-' or holds whitespace or "
+                           "control characters)")
+
+
+def check_host_count(hosts: tuple[str, ...], n_nodes: int) -> None:
+    """One line unless ``hosts`` (``--hosts``, read) names one host per node."""
+    if len(hosts) != n_nodes:
+        raise AutofitError(f"--hosts names {len(hosts)} host(s) ({', '.join(hosts)}) for --nodes {n_nodes}; "
+                           "give one host per node")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface, which no other machine reaches by that name."""
+    import ipaddress
+
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_reachable(hosts: tuple[str, ...], this_host: str) -> None:
+    """One line where ``hosts`` mix loopback names with remote hosts. The rendezvous store's address is the
+    first host's name as given, and each remote node must reach every node: a loopback name there points a
+    remote agent at itself, whose rendezvous then waits for nodes that never come (until the probe's
+    deadline). Replacing it with this machine's host name would not be safe either: that name may resolve to
+    a loopback address (Debian's ``/etc/hosts`` maps it to ``127.0.1.1``) or not at all on the other nodes, the
+    same silent wait. So the user names this machine as the other nodes reach it."""
+    loopback = [host for host in hosts if is_loopback(host)]
+    remote = [host for host in hosts if not is_loopback(host) and host != this_host]
+    if loopback and remote:
+        raise AutofitError(f"--hosts mixes {loopback[0]!r}, a loopback name, with remote host {remote[0]!r}, "
+                           f"which cannot reach this machine by it; name this machine as the other nodes reach "
+                           f"it (e.g. {this_host!r})")
 
 
 def device_slices(visible: list[str], n_nodes: int, ranks_per_node: int) -> list[str]:
@@ -127,7 +180,8 @@ def plan_nodes(
     # the agent imports this autofit wherever it runs (ssh forwards it: remote_command)
     carried = {"PYTHONPATH": environ["PYTHONPATH"]} if environ.get("PYTHONPATH") else {}
     if hosts:
-        return _on_hosts(hosts, n_nodes, ranks_per_node, environ, python, cwd, port, run_id, this_host, which, shape)
+        return _on_hosts(hosts, n_nodes, ranks_per_node, environ, carried, python, cwd, port, run_id, this_host,
+                         which, shape)
     allocation = slurm_hosts(environ)
     if allocation is not None and len(allocation) >= n_nodes > 1:
         if which("srun") is None:
@@ -158,29 +212,36 @@ def plan_nodes(
     return NodeLaunch("local", commands, endpoint)
 
 
-def _on_hosts(hosts: tuple[str, ...], n_nodes: int, ranks_per_node: int, environ: Mapping[str, str], python: str,
-              cwd: str, port: int, run_id: str, this_host: str, which: Callable[[str], str | None],
-              shape: str) -> NodeLaunch:
-    if len(hosts) != n_nodes:
-        raise AutofitError(f"{shape}: --hosts names {len(hosts)} host(s) ({', '.join(hosts)}); give one per node")
+def _on_hosts(hosts: tuple[str, ...], n_nodes: int, ranks_per_node: int, environ: Mapping[str, str],
+              carried: dict[str, str], python: str, cwd: str, port: int, run_id: str, this_host: str,
+              which: Callable[[str], str | None], shape: str) -> NodeLaunch:
+    check_host_count(hosts, n_nodes)
+    for host in hosts:
+        check_host(host)
+    check_reachable(hosts, this_host)
     endpoint = f"{hosts[0]}:{port}"
-    local = {this_host, *LOCAL_NAMES}
-    if any(host not in local for host in hosts) and which("ssh") is None:
+
+    def is_here(host: str) -> bool:
+        return host == this_host or is_loopback(host)
+
+    if not all(is_here(host) for host in hosts) and which("ssh") is None:
         raise AutofitError(f"{shape}: --hosts needs ssh to start an agent on {hosts[0]} .. {hosts[-1]}, and ssh "
                            "is not on PATH; no probe across nodes (autofit estimate plans without one)")
     commands = []
     for node, host in enumerate(hosts):
         agent = agent_argv(python, n_nodes, ranks_per_node, endpoint, run_id, ranks_per_node, is_host=node == 0)
-        if host in local:
-            commands.append(NodeCommand(agent, {"PYTHONPATH": environ["PYTHONPATH"]} if environ.get("PYTHONPATH") else {}))
-        else:
-            commands.append(NodeCommand(("ssh", "-o", "BatchMode=yes", host, remote_command(agent, cwd, environ))))
+        if is_here(host):
+            commands.append(NodeCommand(agent, carried))
+        else:  # "--" ends ssh's options: the host is never read as one
+            commands.append(NodeCommand(("ssh", "-o", "BatchMode=yes", "--", host, remote_command(agent, cwd, environ))))
     return NodeLaunch("hosts", tuple(commands), endpoint)
 
 
 def remote_command(agent: tuple[str, ...], cwd: str, environ: Mapping[str, str]) -> str:
     """What ssh runs on a host: this directory, the forwarded variables (:data:`FORWARDED`,
-    :data:`FORWARDED_PREFIXES`; not this machine's ``CUDA_VISIBLE_DEVICES``), the agent."""
+    :data:`FORWARDED_PREFIXES`; not this machine's ``CUDA_VISIBLE_DEVICES``) through ``env`` (left out when
+    none is), the agent; every word quoted for the remote shell."""
     forwarded = sorted(f"{k}={v}" for k, v in environ.items()
                        if (k in FORWARDED or k.startswith(FORWARDED_PREFIXES)) and k != "CUDA_VISIBLE_DEVICES")
-    return f"cd {shlex.quote(cwd)} && env {shlex.join(forwarded)} {shlex.join(agent)}".replace("env  ", "env ")
+    argv = ["env", *forwarded, *agent] if forwarded else list(agent)
+    return f"cd {shlex.quote(cwd)} && {shlex.join(argv)}"

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +21,10 @@ from autofit.errors import AutofitError
 from autofit.hardware import get_hardware
 from autofit.probe import run_probe
 from autofit.probe.agent import RESULT_MARK, exit_records, parse_args, parse_record
-from autofit.probe.nodes import device_slices, expand_nodelist, plan_nodes, read_hosts
+from autofit.probe.elastic import launch_agents, node_launch
+from autofit.probe.launch import FAILURE_GRACE_S, with_package_root
+from autofit.probe.nodes import NodeCommand, NodeLaunch, device_slices, expand_nodelist, plan_nodes, read_hosts, remote_command
+from autofit.probe.rank import RankResult
 
 ENTRY = str(Path(__file__).with_name("probe_workloads.py"))
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-[07-08]", "SLURM_NNODES": "2", "PATH": "/usr/bin"}
@@ -51,19 +58,55 @@ def test_named_hosts_run_an_agent_each_through_ssh_and_this_machine_directly() -
     assert launch.how == "hosts" and launch.endpoint == "login-1:29511"
     local, remote = launch.commands
     assert parse_args(list(local.argv[3:])).is_host == 1
-    assert remote.argv[:4] == ("ssh", "-o", "BatchMode=yes", "node-b")
-    words = shlex.split(remote.argv[4])
-    assert words[:3] == ["cd", "/home/u/proj", "&&"]
+    assert remote.argv[:5] == ("ssh", "-o", "BatchMode=yes", "--", "node-b")  # "--": the host is no option
+    words = shlex.split(remote.argv[5])
+    assert words[:4] == ["cd", "/home/u/proj", "&&", "env"]
     assert "NCCL_IB_HCA=mlx5" in words and "PYTHONPATH=/home/u/autofit" in words
     assert not any(w.startswith(("SECRET=", "CUDA_VISIBLE_DEVICES=")) for w in words)
     agent = parse_args(words[words.index("autofit.probe.agent") + 1:])
     assert (agent.nnodes, agent.nproc_per_node, agent.is_host, agent.rdzv_endpoint) == (2, 8, 0, "login-1:29511")
     # hosts win over the Slurm allocation; their number must be the nodes'
     assert _plan(environ=SLURM, hosts=("a", "b")).how == "hosts"
-    with pytest.raises(AutofitError, match="names 3 host"):
+    with pytest.raises(AutofitError, match="names 3 host.*for --nodes 2"):
         _plan(hosts=("a", "b", "c"))
     with pytest.raises(AutofitError, match="needs ssh"):
         _plan(hosts=("a", "b"), tools=())
+
+
+def test_a_loopback_name_beside_remote_hosts_is_refused_as_no_remote_node_reaches_it() -> None:
+    """``localhost,nodeb`` would give nodeb the store at ``localhost``: nodeb's agent would wait for itself."""
+    for hosts in (("localhost", "node-b"), ("127.0.0.1", "node-b"), ("node-b", "::1"), ("127.0.1.1", "node-b")):
+        with pytest.raises(AutofitError) as refused:
+            _plan("cpu", 2, 1, hosts=hosts)
+        line = str(refused.value)
+        assert "\n" not in line and "loopback" in line and "node-b" in line and "'login-1'" in line
+    # every host this machine: the agents run here, no ssh, and the loopback store is right
+    launch = _plan("cpu", 2, 1, hosts=("localhost", "login-1"), tools=())
+    assert launch.endpoint == "localhost:29511" and [c.argv[0] for c in launch.commands] == ["/opt/venv/bin/python"] * 2
+    # this machine by the name the others reach it by is the store's host
+    assert _plan("cpu", 2, 1, hosts=("login-1", "node-b")).endpoint == "login-1:29511"
+
+
+def test_the_remote_command_keeps_forwarded_values_whole_when_a_shell_runs_it(tmp_path: Path) -> None:
+    """What ssh hands the remote shell, run by a real ``sh``: each forwarded value arrives as it was sent."""
+    show = (sys.executable, "-c", "import os, sys; print(repr(os.environ.get('NCCL_X')), sys.argv[1:])", "a  env  b")
+    environ = {"NCCL_X": "a  env  b", "PATH": os.environ["PATH"], "SECRET": "x"}
+    command = remote_command(show, str(tmp_path), environ)
+    seen = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True, env={}).stdout.strip()
+    assert seen == "'a  env  b' ['a  env  b']"
+    # nothing to forward: no bare env, the agent itself
+    assert shlex.split(remote_command(show, "/p", {"SECRET": "x"})) == ["cd", "/p", "&&", *show]
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client here")
+def test_real_ssh_reads_the_host_after_the_end_of_its_options() -> None:
+    """OpenSSH ends its options at ``--`` (getopt): the argv autofit builds reaches the host lookup, and a name
+    like ``-oProxyCommand=...`` after ``--`` is a host name (refused), never an option that runs a command."""
+    launch = _plan("cpu", 2, 1, hosts=("login-1", "autofit-test-no-such-host.invalid"), environ={"PATH": "/usr/bin"})
+    ssh = launch.commands[1].argv
+    done = subprocess.run([*ssh[:3], "-o", "ConnectTimeout=5", *ssh[3:]], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 255 and "autofit-test-no-such-host.invalid" in done.stderr, done.stderr
+    assert "illegal option" not in done.stderr and "usage" not in done.stderr
 
 
 def test_simulated_nodes_get_disjoint_gpu_slices_and_need_all_their_gpus() -> None:
@@ -113,6 +156,70 @@ def test_slurm_host_lists_and_hostfiles(tmp_path: Path) -> None:
     assert read_hosts("a, b") == ("a", "b")
     with pytest.raises(AutofitError, match="names no host"):
         read_hosts(" , ")
+
+
+def test_a_host_name_ssh_would_misread_and_a_hostfile_that_is_not_text_are_one_line_each(tmp_path: Path) -> None:
+    for value in ("-oProxyCommand=touch /tmp/x,b", "a b,c", "a\tb", "a\x1b,b"):
+        with pytest.raises(AutofitError, match="is not a host name") as refused:
+            read_hosts(value)
+        assert "\n" not in str(refused.value)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("-oProxyCommand=touch /tmp/x slots=8\nworker-2\n")
+    with pytest.raises(AutofitError, match="'-oProxyCommand=touch' is not a host name"):
+        read_hosts(str(hostfile))
+    binary = tmp_path / "hosts.bin"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe\x00\x80")
+    with pytest.raises(AutofitError) as unreadable:
+        read_hosts(str(binary))
+    assert str(binary) in str(unreadable.value) and "UnicodeDecodeError" in str(unreadable.value)
+    assert "\n" not in str(unreadable.value)
+
+
+def test_agents_get_this_autofit_first_on_their_path_once_and_their_ranks_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's ranks' environment (training_env) is built from the agent's: the root is not added twice."""
+    from autofit.probe.launch import training_env
+
+    root = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/x", root, "/y"]))
+    for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(key, raising=False)
+    agents = node_launch("cpu", 2, 1).commands
+    assert [c.env["PYTHONPATH"].split(os.pathsep) for c in agents] == [[root, "/x", "/y"]] * 2
+    ranks = training_env(dict(agents[0].env), "cpu", 1, 2)
+    assert ranks["PYTHONPATH"].split(os.pathsep) == [root, "/x", "/y"]
+    assert with_package_root(None) == with_package_root("") == root
+
+
+def _fake_agent(record: RankResult | None, then: str) -> NodeCommand:
+    """A process that reads the spec line as an agent does, sends ``record`` as a rank's result, then exits
+    (``then`` "exit") or waits for its stdin to close (``then`` "wait"), as a real agent does."""
+    line = "" if record is None else RESULT_MARK + json.dumps(record.to_json())
+    code = ("import sys; sys.stdin.readline(); print(sys.argv[1], flush=True); "
+            + ("sys.stdin.read()" if then == "wait" else "pass"))
+    return NodeCommand((sys.executable, "-c", code, line))
+
+
+def test_agents_that_finish_are_read_and_ones_past_the_deadline_are_stopped(tmp_path: Path) -> None:
+    done = NodeLaunch("local", (_fake_agent(RankResult(0, "ok"), "exit"), _fake_agent(RankResult(1, "ok"), "exit")), "")
+    outcomes, timed_out = launch_agents({"kind": "cpu"}, tmp_path, done, 2, timeout_s=60)
+    assert not timed_out and [o.result.status if o.result else None for o in outcomes] == ["ok", "ok"]
+    stuck = NodeLaunch("local", (_fake_agent(None, "wait"), _fake_agent(None, "wait")), "")
+    t0 = time.monotonic()
+    outcomes, timed_out = launch_agents({"kind": "cpu"}, tmp_path, stuck, 2, timeout_s=0.5)
+    assert timed_out and [o.result for o in outcomes] == [None, None] and time.monotonic() - t0 < FAILURE_GRACE_S
+
+
+@pytest.mark.slow
+def test_a_rank_that_failed_on_one_agent_ends_the_probe_after_the_grace_not_the_deadline(tmp_path: Path) -> None:
+    """Agent 1's rank reports an error while agent 0 waits (its rank in a collective): the wait ends
+    FAILURE_GRACE_S later, not at the deadline, and rank 1's error is kept."""
+    failing = RankResult(1, "error", message="boom")
+    launch = NodeLaunch("local", (_fake_agent(None, "wait"), _fake_agent(failing, "wait")), "")
+    t0 = time.monotonic()
+    outcomes, timed_out = launch_agents({"kind": "cpu"}, tmp_path, launch, 2, timeout_s=120)
+    took = time.monotonic() - t0
+    assert not timed_out and FAILURE_GRACE_S <= took < FAILURE_GRACE_S + 10
+    assert outcomes[1].result == failing and outcomes[0].result is None
 
 
 def test_the_agent_reports_a_rank_the_oom_killer_ended_from_torchs_process_failure(tmp_path: Path) -> None:
