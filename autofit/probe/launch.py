@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.probe.failure import read_kernel_log
-from autofit.probe.oom_killer import ended_by_sigkill, host_oom, oom_kills
+from autofit.probe.failure import classify_exit, ended_by_sigkill, read_kernel_log
+from autofit.probe.oom_killer import oom_kills
 from autofit.probe.rank import RankResult, read_rank_result
 
 #: seconds the other ranks get to report once one rank has finished with a failure
@@ -183,7 +183,7 @@ def _mark_oom_kills(outcomes: list[RankOutcome], oom_kills_before: int | None) -
         return outcomes
     kernel_log, oom_kills_after = read_kernel_log(), oom_kills()
     for outcome in suspects:
-        verdict = host_oom(
+        verdict = classify_exit(
             outcome.returncode,
             outcome.pid,
             killed_by_us=outcome.killed_by_us,

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autofit.probe.failure import SHELL_SIGKILL, classify_exit, ended_by_sigkill, oom_kill_count, oom_kill_counter
+from autofit.probe.failure import SHELL_SIGKILL, ended_by_sigkill, oom_kill_count, oom_kill_counter
 
-__all__ = ["SHELL_SIGKILL", "cgroup_oom_kills", "ended_by_sigkill", "host_oom", "memory_events_path", "oom_kills"]
+__all__ = ["SHELL_SIGKILL", "cgroup_oom_kills", "ended_by_sigkill", "memory_events_path", "oom_kills"]
 
 
 def memory_events_path(self_cgroup: str, cgroup_root: Path) -> Path | None:
@@ -59,7 +59,3 @@ def oom_kills(cgroup_root: str | Path = "/sys/fs/cgroup", self_cgroup: str | Pat
     known = [n for n in (cgroup_oom_kills(cgroup_root, self_cgroup), oom_kill_count(vmstat)) if n is not None]
     return sum(known) if known else None
 
-
-#: :func:`autofit.probe.failure.classify_exit` under its former name: it reads a 137 as the SIGKILL it is itself,
-#: so this is no wrapper; kept only for callers not yet moved to classify_exit (autofit/probe/launch.py)
-host_oom = classify_exit
