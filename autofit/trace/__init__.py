@@ -34,7 +34,9 @@ How, module by module:
   model traced before answers from there (``--no-cache`` or ``AUTOFIT_NO_CACHE=1`` to trace again). With
   the cut traces of a many-layer model run in forked processes, one per usable core (up to 8) where the process
   runs one Python thread (each step is independent; each result is what the step gives in one process);
-  ``AUTOFIT_TRACE_WORKERS=N`` sets how many (1 on a loaded machine: each worker pays its own caches).
+  ``AUTOFIT_TRACE_WORKERS=N`` sets how many (1 on a loaded machine: each worker pays its own caches; a value
+  that is not a positive integer is an error); a worker that cannot fork or dies leaves the traces to this
+  process, with one line on stderr.
 - :mod:`autofit.trace.attention` runs each attention kernel (``flash`` through flash-attn's own functions
   where installed, else SDPA forced to its flash backend) and labels which one a prediction rests on.
 

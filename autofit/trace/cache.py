@@ -16,10 +16,13 @@ three:
   source files of autofit that a trace runs (:data:`TRACED_SOURCES`).
 
 Where: ``$AUTOFIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/autofit``, else ``~/.cache/autofit`` (the XDG base
-directory default), in ``traces/``. ``AUTOFIT_NO_CACHE=1`` (the commands' ``--no-cache``) neither reads nor
-writes it. Each entry is written whole to a temporary file and renamed over the old one (``os.replace``, atomic
-on POSIX), so a reader never sees half an entry; an entry that cannot be read or parsed is ignored (the model is
-traced again and the entry rewritten), and a cache directory that cannot be written only goes unused.
+directory default), in ``traces/``. ``AUTOFIT_NO_CACHE=1`` (``true``, ``yes``, ``on``; the commands'
+``--no-cache``) neither reads nor writes it; unset, empty, ``0``, ``false``, ``no`` or ``off`` keeps it on, and
+any other value is an error (:func:`cache_turned_off`). Each entry is written whole to a temporary file and
+renamed over the old one (``os.replace``, atomic on POSIX), so a reader never sees half an entry; an entry that
+cannot be read or parsed is ignored (the model is traced again and the entry rewritten), and a cache directory
+that cannot be written only goes unused. :mod:`autofit.trace.source_cache` keeps its records here the same way
+(:func:`read_entry`, :func:`write_entry`, :func:`sources_digest`).
 """
 
 from __future__ import annotations
@@ -37,12 +40,18 @@ from pathlib import Path
 from typing import Any
 
 from autofit.cost_model.facts import ModelFacts
+from autofit.errors import AutofitError
 from autofit.workload import Workload
 
 #: environment variable naming the cache directory
 CACHE_DIR_ENV = "AUTOFIT_CACHE_DIR"
-#: environment variable that turns the cache off when set to anything but ``""``/``0``
+#: environment variable that turns the cache off: one of :data:`NO_CACHE_ON` (case-insensitive); one of
+#: :data:`NO_CACHE_OFF`, or unset, keeps it on
 NO_CACHE_ENV = "AUTOFIT_NO_CACHE"
+#: the values of :data:`NO_CACHE_ENV` that turn the cache off
+NO_CACHE_ON = ("1", "true", "yes", "on")
+#: the values of :data:`NO_CACHE_ENV` that leave the cache on
+NO_CACHE_OFF = ("", "0", "false", "no", "off")
 #: version of the entry layout; bumped when what is stored changes meaning
 FORMAT = 1
 #: distributions whose versions invalidate every entry (absent ones count as ``None``)
@@ -56,12 +65,30 @@ _PLAIN = (bool, int, float, str, type(None))
 
 
 def cache_dir() -> Path | None:
-    """The directory of trace entries, or None when the cache is turned off (:data:`NO_CACHE_ENV`)."""
-    if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
+    """The directory of trace entries, or None when the cache is turned off (:func:`cache_turned_off`)."""
+    if cache_turned_off(os.environ.get(NO_CACHE_ENV, "")):
         return None
     root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "autofit")
     return Path(root) / "traces"
+
+
+def cache_turned_off(value: str) -> bool:
+    """Whether :data:`NO_CACHE_ENV` set to ``value`` turns the cache off: one of :data:`NO_CACHE_ON`, or leaves it on:
+    one of :data:`NO_CACHE_OFF` (both case-insensitive, surrounding blanks ignored); anything else is an error, not a
+    guess (a ``false`` once turned the cache off)."""
+    word = value.strip().lower()
+    if word in NO_CACHE_ON:
+        return True
+    if word in NO_CACHE_OFF:
+        return False
+    raise AutofitError(f"{NO_CACHE_ENV}={value!r} is not a yes/no value: {', '.join(NO_CACHE_ON)} turns the trace "
+                       f"cache off; {', '.join(NO_CACHE_OFF[1:])} or empty keeps it on")
+
+
+def plain_request(request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` (the arguments of :func:`autofit.trace.trace_workload`) as JSON writes it: tuples as lists."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in request.items()}
 
 
 def trace_key(workload: Workload, model: Any, request: dict[str, Any]) -> str:
@@ -73,7 +100,7 @@ def trace_key(workload: Workload, model: Any, request: dict[str, Any]) -> str:
         "name": workload.name,
         "tokens_per_sample": workload.tokens_per_sample,
         "searches_attention": workload.searches_attention,
-        "request": {k: list(v) if isinstance(v, tuple) else v for k, v in request.items()},
+        "request": plain_request(request),
         "model": model_fingerprint(model),
         "code": code_fingerprint(workload, model),
         "batch": batch_fingerprint(workload, tuple(request.get("micro_batches", ()))),
@@ -83,34 +110,48 @@ def trace_key(workload: Workload, model: Any, request: dict[str, Any]) -> str:
 
 def load(key: str) -> ModelFacts | None:
     """The facts stored under ``key``, or None: no entry, the cache off, or an entry that cannot be read."""
+    entry = read_entry(key)
+    return facts_of(entry) if entry is not None else None
+
+
+def store(key: str, facts: ModelFacts) -> None:
+    """Keep ``facts`` under ``key`` (:func:`write_entry`). A directory that cannot be written leaves the cache
+    unused, never the command failed."""
+    write_entry(key, {"facts": facts.to_dict()})
+
+
+def read_entry(name: str) -> dict[str, Any] | None:
+    """The document written under ``name`` (:func:`write_entry`), or None: the cache off, no entry, or one that
+    cannot be read, is not a JSON object or names another key (truncated, edited, another layout): a miss."""
     directory = cache_dir()
     if directory is None:
         return None
     try:
-        entry = json.loads((directory / f"{key}.json").read_text())
-        if entry.get("key") != key:
-            return None
+        entry = json.loads((directory / f"{name}.json").read_text())
+    except (OSError, ValueError):  # missing, unreadable, truncated, not JSON, not UTF-8
+        return None
+    return entry if isinstance(entry, dict) and entry.get("key") == name else None
+
+
+def facts_of(entry: dict[str, Any]) -> ModelFacts | None:
+    """The :class:`ModelFacts` under an entry's ``facts``, or None where they are missing or of another layout."""
+    try:
         return ModelFacts.from_dict(entry["facts"])
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # missing, truncated, or another layout
+    except (KeyError, TypeError, ValueError, AttributeError):  # missing, or another layout
         return None
 
 
-def store(key: str, facts: ModelFacts) -> None:
-    """Keep ``facts`` under ``key``: written to a temporary file beside the entry, then renamed over it. A
-    directory that cannot be written leaves the cache unused, never the command failed."""
+def write_entry(name: str, document: dict[str, Any]) -> None:
+    """``document`` with its ``key`` (``name``) as JSON in the cache directory, whole or not at all: written to a
+    temporary file beside the entry and renamed over it (:func:`autofit.emit.write_text_atomic`). The cache off
+    keeps nothing; a directory that cannot be written leaves it unkept."""
+    from autofit.emit import write_text_atomic
+
     directory = cache_dir()
     if directory is None:
         return
-    write_entry(directory / f"{key}.json", {"key": key, "facts": facts.to_dict()})
-
-
-def write_entry(path: Path, document: dict[str, Any]) -> None:
-    """``document`` as JSON at ``path``, whole or not at all (:func:`autofit.emit.write_text_atomic`); a directory
-    that cannot be written leaves it unkept."""
-    from autofit.emit import write_text_atomic
-
     with contextlib.suppress(OSError):
-        write_text_atomic(path, json.dumps(document))
+        write_text_atomic(directory / f"{name}.json", json.dumps({**document, "key": name}))
 
 
 def software_versions() -> dict[str, Any]:
@@ -133,10 +174,16 @@ def _version(distribution: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def traced_sources_digest() -> str:
-    """SHA-256 of the contents of :data:`TRACED_SOURCES` (every ``.py`` file under a folder), in a fixed order."""
+    """:func:`sources_digest` of :data:`TRACED_SOURCES`."""
+    return sources_digest(TRACED_SOURCES)
+
+
+def sources_digest(names: tuple[str, ...]) -> str:
+    """SHA-256 of autofit's own source files ``names`` (relative to the package; every ``.py`` file under a folder),
+    in a fixed order: each file's path and its contents, or ``<absent>`` for a file not there."""
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for name in TRACED_SOURCES:
+    for name in names:
         path = package / name
         for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             digest.update(str(file.relative_to(package)).encode())

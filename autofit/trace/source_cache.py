@@ -21,19 +21,17 @@ anything of the user's:
 What the key cannot see: environment variables and files the entry reads when it runs, a Hub model's config
 (an ``hf:ORG/NAME`` has no local file: it is never planned from here), installed packages other than those named.
 ``--no-cache`` (``AUTOFIT_NO_CACHE``) turns it off with the trace cache. Records sit beside the trace entries
-(``source-<key>.json``), written whole and renamed (:func:`autofit.trace.cache.store`); one that cannot be read is
-ignored.
+(``source-<key>.json``), read and written as the trace entries are (:func:`autofit.trace.cache.read_entry`,
+:func:`autofit.trace.cache.write_entry`: written whole and renamed); one that cannot be read is ignored.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from autofit.trace import cache
@@ -72,33 +70,11 @@ def source_key(entry: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _planning_sources_digest() -> str:
-    package = Path(__file__).resolve().parents[1]
-    return hashlib.sha256(b"".join((package / name).read_bytes() for name in PLANNING_SOURCES)).hexdigest()
+    return cache.sources_digest(PLANNING_SOURCES)
 
 
 def _request_key(key: str, request: dict[str, Any]) -> str:
-    plain = {k: list(v) if isinstance(v, tuple) else v for k, v in request.items()}
-    return hashlib.sha256(json.dumps([key, plain], sort_keys=True).encode()).hexdigest()
-
-
-def _read(name: str) -> dict[str, Any] | None:
-    directory = cache.cache_dir()
-    if directory is None:
-        return None
-    try:
-        record = json.loads((directory / f"{name}.json").read_text())
-        return record if isinstance(record, dict) and record.get("key") == name else None
-    except (OSError, ValueError):  # missing, truncated, not JSON
-        return None
-
-
-def _write(name: str, record: dict[str, Any]) -> None:
-    """``record`` under ``name``, written to a temporary file and renamed over the old one; an unwritable
-    directory leaves it unkept."""
-    directory = cache.cache_dir()
-    if directory is None:
-        return
-    cache.write_entry(directory / f"{name}.json", {**record, "key": name})
+    return hashlib.sha256(json.dumps([key, cache.plain_request(request)], sort_keys=True).encode()).hexdigest()
 
 
 def _well_formed(answers: Any) -> TypeGuard[dict[str, Any]]:
@@ -119,7 +95,7 @@ class SourcePlannedWorkload:
     def __init__(self, entry: str, key: str) -> None:
         self.entry = entry
         self.key = key
-        record = _read(f"source-{key}")
+        record = cache.read_entry(f"source-{key}")
         answers = record.get("workload") if record is not None else None
         self._answers: dict[str, Any] = dict(answers) if _well_formed(answers) else {}
         self._loaded: Workload | None = None
@@ -163,20 +139,21 @@ class SourcePlannedWorkload:
     def facts(self, request: dict[str, Any]) -> ModelFacts:
         """The trace for ``request`` (:func:`autofit.trace.trace_workload`'s arguments): the one recorded, else
         the real workload's (the trace cache's, or traced), then recorded with the workload's answers."""
-        from autofit.cost_model.facts import ModelFacts
         from autofit.trace import trace_workload
+        from autofit.trace.tracer import trace_workers_setting
 
+        trace_workers_setting()  # a bad setting is an error on a recorded plan too, as on one that traces
         started = time.perf_counter()
         name = f"source-{_request_key(self.key, request)}"
-        record = _read(name)
-        if record is not None and self.recorded:
-            with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
-                return replace(ModelFacts.from_dict(record["facts"]), trace_seconds=time.perf_counter() - started)
+        record = cache.read_entry(name)
+        recorded = cache.facts_of(record) if record is not None and self.recorded else None
+        if recorded is not None:
+            return replace(recorded, trace_seconds=time.perf_counter() - started)
         facts = trace_workload(self.workload, **request)
         for field in WORKLOAD_FIELDS:
             self._answer(field)
-        _write(f"source-{self.key}", {"workload": self._answers})
-        _write(name, {"facts": facts.to_dict()})
+        cache.write_entry(f"source-{self.key}", {"workload": self._answers})
+        cache.write_entry(name, {"facts": facts.to_dict()})
         return facts
 
 

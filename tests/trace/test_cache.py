@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from autofit.cost_model import ModelFacts
+from autofit.errors import AutofitError
 from autofit.estimate import estimate
 from autofit.hardware import get_hardware
 from autofit.plan import Plan
@@ -147,14 +148,18 @@ def test_the_key_follows_settings_and_ties_not_only_shapes() -> None:
 def test_a_corrupt_entry_is_traced_again_and_rewritten(cache_dir: Path, traces: list[str]) -> None:
     good = trace(small())
     (entry,) = cache_dir.glob("*.json")
-    for garbage in ("{not json", json.dumps({"key": entry.stem, "facts": {"name": "x"}}), ""):
-        entry.write_text(garbage)
+    garbage = ("{not json", json.dumps({"key": entry.stem, "facts": {"name": "x"}}), "", json.dumps([entry.stem]),
+               json.dumps({"key": "another", "facts": json.loads(entry.read_text())["facts"]}))
+    for text in garbage:
+        entry.write_text(text)
         again = trace(small())
         assert _same(again, good)
-    assert len(traces) == 4
+    entry.write_bytes(b"\xff\xfe not UTF-8")
+    assert _same(trace(small()), good)
+    assert len(traces) == 2 + len(garbage)
     assert json.loads(entry.read_text())["key"] == entry.stem  # rewritten whole
     trace(small())
-    assert len(traces) == 4
+    assert len(traces) == 2 + len(garbage)
 
 
 def test_an_unwritable_cache_or_no_cache_leaves_nothing(tmp_path: Path, traces: list[str],
@@ -179,3 +184,32 @@ def test_the_default_directory_is_the_xdg_cache(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert cache.cache_dir() == tmp_path / ".cache" / "autofit" / "traces"
+
+
+@pytest.mark.parametrize(("value", "off"), [("1", True), ("TRUE", True), ("yes", True), ("On", True), ("", False),
+                                            ("0", False), ("false", False), ("No", False), ("OFF", False)])
+def test_no_cache_reads_the_usual_yes_and_no_spellings(value: str, off: bool, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(cache.NO_CACHE_ENV, value)
+    assert cache.cache_dir() == (None if off else tmp_path / "traces")
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "disable"])
+def test_no_cache_of_another_value_is_one_line_from_the_cli(value: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither on nor off guessed: the variable and its value on one line, exit 1, nothing written."""
+    from click.testing import CliRunner
+
+    from autofit.cli import main
+
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cache.NO_CACHE_ENV, value)
+    with pytest.raises(AutofitError, match=f"AUTOFIT_NO_CACHE='{value}' is not a yes/no value"):
+        cache.cache_dir()
+    mlp = Path(__file__).resolve().parents[2] / "examples" / "mlp.py"
+    result = CliRunner().invoke(main, ["estimate", f"{mlp}:workload", "--hardware", "cpu"])
+    assert result.exit_code == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"autofit: error: AUTOFIT_NO_CACHE='{value}'")
+    assert not (tmp_path / "cache").exists()

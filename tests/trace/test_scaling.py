@@ -37,10 +37,26 @@ def deep_gpt(n_layers: int = N_LAYERS) -> Workload:
     return Workload(model=build, batch=batch, layers=lambda m: m.blocks, name="deep-gpt")
 
 
+def trace_deep(workload: Workload) -> object:
+    return trace_workload(workload, precisions=("fp32",), attentions=("sdpa",), checkpoint_ratios=RATIOS)
+
+
 @pytest.fixture(scope="module")
 def scaled() -> tuple[Workload, object]:
+    """The deep model traced in this one process (AUTOFIT_TRACE_WORKERS=1: no fork), what the forked traces must
+    give."""
+    from autofit.trace import tracer
+
     workload = deep_gpt()
-    return workload, trace_workload(workload, precisions=("fp32",), attentions=("sdpa",), checkpoint_ratios=RATIOS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(tracer.TRACE_WORKERS_ENV, "1")
+        return workload, trace_deep(workload)
+
+
+def _same(a: object, b: object) -> bool:
+    from dataclasses import replace
+
+    return replace(a, trace_seconds=0.0) == replace(b, trace_seconds=0.0)  # type: ignore[type-var]
 
 
 def test_a_deep_model_of_alike_layers_is_traced_cut(scaled) -> None:  # noqa: ANN001
@@ -51,10 +67,9 @@ def test_a_deep_model_of_alike_layers_is_traced_cut(scaled) -> None:  # noqa: AN
     assert sorted(facts.profiles) == ["fp32/sdpa/ckpt", "fp32/sdpa/ckpt6", "fp32/sdpa/full"]
 
 
-def test_cut_traces_in_forked_workers_are_the_ones_traced_in_process(scaled, monkeypatch) -> None:  # noqa: ANN001
-    """AUTOFIT_TRACE_WORKERS=2: every step runs in a worker (none in this process), and the facts are the same."""
-    from dataclasses import replace
-
+def test_cut_traces_in_forked_workers_are_the_ones_traced_in_process(scaled, monkeypatch, capsys) -> None:  # noqa: ANN001
+    """AUTOFIT_TRACE_WORKERS=2: every step runs in a worker (none in this process), and the facts are those of
+    AUTOFIT_TRACE_WORKERS=1, without a word on stderr."""
     from autofit.trace import tracer
 
     workload, facts = scaled
@@ -62,9 +77,53 @@ def test_cut_traces_in_forked_workers_are_the_ones_traced_in_process(scaled, mon
     real_run = tracer._Tracer._run
     monkeypatch.setattr(tracer._Tracer, "_run", lambda self, *a: in_process.append(a) or real_run(self, *a))
     monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "2")
-    forked = trace_workload(workload, precisions=("fp32",), attentions=("sdpa",), checkpoint_ratios=RATIOS)
+    forked = trace_deep(workload)
     assert in_process == []
-    assert replace(forked, trace_seconds=0.0) == replace(facts, trace_seconds=0.0)
+    assert _same(forked, facts)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_worker_that_dies_leaves_the_trace_to_this_process_with_one_line(scaled, monkeypatch, capsys) -> None:  # noqa: ANN001
+    """A worker killed (as the OOM killer would) mid-step: the cut traces run here, to the same facts, and one
+    line on stderr says why."""
+    import os
+    import signal
+
+    from autofit.trace import tracer
+
+    workload, facts = scaled
+    parent, real_step = os.getpid(), tracer._trace_step
+
+    def killed_in_a_worker(*args: object) -> object:
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_step(*args)
+
+    monkeypatch.setattr(tracer, "_trace_step", killed_in_a_worker)
+    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "2")
+    assert _same(trace_deep(workload), facts)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("autofit: tracing in one process") and "BrokenProcessPool" in line
+
+
+def test_a_bug_in_a_worker_is_raised_not_traced_around(monkeypatch) -> None:  # noqa: ANN001
+    """A result that cannot be sent back (a bug in autofit, not a dead worker) fails the trace instead of
+    passing as a slower one."""
+    import os
+    import pickle
+
+    from autofit.trace import tracer
+
+    parent, real_step = os.getpid(), tracer._trace_step
+
+    def unpicklable_in_a_worker(*args: object) -> object:
+        point = real_step(*args)
+        return (lambda: point) if os.getpid() != parent else point
+
+    monkeypatch.setattr(tracer, "_trace_step", unpicklable_in_a_worker)
+    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "2")
+    with pytest.raises((pickle.PicklingError, AttributeError)):  # by Python version
+        trace_deep(deep_gpt())
 
 
 def test_without_checkpointing_the_extrapolation_is_the_whole_trace_exactly(scaled) -> None:  # noqa: ANN001

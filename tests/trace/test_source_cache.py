@@ -14,10 +14,12 @@ import pytest
 
 import autofit
 from autofit.api import estimate_target
+from autofit.errors import AutofitError
 from autofit.hf import with_hf_options
 from autofit.target import Target, prepare
-from autofit.trace import cache
+from autofit.trace import cache, source_cache
 from autofit.trace.source_cache import SourcePlannedWorkload, source_key
+from autofit.trace.tracer import TRACE_WORKERS_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,7 +89,8 @@ def ranked(entry: str) -> list[dict]:
     return [c.to_dict() for c in estimate_target(target(entry)).candidates]
 
 
-def test_warm_plan_is_the_cold_one_without_loading_the_workload(cache_dir: Path, tmp_path: Path) -> None:
+def test_warm_plan_is_the_cold_one_without_loading_the_workload(cache_dir: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     entry = write_entry(tmp_path / "a")
     cold = ranked(entry)
     assert list(cache_dir.glob("source-*.json")), "the cold plan recorded its sources"
@@ -98,6 +101,9 @@ def test_warm_plan_is_the_cold_one_without_loading_the_workload(cache_dir: Path,
     assert plan.name == "small"
     assert ranked(entry) == cold
     assert setup.loaded_workload.name == "small"  # what needs the real workload still gets it
+    monkeypatch.setenv(TRACE_WORKERS_ENV, "0")  # a bad setting fails a warm plan as it fails a cold one
+    with pytest.raises(AutofitError, match="AUTOFIT_TRACE_WORKERS='0'"):
+        ranked(entry)
 
 
 def test_changed_sources_or_request_miss(cache_dir: Path, tmp_path: Path) -> None:
@@ -160,6 +166,21 @@ def test_a_workload_object_or_no_cache_never_uses_it(cache_dir: Path, tmp_path: 
     monkeypatch.setenv(cache.NO_CACHE_ENV, "1")
     assert source_key(entry) is None
     assert not isinstance(prepare(target(entry)).workload, SourcePlannedWorkload)
+
+
+def test_a_missing_planning_source_is_hashed_as_absent(cache_dir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the trace cache hashes its sources: a file not there (a trimmed install) is ``<absent>``, not a crash,
+    and the key differs from the one with the file."""
+    entry = write_entry(tmp_path / "h")
+    with_file = source_key(entry)
+    source_cache._planning_sources_digest.cache_clear()
+    monkeypatch.setattr(source_cache, "PLANNING_SOURCES", (*source_cache.PLANNING_SOURCES, "no_such_file.py"))
+    try:
+        without = source_key(entry)
+    finally:
+        source_cache._planning_sources_digest.cache_clear()
+    assert without is not None and without != with_file
 
 
 def test_a_corrupt_record_is_ignored(cache_dir: Path, tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from torch import nn
 
 from autofit.config import Config
 from autofit.cost_model import ModelFacts
-from autofit.trace import trace_config, trace_workload
+from autofit.errors import AutofitError
+from autofit.trace import trace_config, trace_workload, tracer
 from autofit.trace.tracer import _LiveBytes, _make_tracker
 from autofit.workload import Workload, load_workload
 
@@ -304,3 +305,31 @@ def test_a_conv_nets_trace_counts_the_copies_its_convolutions_make() -> None:
     done = subprocess.run([sys.executable, "-c", CONV_STEP, CONVNET], env=env, capture_output=True, text=True,
                           timeout=300, check=True)
     assert traced == pytest.approx(int(done.stdout.split()[-1]), rel=0.04)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "2.5", "\u00b2"])
+def test_trace_workers_that_is_not_a_positive_integer_is_one_line_from_the_cli(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting meant to limit the load is never read as "one per core": the CLI says which variable and value
+    are wrong, on one line, and exits 1 (examples/mlp.py is not cut: the setting is checked before any trace)."""
+    from click.testing import CliRunner
+
+    from autofit.cli import main
+
+    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, value)
+    result = CliRunner().invoke(main, ["estimate", f"{EXAMPLES}/mlp.py:workload", "--hardware", "cpu", "--no-cache"])
+    assert result.exit_code == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("autofit: error: AUTOFIT_TRACE_WORKERS=") and repr(value) in line
+
+
+def test_trace_workers_reads_a_positive_integer_and_defaults_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, " 3 ")
+    assert tracer.trace_workers() == 3
+    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "")
+    assert tracer.trace_workers_setting() is None
+    monkeypatch.delenv(tracer.TRACE_WORKERS_ENV)
+    assert 1 <= tracer.trace_workers() <= tracer.MAX_TRACE_WORKERS
+    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "00")
+    with pytest.raises(AutofitError, match="AUTOFIT_TRACE_WORKERS='00' is not a positive integer"):
+        tracer.trace_workers()
