@@ -81,6 +81,8 @@ class Hardware:
             raise AutofitError(f"hardware memory must be positive, but got {self.memory_bytes!r}")
         if self.devices_per_node < 0:
             raise AutofitError(f"devices_per_node must be >= 0, but got {self.devices_per_node!r}")
+        if self.compute_capability is not None:  # a JSON round trip gives a list
+            object.__setattr__(self, "compute_capability", tuple(self.compute_capability))
 
     def ranks_on_a_node(self, world_size: int) -> int:
         """Ranks that share one node's host and intra-node links."""
@@ -103,7 +105,11 @@ class Hardware:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"fingerprint": self.fingerprint()}
+        """JSON's own types (the capability a list), and the fingerprint."""
+        data = asdict(self)
+        if data["compute_capability"] is not None:
+            data["compute_capability"] = list(data["compute_capability"])
+        return data | {"fingerprint": self.fingerprint()}
 
 
 def _hopper(name: str, memory_mib: int, bandwidth: float, matmul_ceiling: float = 0.801) -> Hardware:
