@@ -247,11 +247,13 @@ def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | Non
         out_path: str, report_dir: str | None, margin: float, script: str | None) -> None:
     """The search: probe the most promising candidates and write the fastest that fits as DeepSpeed JSON."""
     from autofit.api import search_target
-    from autofit.search import SearchSettings
+    from autofit.search import DEFAULT_STORAGE, SearchSettings
+    from autofit.search.storage import storage_errors
 
     settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=margin)
-    result = search_target(shared.target, settings, out=out_path, report=report_dir, storage=storage,
-                           study_name=study_name, script=script, progress=progress_display, say=say)
+    with storage_errors(storage or DEFAULT_STORAGE):  # a database error: one line, the URL's password hidden
+        result = search_target(shared.target, settings, out=out_path, report=report_dir, storage=storage,
+                               study_name=study_name, script=script, progress=progress_display, say=say)
     if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
@@ -306,7 +308,10 @@ def schedule_add(shared: Shared, trials: int, storage: str) -> None:
     request = make_request(setup.entry_point, setup.hardware, gpus=setup.gpus, nodes=target.nodes,
                            global_batch=target.global_batch, space=setup.space, fixed=setup.fixed, trials=trials,
                            memory_bytes=target.memory_bytes(), recipe=setup.recipe)
-    added = submit(storage, setup.plan(), setup.loaded_workload, request)
+    from autofit.search.storage import storage_errors
+
+    with storage_errors(storage):  # a database error: one line, the URL's password hidden
+        added = submit(storage, setup.plan(), setup.loaded_workload, request)
     if shared.as_json:
         click.echo(json.dumps(added.to_dict()))
         return
@@ -322,8 +327,10 @@ def schedule_add(shared: Shared, trials: int, storage: str) -> None:
 def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
     """Every search: hardware, state (queued, running, done, failed, nothing-fits), trials, worker, best so far."""
     from autofit.schedule.status import print_searches, search_summaries
+    from autofit.search.storage import storage_errors
 
-    searches = search_summaries(storage)
+    with storage_errors(storage):
+        searches = search_summaries(storage)
     if as_json:
         click.echo(json.dumps({"searches": searches}, indent=1))
     else:
@@ -357,13 +364,17 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
     from autofit.schedule.checks import check_device, check_nodes, detected_devices, entry_roots
     from autofit.schedule.fingerprint import detect_machine, worker_name
     from autofit.schedule.worker import Worker
+    from autofit.search.storage import check_url, storage_errors
 
+    check_url(storage)  # a wrong URL: one line before anything else, never a retry
+    roots = entry_roots(entry_root)  # a root that is no folder: one line
     device = get_hardware(hardware)
     check_nodes(device.kind, nodes)  # a worker launches on this machine: no multi-node CUDA search on one node
     check_device(hardware, detected_devices())  # a preset must be the GPU here: else it claims another's searches
     machine = detect_machine(device, gpus)
-    Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s,
-           max_claims=max_claims, entry_roots=entry_roots(entry_root)).serve()
+    with storage_errors(storage):  # what is no outage (a failed statement): one line, not a retry
+        Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s,
+               max_claims=max_claims, entry_roots=roots).serve()
 
 
 @main.command()
@@ -379,8 +390,10 @@ def results(storage: str, entry: str | None, prices: tuple[str, ...], report_dir
             debug: bool) -> None:
     """Each model's winners across hardware: samples/s, tokens/s, memory headroom, cost per million tokens."""
     from autofit.schedule.results import compare, parse_prices, print_results, write_results_report
+    from autofit.search.storage import storage_errors
 
-    rows = compare(storage, parse_prices(prices), entry)
+    with storage_errors(storage):
+        rows = compare(storage, parse_prices(prices), entry)
     if report_dir is not None:
         write_results_report(rows, report_dir)
     if as_json:

@@ -315,6 +315,13 @@ def _closest_preset(device_name: str, memory_bytes: int) -> tuple[str, Hardware]
     return chosen[0] if chosen else None
 
 
+def preset_for_device(device_name: str, memory_bytes: int) -> str | None:
+    """The name of the preset a device (named ``device_name`` by NVML or torch, ``memory_bytes`` of memory) is,
+    by :func:`_closest_preset`'s rule; None when it is none of them."""
+    found = _closest_preset(device_name, memory_bytes)
+    return found[0] if found else None
+
+
 def nvml_records() -> list[DeviceRecord] | None:
     """Every device NVML sees (honouring ``CUDA_VISIBLE_DEVICES`` only as NVML does: not at all), or
     None where NVML is unavailable."""

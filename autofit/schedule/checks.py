@@ -3,10 +3,11 @@ was told and what it found, so each is tested with real-looking inputs.
 
 - :func:`check_device`: ``autofit worker --hardware PRESET`` on a machine whose GPU is another refuses to
   start (an A100 node told ``h100-80gb`` would claim H100 searches and label its winners h100).
-- :func:`launchable_nodes`: the nodes a worker can launch a probe on; a search spanning more is not its.
-- :func:`entry_allowed`: an entry point from the queue is imported only from under the allowed roots
-  (``AUTOFIT_ENTRY_ROOTS``, ``--entry-root``), checked before anything is imported; :func:`entry_here`:
-  an entry whose file is missing here is another worker's to run, not a failure of the search.
+- :func:`check_nodes`: a CUDA worker launches one node (its agents run on this machine); a search spanning
+  more is not its.
+- :func:`entry_roots`: the folders queued entry points may be imported from (``AUTOFIT_ENTRY_ROOTS``,
+  ``--entry-root``), each an existing folder; :func:`entry_refusal`: an entry outside them, or whose file or
+  package is missing here, is given back for another worker, checked before anything is imported.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from autofit.errors import AutofitError
-from autofit.hardware import PRESETS
+from autofit.hardware import PRESETS, preset_for_device
 
 GIB = 2**30
 ENTRY_ROOTS_ENV = "AUTOFIT_ENTRY_ROOTS"
@@ -24,15 +25,9 @@ ENTRY_ROOTS_ENV = "AUTOFIT_ENTRY_ROOTS"
 
 def preset_matches(preset: str, device_name: str, memory_bytes: int) -> bool:
     """Whether a device NVML (or torch) names ``device_name`` with ``memory_bytes`` is the GPU preset ``preset``:
-    the preset's family in the name (``h100`` in ``NVIDIA H100 80GB HBM3``), its memory within 10 %, and the PCIe
-    card told from the SXM part where the family has a preset for each."""
-    key = preset.lower()
-    family = key.split("-")[0]
-    compact = device_name.lower().replace(" ", "")
-    if family not in compact or abs(PRESETS[key].memory_bytes - memory_bytes) >= 0.1 * PRESETS[key].memory_bytes:
-        return False
-    has_pcie_preset = any("pcie" in k and k.startswith(family) for k in PRESETS)
-    return not has_pcie_preset or ("pcie" in key) == ("pcie" in compact)
+    the preset detection picks for it (:func:`autofit.hardware.preset_for_device`: the preset's family in the
+    name, ``h100`` in ``NVIDIA H100 80GB HBM3``, its memory within 10 %, the PCIe card told from the SXM part)."""
+    return preset_for_device(device_name, memory_bytes) == preset.lower()
 
 
 def check_device(preset: str, devices: Sequence[tuple[str, int]]) -> None:
@@ -82,10 +77,24 @@ def detected_devices() -> list[tuple[str, int]]:
 
 def entry_roots(flags: Sequence[str] = (), environ: dict[str, str] | None = None) -> tuple[Path, ...] | None:
     """The folders a worker imports entry points from: ``--entry-root`` flags and ``AUTOFIT_ENTRY_ROOTS``
-    (``os.pathsep``-separated), resolved; None when neither names one (every entry is imported, as before)."""
+    (``os.pathsep``-separated), resolved; None when neither names one (every entry is imported, as before). A root
+    that is not an existing folder (a typo would give every search back) is an :class:`AutofitError`."""
     listed = [*flags, *(environ if environ is not None else os.environ).get(ENTRY_ROOTS_ENV, "").split(os.pathsep)]
-    roots = tuple(dict.fromkeys(Path(p).expanduser().resolve() for p in listed if p.strip()))
+    roots = tuple(dict.fromkeys(_entry_root(p.strip()) for p in listed if p.strip()))
     return roots or None
+
+
+def _entry_root(written: str) -> Path:
+    """One allowed entry root, resolved; one line when ``~user`` names no user or the path is no folder."""
+    try:
+        path = Path(written).expanduser()
+    except RuntimeError:  # "Could not determine home directory": ~nosuchuser
+        raise AutofitError(f"entry root {written!r} (--entry-root, {ENTRY_ROOTS_ENV}): no such user's home "
+                           "folder") from None
+    if not path.is_dir():
+        raise AutofitError(f"entry root {written!r} (--entry-root, {ENTRY_ROOTS_ENV}): "
+                           f"{'not a folder' if path.exists() else 'no such folder'}")
+    return path.resolve()
 
 
 def _entry_location(entry: str) -> tuple[Path | None, str | None]:

@@ -28,7 +28,7 @@ from sqlalchemy import Float
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from autofit.search.storage import engine_kwargs, rdb_storage
+from autofit.search.storage import check_url, engine_kwargs, rdb_storage
 
 STATES = ("queued", "running", "done", "failed", "nothing-fits")
 FINISHED = ("done", "nothing-fits")
@@ -84,6 +84,7 @@ def engine(url: str) -> Any:
     with the same settings as Optuna's (:func:`autofit.search.storage.engine_kwargs`: ``pool_pre_ping``)."""
     from sqlalchemy import create_engine
 
+    check_url(url)  # a wrong URL: one line now, not a retry
     made = create_engine(url, **engine_kwargs(url))
     metadata, searches, _ = tables()
     metadata.create_all(made)

@@ -10,8 +10,10 @@ to claim.
 
 What stops it: SIGTERM or SIGINT (the running probe's process groups killed, the search given back
 ``queued``, exit 0); a lost lease (the probe stopped at once, nothing stored: :func:`queue.finish` is
-conditional on the claim). A database error gives the search back and claims again after an exponential
-backoff; the study's resumption keeps every finished probe.
+conditional on the claim). A database outage (the server down or restarting, a dropped connection:
+:func:`autofit.search.storage.transient`) gives the search back and claims again after an exponential
+backoff; the study's resumption keeps every finished probe. A wrong storage URL fails at once, in one line
+(:func:`autofit.search.storage.check_url`), as does any other error of the database (a failed statement).
 
 A worker that dies leaves its search ``running`` with a heartbeat that stops; once the lease has run
 out another worker claims it and opens the same study: :func:`autofit.search.study.read_back` fails the
@@ -38,6 +40,8 @@ from autofit.hardware import Hardware
 from autofit.schedule import queue
 from autofit.schedule.checks import entry_refusal
 from autofit.schedule.fingerprint import MachineFingerprint, workload_fingerprint
+from autofit.search.storage import database_errors, transient
+from autofit.search.storage import short_error as _short
 from autofit.storage_url import redact_url, scrub
 
 if TYPE_CHECKING:
@@ -136,8 +140,18 @@ class Worker:
 
     def run_one(self, held: queue.Claim) -> str:
         """Run one claimed search to its end; what became of it (a state, ``taken over``, ``given back`` or
-        ``database error``: given back too, resumed by the next claim)."""
-        refusal = self._refusal(held.id)
+        ``database error``: given back too, resumed by the next claim). An :class:`AutofitError` when the lease
+        could not be renewed for a reason other than the database being down (a bug): the search is stopped and
+        left to its lease, and the worker stops too rather than abandon every search it claims."""
+        try:
+            refusal = self._refusal(held.id)
+        except database_errors() as exc:  # not known to be allowed: not imported, given back, claimed again later
+            if not transient(exc):
+                raise
+            self.log(f"autofit worker {self.worker_id}: {held.id}: database error ({_short(exc)}); giving it back")
+            self._with_database(lambda: queue.release(self.url, held, None), "giving the search back",
+                                patience_s=self.lease_s)
+            return "database error"
         if refusal is not None:  # checked before importing: another worker may run it, this one will not claim it again
             self.given_back.add(held.id)
             self._with_database(lambda: queue.give_back(self.url, held, refusal), "giving the search back",
@@ -146,12 +160,15 @@ class Worker:
             return "given back"
         self._quietly(lambda: queue.set_worker_state(self.url, self.worker_id, "busy"))
         self.log(f"autofit worker {self.worker_id}: running {held.id}")
-        with Lease(self.url, held, self.lease_s, on_lost=self._lease_lost) as lease:
+        with Lease(self.url, held, self.lease_s, on_lost=self._lease_lost, log=self.log) as lease:
             self._lease = lease
             try:
                 state, message, winner = self._attempt(held.id, lease)
             finally:
                 self._lease = None
+        if lease.failure is not None:
+            raise AutofitError(f"worker {self.worker_id}: the lease of {held.id} could not be renewed "
+                               f"({lease.failure}); its search was stopped and is left to its lease")
         if state in ("given back", "database error"):
             given = self._with_database(lambda: queue.release(self.url, held, message), "giving the search back",
                                         patience_s=self.lease_s)
@@ -169,11 +186,12 @@ class Worker:
         return outcome
 
     def _refusal(self, search_id: str) -> str | None:
-        """Why this worker gives ``search_id`` back (:func:`autofit.schedule.checks.entry_refusal`), None to run it."""
+        """Why this worker gives ``search_id`` back (:func:`autofit.schedule.checks.entry_refusal`), None to run it.
+        A database error is raised (the search is given back, not run unchecked); any other error too."""
         try:
             entry = queue.study_attrs(self.url, search_id)[queue.REQUEST_ATTR]["entry"]
-        except Exception:  # the study is gone or the store down: the attempt fails it and says why
-            return None
+        except (KeyError, TypeError):  # the study or its request gone or malformed: the attempt reads the same
+            return None  # attributes, fails the search and says why, before it imports anything
         return entry_refusal(entry, self.entry_roots)
 
     def _progress(self, search_id: str, lease: Lease, event: Any) -> None:
@@ -184,7 +202,6 @@ class Worker:
         """``(state, message, winner)``; state None when the lease was lost, ``given back`` when told to stop,
         ``database error`` when the store failed (the search resumes in its study at the next claim)."""
         from autofit.search import SearchSettings, run_search
-        from autofit.search.storage import database_errors
 
         try:
             self._in_search = True
@@ -205,6 +222,8 @@ class Worker:
         except LeaseLost:
             return None, None, None
         except database_errors() as exc:
+            if not transient(exc):  # Optuna's wrapper of a failed statement: no outage to wait out
+                return "failed", scrub(_short(exc), self.url), None
             self.log(f"autofit worker {self.worker_id}: {search_id}: database error ({_short(exc)}); giving it back")
             return "database error", None, None
         except AutofitError as exc:
@@ -261,14 +280,17 @@ class Worker:
 
     def _with_database(self, call: Callable[[], Any], what: str, patience_s: float = DATABASE_PATIENCE_S) -> Any:
         """``call()``, tried again with exponential backoff while the database fails; after ``patience_s`` of
-        failures an :class:`AutofitError` (the URL redacted). Told to stop meanwhile: None."""
-        from autofit.search.storage import database_errors
-
+        failures an :class:`AutofitError` (the URL redacted). Told to stop meanwhile: None. Only a transient error
+        (:func:`autofit.search.storage.transient`: the server down or restarting, a dropped connection) is tried
+        again, a database unreachable at the worker's start included (it may be starting beside the worker); a
+        wrong URL (:func:`autofit.search.storage.check_url`) or a failed statement is raised at once."""
         started, failures = time.monotonic(), 0
         while True:
             try:
                 return call()
             except database_errors() as exc:
+                if not transient(exc):
+                    raise
                 failures += 1
                 if time.monotonic() - started > patience_s:
                     raise AutofitError(f"the database at {redact(self.url)} failed for {patience_s:g} s while "
@@ -286,22 +308,14 @@ class Worker:
                     time.sleep(delay)
 
     def _quietly(self, call: Callable[[], Any]) -> None:
-        """A bookkeeping write (the worker's state) that may fail with the database without stopping anything."""
-        from autofit.search.storage import database_errors
-
+        """A bookkeeping write (the worker's state) that may fail with the database down without stopping anything
+        (any other error is raised)."""
         try:
             call()
         except database_errors() as exc:
+            if not transient(exc):
+                raise
             self.log(f"autofit worker {self.worker_id}: database error ({_short(exc)}); carrying on")
-
-
-def _short(exc: BaseException) -> str:
-    """An exception's class and first line (a driver's message can carry the host, never the password); for
-    Optuna's ``StorageInternalError``, whose text blames invalid data whatever happened, its cause's."""
-    if exc.__cause__ is not None and type(exc).__name__ == "StorageInternalError":
-        exc = exc.__cause__
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first[:200]}"
 
 
 def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
@@ -352,11 +366,19 @@ def store_winner(url: str, search_id: str, winner: dict[str, Any]) -> None:
 
 class Lease:
     """A thread renewing a search's heartbeat every ``lease_s / 3`` seconds while the worker runs it; when the
-    claim is gone (another worker took it over) it calls ``on_lost`` (the worker stops the probe)."""
+    claim is gone (another worker took it over) it calls ``on_lost`` (the worker stops the probe).
 
-    def __init__(self, url: str, held: queue.Claim, lease_s: float, on_lost: Callable[[], None] | None = None) -> None:
-        self.url, self.held, self.lease_s, self.on_lost = url, held, lease_s, on_lost
+    Only a transient database error (:func:`autofit.search.storage.transient`) is waited out, a beat missed (the
+    lease has slack for two); any other error (a bug, a schema this autofit does not know) stops the lease as if
+    it were lost, ``failure`` saying why: a lease that quietly stopped renewing would run out under a search
+    still probing, and another worker would take it over and probe beside this one."""
+
+    def __init__(self, url: str, held: queue.Claim, lease_s: float, on_lost: Callable[[], None] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.url, self.held, self.lease_s, self.on_lost, self.log = url, held, lease_s, on_lost, log
         self.lost = False
+        self.failure: str | None = None
+        """Why the heartbeat stopped other than a lost claim (an error that is no database outage), else None."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{held.id}", daemon=True)
 
@@ -372,8 +394,13 @@ class Lease:
         while not self._stop.wait(self.lease_s / 3):
             try:
                 held = queue.heartbeat(self.url, self.held)
-            except Exception:  # a dropped connection: try again next beat, the lease has slack for two misses
-                continue
+            except Exception as exc:
+                if transient(exc):  # a dropped connection: try again next beat, the lease has slack for two misses
+                    continue
+                self.failure = _short(exc)
+                if self.log is not None:
+                    self.log(f"autofit worker: {self.held.id}: the heartbeat failed ({self.failure}); stopping the search")
+                held = False
             if not held:
                 self.lost = True
                 if self.on_lost is not None and not self._stop.is_set():

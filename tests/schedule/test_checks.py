@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from autofit.cli import main
 from autofit.errors import AutofitError
-from autofit.schedule.checks import check_device, detected_devices
+from autofit.hardware import PRESETS, DeviceRecord, node_hardware
+from autofit.schedule.checks import check_device, detected_devices, preset_matches
 
 MIB = 2**20
 H100_SXM = ("NVIDIA H100 80GB HBM3", 81559 * MIB)
@@ -43,6 +44,13 @@ def test_a_gpu_preset_on_another_gpu_is_refused_in_one_line(preset: str, devices
         check_device(preset, devices)
     assert says in str(raised.value) and "\n" not in str(raised.value)
 
+
+
+@pytest.mark.parametrize("device", [H100_SXM, H100_PCIE, A100_80, A100_40, L40S, ("NVIDIA A100 80GB PCIe", 81920 * MIB)])
+def test_a_worker_accepts_exactly_the_preset_detection_gives_its_gpu(device: tuple[str, int]) -> None:
+    detected = node_hardware([DeviceRecord(device[0], device[1], nvlink="PCIe" not in device[0])])
+    accepted = [key for key in PRESETS if preset_matches(key, *device)]  # one rule for both
+    assert accepted == ([detected.name.split(" ")[0]] if detected else [])
 
 def test_the_worker_command_refuses_a_gpu_preset_on_this_cpu_machine_and_starts_with_cpu(sqlite_url: str) -> None:
     assert detected_devices() == []  # no GPU here

@@ -4,20 +4,46 @@ importable on one worker is given back for another instead of failing the search
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
 from queue_helpers import model_worker, queue_tiny
 from tiny import HERE as TINY
 
+from autofit.cli import main
+from autofit.errors import AutofitError
 from autofit.schedule import queue
 from autofit.schedule.checks import entry_refusal, entry_roots
 
 
 def test_roots_come_from_the_flag_and_the_environment(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
     assert entry_roots([], {}) is None  # neither set: every entry, as before
     assert entry_roots([str(a)], {"AUTOFIT_ENTRY_ROOTS": f"{b}{os.pathsep}{a}"}) == (a.resolve(), b.resolve())
 
+
+
+@pytest.mark.parametrize(("written", "says"), [
+    ("/nonexistent/typo", "entry root '/nonexistent/typo' (--entry-root, AUTOFIT_ENTRY_ROOTS): no such folder"),
+    ("~nosuchuser_zz/models", "entry root '~nosuchuser_zz/models' (--entry-root, AUTOFIT_ENTRY_ROOTS): no such user's"),
+])
+def test_a_root_that_is_no_folder_stops_the_worker_in_one_line(written: str, says: str, sqlite_url: str) -> None:
+    with pytest.raises(AutofitError, match=re.escape(says)):
+        entry_roots([], {"AUTOFIT_ENTRY_ROOTS": written})
+    done = CliRunner().invoke(main, ["worker", "--storage", sqlite_url, "--hardware", "cpu", "--idle-exit", "0"],
+                              env={"AUTOFIT_ENTRY_ROOTS": written})
+    assert done.exit_code == 1 and done.output.startswith(f"autofit: error: {says}")
+    assert len(done.output.strip().splitlines()) == 1
+
+
+def test_a_file_is_no_root(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text("")
+    with pytest.raises(AutofitError, match="not a folder"):
+        entry_roots([str(tmp_path / "m.py")], {})
 
 def test_an_entry_outside_the_roots_or_missing_is_refused_without_importing_it(tmp_path: Path) -> None:
     allowed, other = tmp_path / "models", tmp_path / "elsewhere"
