@@ -25,7 +25,7 @@ def memory_bound_bytes(func: Any, args: Any, kwargs: Any, out: Any) -> int:
     gather reads only what it writes (an embedding lookup reads its rows, not the table)."""
     if _moves_nothing(func):
         return 0
-    return _moved(func, _inputs(args, kwargs), _inputs(out, None))
+    return _moved(func, _tensors(args, kwargs), _tensors(out))
 
 
 def _moved(func: Any, inputs: list[Any], outputs: list[Any]) -> int:
@@ -65,7 +65,7 @@ class Traffic:
         matmul = _is_matmul(func)
         if not matmul and _moves_nothing(func):
             return  # a view or an allocation: no kernel reads anything
-        inputs, outputs = _inputs(args, kwargs), _inputs(out, None)
+        inputs, outputs = _tensors(args, kwargs), _tensors(out)
         moved = 0 if matmul else _moved(func, inputs, outputs)
         self.eager += moved
         if not moved and not matmul:
@@ -104,10 +104,11 @@ def storage_key(tensor: Any) -> int:
     return int(tensor.untyped_storage()._cdata)
 
 
-def _inputs(args: Any, kwargs: Any) -> list[Any]:
+def _tensors(*trees: Any) -> list[Any]:
+    """The tensors among an op's arguments, or its outputs (any nesting of tuples, lists and dicts)."""
     from torch.utils._pytree import tree_leaves
 
-    return [t for t in tree_leaves((args, kwargs)) if _is_tensor(t)]
+    return [t for t in tree_leaves(trees) if _is_tensor(t)]
 
 
 @functools.cache
