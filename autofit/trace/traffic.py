@@ -79,8 +79,8 @@ class Traffic:
                 self.keep(key)
             if moved and not inside_chain and not gather:
                 self.reads += _nbytes(tensor)
-        if gather:
-            self.reads += moved // 2
+        if gather:  # the rows it reads and its indices: all it moves but its output
+            self.reads += moved - sum(_nbytes(t) for t in outputs)
         if moved:
             for tensor in outputs:
                 self.pending[storage_key(tensor)] = (_nbytes(tensor), self.backward)
