@@ -1,9 +1,9 @@
 """The ``autofit`` command: thin click commands over the library.
 
 Every command takes the same device and space options: the fields of
-:class:`autofit.target.Target`, made into click options once (:func:`shared_options`)
+:class:`autofit.planning.target.Target`, made into click options once (:func:`shared_options`)
 and handed to the command as one :class:`Shared`. A command parses, calls the library
-(:func:`autofit.target.prepare`, then the estimate, the probe, the ladder or the
+(:func:`autofit.planning.target.prepare`, then the estimate, the probe, the ladder or the
 search) and prints. ``--json`` prints one JSON document on stdout; progress and logs
 go to stderr. A user's mistake is one line on stderr and exit status 1 (a traceback
 only with ``--debug``).
@@ -23,8 +23,8 @@ from typing import Any
 
 import click
 
-from autofit.errors import AutofitError
-from autofit.target import CLI_OPTION, Setup, Target, cli_fields, prepare
+from autofit.core.errors import AutofitError
+from autofit.planning.target import CLI_OPTION, Setup, Target, cli_fields, prepare
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Shared:
     """What every command's shared options give it: the request, and how to answer."""
 
     target: Target
-    """Which model, on what device, with which space and fixed values (:class:`autofit.target.Target`)."""
+    """Which model, on what device, with which space and fixed values (:class:`autofit.planning.target.Target`)."""
     as_json: bool
     """``--json``: one JSON document on stdout, progress and logs on stderr."""
     debug: bool
@@ -50,7 +50,7 @@ ANSWER_OPTIONS = (
 
 
 def _click_param(target_field: dataclasses.Field[Any], entry_required: bool) -> Callable[..., Any]:
-    """The click argument or option of one :class:`Target` field, from its :func:`autofit.target.option`."""
+    """The click argument or option of one :class:`Target` field, from its :func:`autofit.planning.target.option`."""
     spec = target_field.metadata[CLI_OPTION]
     if not spec["flags"]:
         return click.argument(target_field.name, required=entry_required)
@@ -160,13 +160,13 @@ def _say_fragmentation(measured: Any) -> None:
 @shared_options()
 def estimate(shared: Shared) -> None:
     """Cost model only: rank the space's candidates by predicted step time; no training step runs."""
-    from autofit.api import estimate_target
+    from autofit.commands.api import estimate_target
 
     result = estimate_target(shared.target)
     if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
         return
-    from autofit.tables import print_estimate
+    from autofit.report.tables import print_estimate
 
     print_estimate(result)
 
@@ -182,9 +182,9 @@ def estimate(shared: Shared) -> None:
               help="CUDA: record the allocator's history into this pickle (open it at https://pytorch.org/memory_viz).")
 def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, snapshot_path: str | None) -> None:
     """Run one candidate (the fastest predicted that fits, after --set) for a few real steps."""
-    from autofit.api import check_nodes
-    from autofit.estimate import estimate as run_estimate
-    from autofit.probe import run_probe
+    from autofit.commands.api import check_nodes
+    from autofit.planning.estimate import estimate as run_estimate
+    from autofit.probe.run import run_probe
 
     setup = prepare(shared.target)
     if mode == "real":
@@ -205,7 +205,7 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
     if shared.as_json:
         click.echo(json.dumps(document, indent=1))
     else:
-        from autofit.tables import print_probe
+        from autofit.report.tables import print_probe
 
         print_probe(document)
     if measured.status != "ok":
@@ -220,13 +220,13 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
 def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
     """The build-along table of memory techniques: from fp32 + AdamW + ZeRO-0, one technique added per rung,
     each priced (peak, fits, samples/s) and, with --measure, probed."""
-    from autofit.api import ladder_target
+    from autofit.commands.api import ladder_target
 
     result = ladder_target(shared.target, measure=measure, steps=steps, timeout_s=timeout_s, say=say)
     if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
         return
-    from autofit.tables import print_ladder
+    from autofit.report.tables import print_ladder
 
     print_ladder(result)
 
@@ -246,9 +246,9 @@ def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
 def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | None, study_name: str | None,
         out_path: str, report_dir: str | None, margin: float, script: str | None) -> None:
     """The search: probe the most promising candidates and write the fastest that fits as DeepSpeed JSON."""
-    from autofit.api import search_target
-    from autofit.search import DEFAULT_STORAGE, SearchSettings
-    from autofit.search.storage import storage_errors
+    from autofit.commands.api import search_target
+    from autofit.tuner import DEFAULT_STORAGE, SearchSettings
+    from autofit.tuner.storage import storage_errors
 
     settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=margin)
     with storage_errors(storage or DEFAULT_STORAGE):  # a database error: one line, the URL's password hidden
@@ -308,7 +308,7 @@ def schedule_add(shared: Shared, trials: int, storage: str) -> None:
     request = make_request(setup.entry_point, setup.hardware, gpus=setup.gpus, nodes=target.nodes,
                            global_batch=target.global_batch, space=setup.space, fixed=setup.fixed, trials=trials,
                            memory_bytes=target.memory_bytes(), recipe=setup.recipe)
-    from autofit.search.storage import storage_errors
+    from autofit.tuner.storage import storage_errors
 
     with storage_errors(storage):  # a database error: one line, the URL's password hidden
         added = submit(storage, setup.plan(), setup.loaded_workload, request)
@@ -327,7 +327,7 @@ def schedule_add(shared: Shared, trials: int, storage: str) -> None:
 def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
     """Every search: hardware, state (queued, running, done, failed, nothing-fits), trials, worker, best so far."""
     from autofit.schedule.status import print_searches, search_summaries
-    from autofit.search.storage import storage_errors
+    from autofit.tuner.storage import storage_errors
 
     with storage_errors(storage):
         searches = search_summaries(storage)
@@ -360,11 +360,11 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
     """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds.
 
     SIGTERM or SIGINT stops the running probe, gives its search back (queued) and exits 0."""
-    from autofit.hardware import get_hardware
+    from autofit.machine.device import get_hardware
+    from autofit.machine.fingerprint import detect_machine, worker_name
     from autofit.schedule.checks import check_device, check_nodes, detected_devices, entry_roots
-    from autofit.schedule.fingerprint import detect_machine, worker_name
     from autofit.schedule.worker import Worker
-    from autofit.search.storage import check_url, storage_errors
+    from autofit.tuner.storage import check_url, storage_errors
 
     check_url(storage)  # a wrong URL: one line before anything else, never a retry
     roots = entry_roots(entry_root)  # a root that is no folder: one line
@@ -390,7 +390,7 @@ def results(storage: str, entry: str | None, prices: tuple[str, ...], report_dir
             debug: bool) -> None:
     """Each model's winners across hardware: samples/s, tokens/s, memory headroom, cost per million tokens."""
     from autofit.schedule.results import compare, parse_prices, print_results, write_results_report
-    from autofit.search.storage import storage_errors
+    from autofit.tuner.storage import storage_errors
 
     with storage_errors(storage):
         rows = compare(storage, parse_prices(prices), entry)

@@ -6,10 +6,10 @@
 For each model of ``benchmarks/models/`` (decoder, encoder-decoder, ViT, CNN, mixture-of-experts) and each
 config of :data:`CONFIGS` (micro-batch sizes, checkpoint ratios, fp32/bf16, ZeRO 0-3; AdamW, world size 1):
 
-- **measured**: ``autofit.probe.run_probe`` (a real ``deepspeed.initialize`` step in a subprocess, peak RSS
+- **measured**: ``autofit.probe.run.run_probe`` (a real ``deepspeed.initialize`` step in a subprocess, peak RSS
   over imports, one warm-up and one measured step, as ``benchmarks/memory_accuracy.py``); cached by model
   and config, so re-rendering the table runs no probe;
-- **autofit**: ``autofit.plan.trace_for`` + ``autofit.cost_model.predict`` (what ``autofit estimate`` prints);
+- **autofit**: ``autofit.planning.plan.trace_for`` + ``autofit.cost_model.predict`` (what ``autofit estimate`` prints);
 - **DeepSpeed**: ``estimate_zero2_model_states_mem_needs_all_live`` (ZeRO 0-2; DeepSpeed has none for 0
   and 1, and on one rank their model states are ZeRO-2's) or ``estimate_zero3_..._all_live`` (ZeRO 3),
   called on the built model; the "per GPU" figure of its ``offload=none`` row. Those functions print
@@ -39,12 +39,13 @@ from typing import Any
 import compare_common as cc
 from memory_accuracy import MODELS as ACCURACY_MODELS
 
-from autofit.config import Config
+from autofit.core.config import Config
 from autofit.cost_model import predict
-from autofit.hardware import get_hardware
-from autofit.plan import trace_for
-from autofit.probe import run_probe
-from autofit.workload import Workload, load_workload
+from autofit.machine.device import get_hardware
+from autofit.planning.plan import trace_for
+from autofit.probe.run import run_probe
+from autofit.workload.entry import load_workload
+from autofit.workload.types import Workload
 
 #: the five held-out architectures of benchmarks/models/, by short name
 MODELS = {Path(e.split(":")[0]).stem: e for e in ACCURACY_MODELS if e.startswith("benchmarks/models/")}
@@ -140,7 +141,7 @@ def _tracked_steps(workload: Workload, config: Config) -> int:
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from autofit.apply import apply_checkpointing
+    from autofit.ds.apply import apply_checkpointing
 
     model = workload.build_model(attention=config.attention)
     model.train()

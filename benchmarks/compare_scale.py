@@ -3,8 +3,8 @@
     python benchmarks/compare_scale.py                   # both series (about 10 min on 2 cores)
     python benchmarks/compare_scale.py --series candidates --sizes 1b,7b
 
-Times the library functions ``autofit estimate`` runs (``autofit.plan.Plan.make``: enumerate the space's
-candidates and trace the model on fake tensors; ``autofit.estimate.estimate``: price and rank every candidate,
+Times the library functions ``autofit estimate`` runs (``autofit.planning.plan.Plan.make``: enumerate the space's
+candidates and trace the model on fake tensors; ``autofit.planning.estimate.estimate``: price and rank every candidate,
 each with its DeepSpeed JSON):
 
 - **candidates**: the example GPT (``examples/gpt.py``; pricing a candidate costs the same whatever the model,
@@ -34,11 +34,12 @@ from typing import Any
 
 import compare_common as cc
 
-from autofit.estimate import estimate
-from autofit.hardware import get_hardware
-from autofit.plan import Plan, trace_for
-from autofit.space import enumerate_candidates, load_space, space_from_dict
-from autofit.workload import Workload, load_workload
+from autofit.core.space import enumerate_candidates, load_space, space_from_dict
+from autofit.machine.device import get_hardware
+from autofit.planning.estimate import estimate
+from autofit.planning.plan import Plan, trace_for
+from autofit.workload.entry import load_workload
+from autofit.workload.types import Workload
 
 HARDWARE = "h100-80gb"
 WORLD_SIZE = 8

@@ -36,8 +36,8 @@ import compare_common as cc
 import compare_search_peers as peers
 from search_regret import GLOBAL_BATCH, MARGIN, MODELS, _configs, _k, _oracle, budgets
 
-from autofit.config import Config
-from autofit.hardware import get_hardware
+from autofit.core.config import Config
+from autofit.machine.device import get_hardware
 
 TOOLS = ("autofit", "autofit (replay)", "Lightning power", "Lightning binsearch", "DeepSpeed autotuner")
 

@@ -61,8 +61,8 @@ def finder_child(entry: str, budget_bytes: int, mode: str) -> dict[str, Any]:
     import torch
     from torch.utils.data import DataLoader
 
-    from autofit.probe.memory import hwm_bytes, reset_peak, rss_bytes
-    from autofit.workload import load_workload
+    from autofit.probe.rank.memory import hwm_bytes, reset_peak, rss_bytes
+    from autofit.workload.entry import load_workload
 
     torch.set_num_threads(1)
     workload = load_workload(entry)

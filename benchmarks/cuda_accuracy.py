@@ -52,7 +52,7 @@ PRECISIONS = ("bf16", "fp8")
 
 
 def configs_for(micro_batch: int, quick: bool) -> list[Any]:
-    from autofit.config import Config
+    from autofit.core.config import Config
 
     stages = (0, 3) if quick else (0, 1, 2, 3)
     return [
@@ -64,7 +64,7 @@ def configs_for(micro_batch: int, quick: bool) -> list[Any]:
 
 def runnable(configs: list[Any], hardware: Any, world_size: int) -> tuple[list[Any], list[str]]:
     """The configs the space's rules let run here, and one line per pruned group (fp8 below sm89 ...)."""
-    from autofit.space import SearchSpace, enumerate_candidates
+    from autofit.core.space import SearchSpace, enumerate_candidates
 
     keep, reasons = [], []
     for config in configs:
@@ -81,7 +81,7 @@ def runnable(configs: list[Any], hardware: Any, world_size: int) -> tuple[list[A
 
 def measure(entry: str, config: Any, facts: Any, hardware: Any, world_size: int, timeout_s: float) -> dict[str, Any]:
     from autofit.cost_model import Coefficients, predict
-    from autofit.probe import run_probe
+    from autofit.probe.run import run_probe
 
     predicted = predict(config, facts, hardware, world_size, Coefficients.for_hardware(hardware))
     result = run_probe(entry, config, hardware, world_size, steps=5, warmup_steps=2, timeout_s=timeout_s,
@@ -264,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("cuda_accuracy: no CUDA device on this machine; run it where `nvidia-smi` lists a GPU (H100/H200)")
         return 1
-    from autofit.hardware import get_hardware
-    from autofit.plan import trace_for
+    from autofit.machine.device import get_hardware
+    from autofit.planning.plan import trace_for
     from autofit.probe.ops import prepare_ops
-    from autofit.workload import load_workload
+    from autofit.workload.entry import load_workload
 
     started = time.monotonic()
     budget = args.budget if args.budget is not None else (PART_BUDGET_S if args.part else float("inf"))

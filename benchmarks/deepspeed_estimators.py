@@ -21,12 +21,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_common as cc  # noqa: E402
 
-from autofit.config import Config  # noqa: E402
+from autofit.core.config import Config  # noqa: E402
 from autofit.cost_model.host import host_peak_bytes  # noqa: E402
 from autofit.cost_model.memory import WORKING_BYTES, buckets_of, model_states, stage3_live_elements  # noqa: E402
-from autofit.hardware import get_hardware  # noqa: E402
+from autofit.machine.device import get_hardware  # noqa: E402
 from autofit.trace import parameter_facts  # noqa: E402
-from autofit.workload import load_workload  # noqa: E402
+from autofit.workload.entry import load_workload  # noqa: E402
 
 GPUS, NODES = 8, 8
 MODELS = ("llama2_7b", "llama2_13b", "llama2_70b")

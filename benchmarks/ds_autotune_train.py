@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from autofit.workload import load_workload  # noqa: E402
+from autofit.workload.entry import load_workload  # noqa: E402
 
 MODELS = {
     "vit": "benchmarks/models/vit.py:workload",

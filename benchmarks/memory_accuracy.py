@@ -47,15 +47,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from autofit.config import CONFIG_KEYS, Config  # noqa: E402
+from autofit.core.config import CONFIG_KEYS, Config  # noqa: E402
 from autofit.cost_model import predict  # noqa: E402
 from autofit.cost_model.memory import model_states  # noqa: E402
-from autofit.hardware import get_hardware  # noqa: E402
-from autofit.hf import HfEntry, is_hf_entry  # noqa: E402
-from autofit.plan import trace_for, with_kernel_footprints  # noqa: E402
-from autofit.probe import run_probe  # noqa: E402
+from autofit.machine.device import get_hardware  # noqa: E402
+from autofit.planning.plan import trace_for, with_kernel_footprints  # noqa: E402
 from autofit.probe.ops import prepare_ops  # noqa: E402
-from autofit.workload import load_workload  # noqa: E402
+from autofit.probe.run import run_probe  # noqa: E402
+from autofit.workload.entry import load_workload  # noqa: E402
+from autofit.workload.hf import HfEntry, is_hf_entry  # noqa: E402
 
 MODELS = [
     "examples/gpt.py:workload",

@@ -4,7 +4,7 @@
 
 For each model of benchmarks/probe_models.py (fp32, AdamW, CPU, world size 1):
 
-* the probe: ``autofit.probe.run_probe`` (VmHWM - VmRSS after imports, median step time);
+* the probe: ``autofit.probe.run.run_probe`` (VmHWM - VmRSS after imports, median step time);
 * fake mode: ``run_probe(mode="fake")`` (FakeTensorMode simulation, memory only);
 * independent: this file run as a plain script (``--independent``) that trains the
   same steps with the same DeepSpeed JSON but shares no measuring code: memory is
@@ -44,8 +44,8 @@ def independent(name: str, micro: int, zero: int, only_imports: bool) -> None:
     sys.path.insert(0, str(HERE))
     import probe_models
 
-    from autofit.config import Config
-    from autofit.emit import deepspeed_config
+    from autofit.core.config import Config
+    from autofit.ds.emit import deepspeed_config
 
     if only_imports:
         workload = getattr(probe_models, name)()
@@ -107,10 +107,10 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from probe_models import MODELS
 
-    from autofit.config import Config
-    from autofit.hardware import get_hardware
-    from autofit.probe import run_probe
-    from autofit.units import format_bytes
+    from autofit.core.config import Config
+    from autofit.core.units import format_bytes
+    from autofit.machine.device import get_hardware
+    from autofit.probe.run import run_probe
 
     cpu = get_hardware("cpu")
     print(

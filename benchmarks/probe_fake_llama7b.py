@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autofit.config import Config, parse_set  # noqa: E402
-from autofit.hardware import get_hardware  # noqa: E402
-from autofit.units import format_bytes  # noqa: E402
+from autofit.core.config import Config, parse_set  # noqa: E402
+from autofit.core.units import format_bytes  # noqa: E402
+from autofit.machine.device import get_hardware  # noqa: E402
 
 SEQ = int(os.environ.get("AUTOFIT_BENCH_SEQ", "2048"))
 
@@ -64,7 +64,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     os.environ["AUTOFIT_BENCH_SEQ"] = str(args.seq)
-    from autofit.probe import run_probe
+    from autofit.probe.run import run_probe
 
     values = {"precision": "bf16", "checkpoint_ratio": 1.0, "attention": "sdpa"} | parse_set(args.set)
     config = Config.from_dict(values | {"micro_batch_size": args.micro})

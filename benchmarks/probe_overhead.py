@@ -17,10 +17,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autofit.config import Config  # noqa: E402
-from autofit.hardware import get_hardware  # noqa: E402
-from autofit.probe import run_probe  # noqa: E402
-from autofit.units import format_bytes  # noqa: E402
+from autofit.core.config import Config  # noqa: E402
+from autofit.core.units import format_bytes  # noqa: E402
+from autofit.machine.device import get_hardware  # noqa: E402
+from autofit.probe.run import run_probe  # noqa: E402
 
 MODELS_FILE = Path(__file__).resolve().parent / "probe_models.py"
 

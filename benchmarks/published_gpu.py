@@ -34,11 +34,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_common as cc  # noqa: E402
 
-from autofit.config import CONFIG_KEYS, Config  # noqa: E402
+from autofit.core.config import CONFIG_KEYS, Config  # noqa: E402
+from autofit.core.hardware import Hardware  # noqa: E402
 from autofit.cost_model import Coefficients, predict  # noqa: E402
-from autofit.hardware import Hardware, get_hardware  # noqa: E402
-from autofit.plan import trace_for  # noqa: E402
-from autofit.workload import Workload  # noqa: E402
+from autofit.machine.device import get_hardware  # noqa: E402
+from autofit.planning.plan import trace_for  # noqa: E402
+from autofit.workload.types import Workload  # noqa: E402
 
 LLM_FOUNDRY = ("https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/benchmarking/README.md")
 TORCHTITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md"
@@ -180,7 +181,7 @@ def configs_of(row: dict[str, Any]) -> list[Config]:
     return [Config(**keys, overlap_comm=o, bucket_scale=s) for o in (False, True) for s in (1, 4)]
 
 
-#: the rows the CUDA presets' ``step_efficiency`` is taken from (one per GPU: :data:`autofit.hardware.STEP_EFFICIENCY_SOURCE`),
+#: the rows the CUDA presets' ``step_efficiency`` is taken from (one per GPU: :data:`autofit.core.hardware.STEP_EFFICIENCY_SOURCE`),
 #: left out of the errors
 ANCHORS = ("ibm-a100-7b-128", "ibm-h100-7b-96")
 

@@ -44,7 +44,7 @@ from queue_helpers import queue_tiny  # noqa: E402
 
 from autofit.schedule import queue  # noqa: E402
 from autofit.schedule.store import FINISHED, optuna_storage  # noqa: E402
-from autofit.search.storage import database_errors  # noqa: E402
+from autofit.tuner.storage import database_errors  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "queue_soak.json"
 

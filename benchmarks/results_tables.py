@@ -12,7 +12,7 @@ or not): a table that cannot be made is an error, not an empty page.
 
 The renderers read the JSON the benchmarks write (benchmarks/memory_accuracy.py, search_regret.py,
 deepspeed_estimators.py, compare_search.py, compare_memory.py, compare_scale.py) and call
-:meth:`autofit.config.Config.label` for a config's name; they compute no figure beyond the summary
+:meth:`autofit.core.config.Config.label` for a config's name; they compute no figure beyond the summary
 statistics the benchmarks print (median and worst absolute error, as ``memory_accuracy.summarize``).
 """
 
@@ -52,7 +52,7 @@ def pct(value: float, sign: bool = True, digits: int = 1) -> str:
 
 def label(config: dict[str, Any]) -> str:
     """The config's short name, as autofit prints it (``mb4x1 fp32 adamw z0 ckpt0 sdpa``)."""
-    from autofit.config import Config
+    from autofit.core.config import Config
 
     return Config.from_dict(config).label()
 

@@ -55,15 +55,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autofit.config import Config  # noqa: E402
-from autofit.emit import write_json_atomic  # noqa: E402
-from autofit.errors import AutofitError  # noqa: E402
-from autofit.hardware import get_hardware  # noqa: E402
-from autofit.plan import Plan  # noqa: E402
-from autofit.probe import ProbeResult, run_probe  # noqa: E402
-from autofit.search import Prober, SearchSettings, run_search  # noqa: E402
-from autofit.space import enumerate_candidates, load_space, space_from_dict  # noqa: E402
-from autofit.workload import load_workload  # noqa: E402
+from autofit.core.config import Config  # noqa: E402
+from autofit.core.errors import AutofitError  # noqa: E402
+from autofit.core.space import enumerate_candidates, load_space, space_from_dict  # noqa: E402
+from autofit.ds.emit import write_json_atomic  # noqa: E402
+from autofit.machine.device import get_hardware  # noqa: E402
+from autofit.planning.plan import Plan  # noqa: E402
+from autofit.probe.result import ProbeResult  # noqa: E402
+from autofit.probe.run import run_probe  # noqa: E402
+from autofit.tuner import Prober, SearchSettings, run_search  # noqa: E402
+from autofit.workload.entry import load_workload  # noqa: E402
 
 MODELS = {
     "gpt": "examples/gpt.py:workload",

@@ -16,12 +16,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from autofit.config import Config  # noqa: E402
+from autofit.core.config import Config  # noqa: E402
 from autofit.cost_model import predict  # noqa: E402
-from autofit.hardware import get_hardware  # noqa: E402
-from autofit.plan import trace_for  # noqa: E402
-from autofit.probe import run_probe  # noqa: E402
-from autofit.workload import load_workload  # noqa: E402
+from autofit.machine.device import get_hardware  # noqa: E402
+from autofit.planning.plan import trace_for  # noqa: E402
+from autofit.probe.run import run_probe  # noqa: E402
+from autofit.workload.entry import load_workload  # noqa: E402
 
 
 def main() -> None:

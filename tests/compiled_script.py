@@ -12,9 +12,9 @@ import time
 import deepspeed
 import torch
 
-from autofit.apply import apply_to_model, build_context, client_optimizer, compile_engine
-from autofit.config import Config
-from autofit.emit import deepspeed_config
+from autofit.core.config import Config
+from autofit.ds.apply import apply_to_model, build_context, client_optimizer, compile_engine
+from autofit.ds.emit import deepspeed_config
 
 
 class Block(torch.nn.Module):

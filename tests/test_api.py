@@ -1,4 +1,4 @@
-"""The Python API (autofit.api): the same answers as the commands, typed options, one AutofitError per mistake."""
+"""The Python API (autofit.commands.api): the same answers as the commands, typed options, one AutofitError per mistake."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 import autofit
-from autofit import api
 from autofit.cli import main
-from autofit.errors import AutofitError
-from autofit.target import Target, cli_fields
-from autofit.workload import Workload, load_workload
+from autofit.commands import api
+from autofit.core.errors import AutofitError
+from autofit.planning.target import Target, cli_fields
+from autofit.workload.entry import load_workload
+from autofit.workload.types import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = f"{ROOT}/tests/search/tiny.py:tiny_workload"
@@ -41,18 +42,15 @@ def cli_json(*args: str) -> dict[str, Any]:
     return dict(json.loads(result.stdout))
 
 
-def test_import_autofit_is_light_and_its_functions_survive_importing_the_modules_of_the_same_names() -> None:
+def test_import_autofit_is_light_and_its_api_is_functions_no_module_shadows() -> None:
     code = (
-        "import sys; sys.modules['torch'] = None\n"
-        "import autofit, autofit.api\n"
+        "import sys, types; sys.modules['torch'] = None\n"
+        "import autofit, autofit.commands.api\n"
+        "import autofit.planning.estimate, autofit.planning.ladder, autofit.tuner.driver\n"
         "assert (autofit.estimate, autofit.search, autofit.ladder) == "
-        "(autofit.api.estimate, autofit.api.search, autofit.api.ladder)\n"
-        "import autofit.estimate, autofit.ladder, autofit.search.driver\n"
-        "from autofit.search import run_search\n"
-        "from autofit.estimate import EstimateResult\n"
-        "assert autofit.estimate is autofit.api.estimate and autofit.search is autofit.api.search\n"
-        "assert autofit.ladder is autofit.api.ladder\n"
-        "assert sys.modules['autofit.search'].run_search is run_search\n"
+        "(autofit.commands.api.estimate, autofit.commands.api.search, autofit.commands.api.ladder)\n"
+        "assert not any(isinstance(getattr(autofit, n), types.ModuleType) for n in ('estimate', 'search', 'ladder'))\n"
+        "assert type(sys.modules['autofit']) is types.ModuleType\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

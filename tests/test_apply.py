@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from autofit.apply import (
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.ds.apply import (
     apply_checkpointing,
     apply_to_model,
     client_optimizer,
@@ -16,9 +18,7 @@ from autofit.apply import (
     is_checkpointed,
     n_checkpointed,
 )
-from autofit.config import Config
-from autofit.emit import deepspeed_config
-from autofit.errors import AutofitError
+from autofit.ds.emit import deepspeed_config
 
 
 class Block(torch.nn.Module):
@@ -120,7 +120,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_a_json_that_says_compile_trains_a_tiny_model_compiled_on_the_cpu(tmp_path) -> None:
-    """The emitted JSON's ``"compile": "on"`` through autofit.apply: compile_engine calls DeepSpeed's engine.compile()
+    """The emitted JSON's ``"compile": "on"`` through autofit.ds.apply: compile_engine calls DeepSpeed's engine.compile()
     (inductor, gcc on the CPU) and the tiny model trains three steps (a subprocess, one gloo rank), the first
     of which compiles."""
     import json
@@ -151,8 +151,8 @@ def test_compile_engine_does_nothing_where_the_json_says_off() -> None:
 
 
 def test_one_compile_check_for_the_engine_the_probe_and_the_launchers() -> None:
-    from autofit import launchers
-    from autofit.probe import steps
+    from autofit.ds import launchers
+    from autofit.probe.rank import steps
 
     on = deepspeed_config(Config(compile="on"))
     assert compiles(on) and not compiles(deepspeed_config(Config()))

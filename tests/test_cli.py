@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from autofit.cli import main
-from autofit.config import CONFIG_KEYS
-from autofit.target import cli_fields
+from autofit.core.config import CONFIG_KEYS
+from autofit.planning.target import cli_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = f"{ROOT}/examples/mlp.py:workload"

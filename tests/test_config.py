@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autofit.config import (
+from autofit.core.config import (
     ATTENTIONS,
     COMPILES,
     CONFIG_KEYS,
@@ -17,7 +17,7 @@ from autofit.config import (
     coerce_value,
     parse_set,
 )
-from autofit.errors import AutofitError
+from autofit.core.errors import AutofitError
 
 
 def test_config_keys_are_the_design_table():

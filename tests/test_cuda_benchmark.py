@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autofit.hardware import PRESETS
-from autofit.software import Software
+from autofit.core.hardware import PRESETS
+from autofit.core.software import Software
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ def test_without_cuda_it_exits_with_one_line():
 def test_the_grid_is_bf16_and_fp8_by_every_zero_stage_and_fp8_is_pruned_below_sm89(monkeypatch):
     configs = cuda_accuracy.configs_for(4, quick=False)
     assert {(c.precision, c.zero_stage) for c in configs} == {(p, z) for p in ("bf16", "fp8") for z in range(4)}
-    monkeypatch.setattr("autofit.space.detect_software", lambda: Software())  # not this machine's libraries
+    monkeypatch.setattr("autofit.core.space.detect_software", lambda: Software())  # not this machine's libraries
     kept, reasons = cuda_accuracy.runnable(configs, PRESETS["h100-80gb"], 8)
     # fp8 with ZeRO-3 is pruned by the space's own rule (rules.fp8_not_with_zero3), with torchao's reason
     assert kept == [c for c in configs if (c.precision, c.zero_stage) != ("fp8", 3)]
@@ -43,7 +43,7 @@ def test_the_grid_is_bf16_and_fp8_by_every_zero_stage_and_fp8_is_pruned_below_sm
 @pytest.mark.parametrize("name", sorted(cuda_accuracy.MODELS))
 def test_each_benchmark_model_has_half_a_billion_parameters_and_repeated_layers(name):
     pytest.importorskip("transformers")
-    from autofit.workload import load_workload
+    from autofit.workload.entry import load_workload
 
     entry, micro_batch = cuda_accuracy.MODELS[name]
     workload = load_workload(str(ROOT / entry))

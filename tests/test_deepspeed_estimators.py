@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import Config
+from autofit.core.config import Config
 from autofit.cost_model.memory import model_states
 from autofit.trace import parameter_facts
-from autofit.workload import load_workload
+from autofit.workload.entry import load_workload
 
 pytest.importorskip("transformers")
 stage_1_and_2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")

@@ -1,7 +1,7 @@
 """The docs cite only what the repository holds, and the docs site builds.
 
 :func:`test_every_cited_repo_path_exists` reads the code, tests, benchmarks, examples, docs and the README for
-repository paths (``autofit/search/policy.py``, ``benchmarks/results/oracle/``, ``docs/design.md``: a path whose
+repository paths (``autofit/tuner/policy.py``, ``benchmarks/results/oracle/``, ``docs/design.md``: a path whose
 first part is one of the repository's top-level entries) and for ``DESIGN.md`` (the design lives in
 docs/design.md), and names every one that does not exist. A path into another project (DeepSpeed's
 ``deepspeed/runtime/engine.py``) starts elsewhere and is not read as ours.

@@ -11,16 +11,16 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import pytest  # noqa: E402
 
-from autofit.config import OFFLOAD_DEVICES, OPTIMIZERS, PRECISIONS, ZERO_STAGES, Config  # noqa: E402
-from autofit.emit import (  # noqa: E402
+from autofit.core.config import OFFLOAD_DEVICES, OPTIMIZERS, PRECISIONS, ZERO_STAGES, Config  # noqa: E402
+from autofit.core.errors import AutofitError  # noqa: E402
+from autofit.core.software import Software  # noqa: E402
+from autofit.ds.emit import (  # noqa: E402
     CLIENT_OPTIMIZERS,
     DEEPSPEED_OPTIMIZER_TYPE,
     check_with_deepspeed,
     deepspeed_config,
     uses_client_optimizer,
 )
-from autofit.errors import AutofitError  # noqa: E402
-from autofit.software import Software  # noqa: E402
 
 pytest.importorskip("deepspeed")
 
@@ -87,7 +87,7 @@ def test_autofit_section_carries_what_deepspeed_cannot_say():
     section = ds["autofit"]
     assert section["checkpoint_ratio"] == 0.5
     assert section["attention"] == "flash"
-    # fp8 is torchao's float8 training applied to the model (autofit.apply), DeepSpeed runs bf16 around it
+    # fp8 is torchao's float8 training applied to the model (autofit.ds.apply), DeepSpeed runs bf16 around it
     assert section["fp8"] == {"library": "torchao", "recipe": "tensorwise"}
     assert ds["bf16"] == {"enabled": True}
 
@@ -95,7 +95,7 @@ def test_autofit_section_carries_what_deepspeed_cannot_say():
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
 def test_compile_goes_in_the_autofit_section_and_deepspeed_accepts_the_json(precision):
     """DeepSpeed's "compile" section configures DeepCompile and compiles nothing: compile is a call,
-    engine.compile(), which autofit.apply.compile_engine makes where the section says "on"."""
+    engine.compile(), which autofit.ds.apply.compile_engine makes where the section says "on"."""
     ds = deepspeed_config(Config(precision=precision, zero_stage=2, compile="on"))
     assert ds["autofit"]["compile"] == "on"
     assert "compile" not in ds  # DeepCompile stays off

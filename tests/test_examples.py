@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autofit import Workload
-from autofit.workload import load_workload
+from autofit.workload.entry import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 

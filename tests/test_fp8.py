@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from autofit.apply import apply_to_model
-from autofit.config import Config
+from autofit.core.config import Config
+from autofit.core.software import Software
 from autofit.cost_model.fp8 import fp8_cast_seconds, fp8_cast_traffic_bytes, fp8_rows
-from autofit.emit import deepspeed_config
-from autofit.fp8 import convertible_linear
-from autofit.software import Software
+from autofit.ds.apply import apply_to_model
+from autofit.ds.emit import deepspeed_config
+from autofit.ds.fp8 import convertible_linear
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchao.float8")
@@ -56,7 +56,7 @@ def gpt_facts():
     from pathlib import Path
 
     from autofit.trace import trace_workload
-    from autofit.workload import load_workload
+    from autofit.workload.entry import load_workload
 
     entry = f"{Path(__file__).resolve().parent.parent / 'examples' / 'gpt.py'}:workload"
     # eager attention: its matmuls are counted (FlopCounterMode counts none for the CPU's SDPA kernel)
@@ -82,8 +82,8 @@ def test_the_trace_counts_the_flops_of_the_converted_linears(gpt_facts):
 
 
 def test_fp8_speeds_up_only_the_converted_linears_and_adds_its_casts(gpt_facts):
+    from autofit.core.hardware import PRESETS
     from autofit.cost_model import Coefficients, predict
-    from autofit.hardware import PRESETS
 
     facts, h100, coefficients = gpt_facts, PRESETS["h100-80gb"], Coefficients()
     bf16 = predict(Config(micro_batch_size=4, precision="bf16", attention="eager"), facts, h100, 1, coefficients)
@@ -101,8 +101,8 @@ def test_fp8_speeds_up_only_the_converted_linears_and_adds_its_casts(gpt_facts):
 
 
 def test_fp8_casts_are_fused_only_under_compile(gpt_facts):
+    from autofit.core.hardware import PRESETS
     from autofit.cost_model import Coefficients, predict
-    from autofit.hardware import PRESETS
 
     facts, h100 = gpt_facts, PRESETS["h100-80gb"]
     eager = Config(micro_batch_size=4, precision="fp8", attention="eager")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autofit.errors import AutofitError
-from autofit.hardware import HARDWARE_NAMES, PRESETS, Hardware, cuda_devices_here, default_gpus, detect_cpu, get_hardware
+from autofit.core.errors import AutofitError
+from autofit.core.hardware import HARDWARE_NAMES, PRESETS, Hardware, default_gpus
+from autofit.machine.device import cuda_devices_here, detect_cpu, get_hardware
 
 PRESET_NAMES = ["h100-80gb", "h100-pcie-80gb", "h200", "a100-40gb", "a100-80gb", "l4", "rtx4090"]
 
@@ -120,13 +121,13 @@ def test_hardware_validates_its_kind():
 
 
 def _h100(name: str = "NVIDIA H100 80GB HBM3", nvlink: bool = True):  # noqa: ANN202
-    from autofit.hardware import DeviceRecord
+    from autofit.core.hardware import DeviceRecord
 
     return DeviceRecord(name=name, memory_bytes=81559 * 2**20, nvlink=nvlink)
 
 
 def test_node_detection_reads_every_device_and_tells_pcie_from_sxm():
-    from autofit.hardware import PRESETS, DeviceRecord, node_hardware
+    from autofit.core.hardware import PRESETS, DeviceRecord, node_hardware
 
     sxm = node_hardware([_h100() for _ in range(8)])
     assert sxm.devices_per_node == 8
@@ -146,7 +147,7 @@ def test_node_detection_reads_every_device_and_tells_pcie_from_sxm():
 
 
 def test_the_h100_pcie_preset_prices_a_slower_step_than_sxm():
-    from autofit.config import Config
+    from autofit.core.config import Config
     from autofit.cost_model import predict
     from tests.toy_facts import FACTS
 
@@ -157,7 +158,7 @@ def test_the_h100_pcie_preset_prices_a_slower_step_than_sxm():
 
 
 def test_a_mixed_node_is_one_line_of_error():
-    from autofit.hardware import node_hardware
+    from autofit.core.hardware import node_hardware
 
     with pytest.raises(AutofitError, match="mixed node") as caught:
         node_hardware([_h100(), _h100("NVIDIA H100 PCIe", nvlink=False)])
@@ -184,7 +185,7 @@ def test_gpus_default_to_what_detection_found_only_with_auto(gpus, hardware, kin
 
 
 def test_the_h100_pcie_card_is_a_preset_of_its_own():
-    from autofit.hardware import node_hardware
+    from autofit.core.hardware import node_hardware
 
     pcie = node_hardware([_h100("NVIDIA H100 PCIe", nvlink=False) for _ in range(2)])
     assert pcie.name == "h100-pcie-80gb (NVIDIA H100 PCIe)"
@@ -194,10 +195,9 @@ def test_the_h100_pcie_card_is_a_preset_of_its_own():
 
 
 def test_the_probe_lists_the_visible_devices_as_the_meter_maps_them(monkeypatch):
-    """autofit.probe's device list and autofit.probe.nvml.visible_device read CUDA_VISIBLE_DEVICES alike: to its
+    """autofit.probe.run's device list and autofit.machine.nvml.visible_device read CUDA_VISIBLE_DEVICES alike: to its
     first empty entry, where CUDA stops."""
-    from autofit.probe import visible_cuda_device_list
-    from autofit.probe.nvml import visible_device
+    from autofit.machine.nvml import visible_cuda_device_list, visible_device
 
     for listed, entries in (("3, 1", ["3", "1"]), ("4,,5", ["4"]), ("", [])):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)

@@ -11,16 +11,8 @@ import torch
 from torch import nn
 
 from autofit import AutofitError
-from autofit.hf import (
-    HfEntry,
-    HfOptions,
-    attention_blocks,
-    hf_workload,
-    load_config,
-    task_from_config,
-    with_hf_options,
-)
-from autofit.workload import load_workload
+from autofit.workload.entry import load_workload
+from autofit.workload.hf import HfEntry, HfOptions, attention_blocks, hf_workload, load_config, task_from_config, with_hf_options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -238,8 +230,8 @@ def test_a_configs_own_code_runs_only_when_trusted(tmp_path: Path, monkeypatch: 
 
 def test_a_queued_hf_entry_is_absolute_and_its_fingerprint_follows_its_config_json(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autofit.schedule.fingerprint import workload_fingerprint
     from autofit.schedule.submit import absolute_entry
+    from autofit.workload.sources import workload_fingerprint
 
     folder = tmp_path / "llama"
     folder.mkdir()
@@ -265,10 +257,10 @@ FIXED = {"micro_batch_size": 4, "checkpoint_ratio": 0.5, "checkpoint_granularity
 
 def _estimated_peak(entry: str, hardware: str = "h100-80gb") -> tuple[int, int]:
     """What ``autofit estimate ENTRY --set ...`` predicts for :data:`FIXED`: the peak and the parameters."""
-    from autofit.estimate import estimate
-    from autofit.hardware import get_hardware
-    from autofit.plan import Plan
-    from autofit.space import load_space
+    from autofit.core.space import load_space
+    from autofit.machine.device import get_hardware
+    from autofit.planning.estimate import estimate
+    from autofit.planning.plan import Plan
 
     plan = Plan.make(entry, load_workload(entry), get_hardware(hardware), load_space(None), world_size=2,
                      global_batch=8, fixed=FIXED)
@@ -304,9 +296,9 @@ def test_a_cpu_plan_measures_the_hf_models_footprint_in_a_process_that_reloads_t
 @pytest.mark.slow
 def test_an_hf_entry_probes_under_zero3_with_the_searched_kernel() -> None:
     """A real probe: each rank re-loads the entry string, builds the model with from_config under zero.Init."""
-    from autofit.config import Config
-    from autofit.hardware import get_hardware
-    from autofit.probe import run_probe
+    from autofit.core.config import Config
+    from autofit.machine.device import get_hardware
+    from autofit.probe.run import run_probe
 
     entry = f"hf:{CONFIGS / 'mixtral_moe'}?seq_len=32"
     config = Config(precision="bf16", zero_stage=3, micro_batch_size=2, checkpoint_ratio=0.5, attention="eager")

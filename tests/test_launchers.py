@@ -1,4 +1,4 @@
-"""autofit.launchers: the emitted JSON turned into the Trainer's, Accelerate's and Lightning's arguments.
+"""autofit.ds.launchers: the emitted JSON turned into the Trainer's, Accelerate's and Lightning's arguments.
 
 The conversions are checked here, fast; tests/examples/ trains 3 real steps through each launcher."""
 
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from autofit.config import Config
-from autofit.emit import deepspeed_config
-from autofit.errors import AutofitError
-from autofit.launchers import (
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.ds.emit import deepspeed_config
+from autofit.ds.launchers import (
     accelerate_config,
     fill_auto,
     lightning_arguments,
@@ -32,7 +32,7 @@ def _ds(**changes: object) -> dict[str, Any]:
 
 def _as_emitted(**changes: object) -> dict[str, Any]:
     """The JSON ``autofit run`` writes for a user who gave it no hyperparameters: each one ``"auto"``."""
-    from autofit.recipe import Recipe
+    from autofit.core.recipe import Recipe
 
     values: dict[str, object] = dict(micro_batch_size=2, grad_accum_steps=3, checkpoint_ratio=0.0, precision="fp32",
                                      optimizer="adamw", zero_stage=1, offload_optimizer="none", offload_params="none",
@@ -118,7 +118,7 @@ def test_fill_auto_fills_every_auto_of_the_emitted_json_and_leaves_the_callers()
 
 
 def test_fill_auto_keeps_the_users_numbers_and_fills_the_client_optimizer() -> None:
-    from autofit.recipe import Recipe
+    from autofit.core.recipe import Recipe
 
     given = deepspeed_config(Config(micro_batch_size=2, grad_accum_steps=3, checkpoint_ratio=0.0, precision="fp32",
                                     optimizer="adamw", zero_stage=1, offload_optimizer="none", offload_params="none",

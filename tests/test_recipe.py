@@ -1,4 +1,4 @@
-"""The user's recipe (autofit.recipe): the default search keeps it, each --allow tier adds exactly its substitutes,
+"""The user's recipe (autofit.core.recipe): the default search keeps it, each --allow tier adds exactly its substitutes,
 the emitted JSON carries the user's hyperparameters (or "auto") and says what differs."""
 
 from __future__ import annotations
@@ -12,22 +12,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "search"))
 from tiny import ENTRY, tiny_workload  # noqa: E402
 
-from autofit.config import Config
-from autofit.emit import check_with_deepspeed, deepspeed_config
-from autofit.errors import AutofitError
-from autofit.estimate import estimate
-from autofit.hardware import get_hardware
-from autofit.ladder import ladder_plan, price_ladder
-from autofit.plan import Plan, default_recipe
-from autofit.recipe import (
-    Recipe,
-    differences,
-    expand_allow,
-    narrow_space,
-    parse_hyperparameters,
-    recipe_for,
-)
-from autofit.space import load_space, space_from_dict
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.core.recipe import Recipe, differences, expand_allow, narrow_space, parse_hyperparameters, recipe_for
+from autofit.core.space import load_space, space_from_dict
+from autofit.ds.emit import check_with_deepspeed, deepspeed_config
+from autofit.machine.device import get_hardware
+from autofit.planning.estimate import estimate
+from autofit.planning.ladder import ladder_plan, price_ladder
+from autofit.planning.plan import Plan, default_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = get_hardware("h100-80gb")
@@ -184,7 +177,7 @@ def test_a_substitute_takes_the_recipes_hyperparameters_in_its_client_section() 
 def test_a_client_optimizer_fills_auto_from_the_script_and_refuses_to_make_one_up() -> None:
     import torch
 
-    from autofit.apply import client_optimizer
+    from autofit.ds.apply import client_optimizer
 
     ds = deepspeed_config(Config(optimizer="lion"), 1, "cpu", recipe=Recipe("lion", "fp32"))
     model = torch.nn.Linear(4, 4)
@@ -215,7 +208,7 @@ def test_the_ladder_keeps_its_rungs_and_labels_what_differs_from_the_recipe() ->
 def test_the_7b_estimate_on_eight_h100s_keeps_adamw_and_bf16() -> None:
     """The issue's case: `autofit estimate examples/llama_7b.py:workload --hardware h100-80gb --gpus 8
     --global-batch 64` ranked fp8 with SGD, Lion and Adafactor in its top 25; the default recipe allows none."""
-    from autofit.workload import load_workload
+    from autofit.workload.entry import load_workload
 
     entry = f"{ROOT / 'examples' / 'llama_7b.py'}:workload"
     hardware = replace(H100, devices_per_node=8)
@@ -255,7 +248,7 @@ def test_the_cli_states_the_recipe_and_its_tier() -> None:
 def test_script_mode_needs_the_users_rate_and_writes_no_auto() -> None:
     """An unmodified script hands the JSON to deepspeed.initialize, which fills no "auto" (DeepSpeed's AdamW then
     fails unpacking the string betas): the rate is required, the rest is left to the optimizer's defaults."""
-    from autofit.recipe import for_plain_deepspeed
+    from autofit.core.recipe import for_plain_deepspeed
 
     with pytest.raises(AutofitError, match="--lr"):
         for_plain_deepspeed(Recipe("adamw", "fp32"))

@@ -1,4 +1,4 @@
-"""The recipe read from what the user has (autofit.recipe_from): a DeepSpeed JSON, checked against DeepSpeed's own
+"""The recipe read from what the user has (autofit.ds.recipe_from): a DeepSpeed JSON, checked against DeepSpeed's own
 parse of it, and the Hugging Face Trainer's TrainingArguments (real objects, and their to_json_string output)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from autofit.errors import AutofitError
-from autofit.recipe import Recipe, for_plain_deepspeed, recipe_for, recipe_line
-from autofit.recipe_from import DEEPSPEED_OPTIMIZERS, ReadRecipe, from_deepspeed, from_training_arguments, read_recipe
+from autofit.core.errors import AutofitError
+from autofit.core.recipe import Recipe, for_plain_deepspeed, recipe_for, recipe_line
+from autofit.ds.recipe_from import DEEPSPEED_OPTIMIZERS, ReadRecipe, from_deepspeed, from_training_arguments, read_recipe
 
 ADAM_BF16 = {"train_batch_size": 8, "bf16": {"enabled": True},
              "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,

@@ -9,10 +9,10 @@ from toy_facts import CONFIGS, CPU, FACTS, MIB, PRIOR
 
 from autofit.cost_model import predict
 from autofit.cost_model.calibrate import Calibration
-from autofit.emit import deepspeed_config
-from autofit.probe import ProbeResult
-from autofit.report import report_sections, write_report
-from autofit.search.records import SearchResult, TrialRecord
+from autofit.ds.emit import deepspeed_config
+from autofit.probe.result import ProbeResult
+from autofit.report.folder import report_sections, write_report
+from autofit.tuner.records import SearchResult, TrialRecord
 
 #: the toy facts as a CPU search holds them: Plan.make measures the kernel footprint of each traced dtype on a CPU
 #: device, so the ladder's plan (which reuses these facts) has nothing left to measure; without them it started a
@@ -88,8 +88,8 @@ def test_sections_hold_every_probe_and_every_pruned_candidate(tmp_path: Path) ->
 
 
 def test_the_report_ends_with_the_ladder_and_the_winners_place_in_it(tmp_path: Path) -> None:
-    from autofit.ladder import search_ladder
-    from autofit.workload import Workload
+    from autofit.planning.ladder import search_ladder
+    from autofit.workload.types import Workload
 
     result = _result(tmp_path)
     # the toy facts cover fp32 and bf16, checkpointed and not, footprints measured: the ladder reuses them (no trace)
@@ -109,9 +109,9 @@ def test_the_report_ends_with_the_ladder_and_the_winners_place_in_it(tmp_path: P
 
 
 def test_the_winners_place_names_its_rung_or_how_it_differs(tmp_path: Path) -> None:
-    from autofit.ladder import search_ladder
-    from autofit.ladder_report import winner_place
-    from autofit.workload import Workload
+    from autofit.planning.ladder import search_ladder
+    from autofit.report.ladder import winner_place
+    from autofit.workload.types import Workload
 
     result = _result(tmp_path)
     ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {})
@@ -124,10 +124,10 @@ def test_the_winners_place_names_its_rung_or_how_it_differs(tmp_path: Path) -> N
 def test_every_row_of_the_ladder_table_has_a_cell_for_each_column(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from autofit.ladder import search_ladder
-    from autofit.ladder_report import ladder_section
-    from autofit.recipe import Recipe
-    from autofit.workload import Workload
+    from autofit.core.recipe import Recipe
+    from autofit.planning.ladder import search_ladder
+    from autofit.report.ladder import ladder_section
+    from autofit.workload.types import Workload
 
     result = _result(tmp_path)
     # the winner's JSON as a user gets it: written for a recipe, whose differences the "vs recipe" column shows

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from autofit.errors import AutofitError
-from autofit.hardware import PRESETS, Hardware
-from autofit.rules import RULES, Context
-from autofit.software import Software, check_nvme_path
-from autofit.space import describe_rejections, enumerate_candidates, load_space
+from autofit.core.errors import AutofitError
+from autofit.core.hardware import PRESETS, Hardware
+from autofit.core.rules import RULES, Context
+from autofit.core.software import Software
+from autofit.core.space import describe_rejections, enumerate_candidates, load_space
+from autofit.machine.software import check_nvme_path
 
 CPU = Hardware(name="cpu", kind="cpu", memory_bytes=8 * 2**30, peak_flops={"fp32": 1e12, "bf16": 1e12, "fp16": 1e12})
 H100 = PRESETS["h100-80gb"]
@@ -136,12 +137,12 @@ def test_one_reason_an_op_cannot_load_for_both_rules():
 
 @pytest.mark.slow
 def test_cpu_adam_and_lion_are_host_ops_on_the_cuda_accelerator():
-    """Why autofit.software.HOST_OPS holds them: DeepSpeed's CUDA accelerator hands out the CPU builders."""
+    """Why autofit.core.software.HOST_OPS holds them: DeepSpeed's CUDA accelerator hands out the CPU builders."""
     from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
     from deepspeed.ops.op_builder.builder import CUDAOpBuilder
     from deepspeed.ops.op_builder.cpu.builder import CPUOpBuilder
 
-    from autofit.software import HOST_OPS, OP_BUILDERS
+    from autofit.core.software import HOST_OPS, OP_BUILDERS
 
     accelerator = CUDA_Accelerator()
     for op, builder in OP_BUILDERS.items():
@@ -156,7 +157,7 @@ def test_libaio_is_checked_with_deepspeeds_own_builder():
     """This machine has no libaio headers: DeepSpeed's AsyncIOBuilder says so, and so does autofit."""
     from deepspeed.ops.op_builder.async_io import AsyncIOBuilder
 
-    from autofit.software import async_io_compatible
+    from autofit.machine.software import async_io_compatible
 
     assert async_io_compatible() == bool(AsyncIOBuilder().is_compatible(verbose=False))
 
@@ -177,7 +178,7 @@ def test_one_cxx_lookup_reads_cxx_as_torchs_cpp_extension_does(monkeypatch, tmp_
 
     from torch.utils.cpp_extension import get_cxx_compiler
 
-    from autofit.software import CPP_EXTENSION_CXX, INDUCTOR_CXX, find_cxx
+    from autofit.machine.software import CPP_EXTENSION_CXX, INDUCTOR_CXX, find_cxx
 
     fake = tmp_path / "my-cxx"
     fake.write_text("#!/bin/sh\n")
@@ -201,7 +202,7 @@ def test_an_empty_cxx_is_no_compiler_to_inductor_either() -> None:
     import subprocess
     import sys
 
-    code = ("from autofit.software import INDUCTOR_CXX, find_cxx\n"
+    code = ("from autofit.core.software import INDUCTOR_CXX, find_cxx\n"
             "from torch._inductor.cpp_builder import get_cpp_compiler\n"
             "print('autofit', find_cxx(INDUCTOR_CXX))\n"
             "try:\n    print('inductor', get_cpp_compiler())\nexcept Exception as exc:\n    print('inductor fails', exc)\n")

@@ -8,19 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import CONFIG_KEYS, Config, parse_set
-from autofit.errors import AutofitError
-from autofit.hardware import PRESETS, Hardware, get_hardware
-from autofit.rules import OFFLOADABLE_OPTIMIZERS, RULES, Context
-from autofit.software import Software
-from autofit.space import (
-    SPACE_KEYS,
-    SearchSpace,
-    enumerate_candidates,
-    load_space,
-    search_space_dirs,
-    shipped_spaces,
-)
+from autofit.core.config import CONFIG_KEYS, Config, parse_set
+from autofit.core.errors import AutofitError
+from autofit.core.hardware import PRESETS, Hardware
+from autofit.core.rules import OFFLOADABLE_OPTIMIZERS, RULES, Context
+from autofit.core.software import Software
+from autofit.core.space import SPACE_KEYS, SearchSpace, enumerate_candidates, load_space, search_space_dirs, shipped_spaces
+from autofit.machine.device import get_hardware
 
 REPO_SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
 SHIPPED = sorted(p.stem for p in REPO_SPACES.glob("*.yaml"))
@@ -92,7 +86,7 @@ def test_loading_by_path_equals_loading_by_name(name):
 def test_none_is_the_default_space_and_it_is_the_full_table():
     space = load_space(None)
     assert space.name == "default"
-    from autofit.config import ATTENTIONS, GRANULARITIES, OFFLOAD_DEVICES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
+    from autofit.core.config import ATTENTIONS, GRANULARITIES, OFFLOAD_DEVICES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
 
     assert set(space.values["precision"]) == set(PRECISIONS)
     assert set(space.values["optimizer"]) == set(OPTIMIZERS)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from autofit import swap_buffers
-from autofit.config import Config
-from autofit.emit import check_with_deepspeed, deepspeed_config
-from autofit.hardware import PRESETS
-from autofit.software import Software
+from autofit.core.config import Config
+from autofit.core.hardware import PRESETS
+from autofit.core.software import Software
+from autofit.ds import swap_buffers
+from autofit.ds.emit import check_with_deepspeed, deepspeed_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS_H100 = PRESETS["h100-80gb"]
@@ -128,10 +128,10 @@ def test_nvme_pins_the_swap_buffers_on_the_host_instead_of_the_partitions() -> N
 @pytest.mark.slow
 def test_the_7b_nvme_candidates_json_passes_deepspeeds_parser_and_swapper(tmp_path: Path) -> None:
     """examples/llama_7b.py traced and priced on one H100 with --nvme-path: its NVMe candidate's JSON."""
-    from autofit.estimate import estimate
-    from autofit.plan import Plan
-    from autofit.space import load_space
-    from autofit.workload import load_workload
+    from autofit.core.space import load_space
+    from autofit.planning.estimate import estimate
+    from autofit.planning.plan import Plan
+    from autofit.workload.entry import load_workload
 
     entry = f"{ROOT / 'examples' / 'llama_7b.py'}:workload"
     fixed = {"zero_stage": 3, "offload_params": "nvme", "offload_optimizer": "nvme", "micro_batch_size": 1,
@@ -150,10 +150,10 @@ def test_the_7b_nvme_candidates_json_passes_deepspeeds_parser_and_swapper(tmp_pa
 def test_a_zero3_candidate_on_eight_gpus_passes_deepspeeds_parser() -> None:
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    from autofit.estimate import estimate
-    from autofit.plan import Plan
-    from autofit.space import load_space
-    from autofit.workload import load_workload
+    from autofit.core.space import load_space
+    from autofit.planning.estimate import estimate
+    from autofit.planning.plan import Plan
+    from autofit.workload.entry import load_workload
 
     entry = f"{ROOT / 'examples' / 'llama_7b.py'}:workload"
     hardware = replace(PRESETS["h100-80gb"], devices_per_node=8)
@@ -168,7 +168,7 @@ def test_a_zero3_candidate_on_eight_gpus_passes_deepspeeds_parser() -> None:
 def test_a_probes_json_sizes_the_buffers_from_the_traced_largest_parameter(tmp_path: Path) -> None:
     """The probe's spec carries the planner's largest parameter: its JSON sizes the swap buffers as the emitted
     one does, and DeepSpeed's own buffer check takes it."""
-    from autofit.probe import _spec
+    from autofit.probe.run import _spec
 
     hardware = replace(PRESETS["h100-80gb"], devices_per_node=2)
     spec = _spec("m.py:w", NVME, hardware, 2, "real", 3, 1, Software(nvme_path=str(tmp_path)),
@@ -179,14 +179,14 @@ def test_a_probes_json_sizes_the_buffers_from_the_traced_largest_parameter(tmp_p
 
 
 def _nvme_room(software: Software, **config: object):
-    from autofit.plan import within_nvme_room
+    from autofit.planning.plan import within_nvme_room
     from tests.toy_facts import FACTS
 
     return within_nvme_room((replace(NVME, **config),), FACTS, PRESETS_H100, 1, software)
 
 
 def test_nvme_candidates_whose_swap_files_outgrow_the_drive_are_rejected(tmp_path: Path) -> None:
-    from autofit.errors import AutofitError
+    from autofit.core.errors import AutofitError
     from tests.toy_facts import FACTS
 
     roomy = Software(nvme_path=str(tmp_path), nvme_free_bytes=10**12)
@@ -203,13 +203,13 @@ def test_nvme_candidates_whose_swap_files_outgrow_the_drive_are_rejected(tmp_pat
 
 def test_nvme_swap_buffers_past_rlimit_memlock_are_rejected(tmp_path: Path) -> None:
     """DeepSpeed mlocks the swap buffers (csrc/pin_memory/page_alloc.cpp); cudaHostAlloc's pinning is not bound."""
-    from autofit.errors import AutofitError
+    from autofit.core.errors import AutofitError
 
     limited = Software(nvme_path=str(tmp_path), memlock_bytes=8 * 2**20)  # a common container default: 8 MiB
     with pytest.raises(AutofitError, match="RLIMIT_MEMLOCK"):
         _nvme_room(limited)
     cpu_offload = replace(NVME, offload_params="cpu", offload_optimizer="cpu")
-    from autofit.plan import within_nvme_room
+    from autofit.planning.plan import within_nvme_room
     from tests.toy_facts import FACTS
 
     assert within_nvme_room((cpu_offload,), FACTS, PRESETS_H100, 1, limited)[0] == (cpu_offload,)
@@ -220,7 +220,7 @@ def test_this_machines_memlock_limit_and_pinning(tmp_path: Path) -> None:
     import os
     import resource
 
-    from autofit.software import detect_software, memlock_limit_bytes
+    from autofit.machine.software import detect_software, memlock_limit_bytes
 
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     expected = None if os.geteuid() == 0 or soft == resource.RLIM_INFINITY else soft
@@ -229,8 +229,8 @@ def test_this_machines_memlock_limit_and_pinning(tmp_path: Path) -> None:
 
 
 def test_nvme_path_gets_checked_for_o_direct_and_free_space(tmp_path: Path) -> None:
-    from autofit.software import o_direct_refused
-    from autofit.target import machine_software
+    from autofit.machine.software import o_direct_refused
+    from autofit.planning.target import machine_software
 
     assert o_direct_refused(tmp_path) is None and not list(tmp_path.iterdir())  # the test file is gone
     assert "No such file" in (o_direct_refused(tmp_path / "missing") or "")

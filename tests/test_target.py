@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autofit.errors import AutofitError
-from autofit.target import Target, prepare
+from autofit.core.errors import AutofitError
+from autofit.planning.target import Target, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = f"{ROOT}/examples/mlp.py:workload"
@@ -55,9 +55,9 @@ def test_memory_that_does_not_parse_is_one_error() -> None:
 def test_gpus_left_out_are_resolved_once_by_prepare() -> None:
     target = Target(entry=MLP, hardware="h100-80gb")
     assert target.gpus is None
-    with pytest.raises(AutofitError, match="gpus=None is resolved by autofit.target.prepare"):
+    with pytest.raises(AutofitError, match="gpus=None is resolved by autofit.planning.target.prepare"):
         _ = target.world_size
-    setup = prepare(target)  # a preset plans for one device unless told more (autofit.hardware.default_gpus)
+    setup = prepare(target)  # a preset plans for one device unless told more (autofit.core.hardware.default_gpus)
     assert setup.gpus == 1 and setup.target.gpus == 1 and setup.hardware.devices_per_node == 1
     assert setup.world_size == 1
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autofit.errors import AutofitError
-from autofit.units import format_bytes, parse_bytes
+from autofit.core.errors import AutofitError
+from autofit.core.units import format_bytes, parse_bytes
 
 
 @pytest.mark.parametrize(

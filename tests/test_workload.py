@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from autofit import AutofitError, Workload
-from autofit.workload import default_loss, load_workload, longest_module_list
+from autofit.workload.entry import load_workload
+from autofit.workload.types import default_loss, longest_module_list
 
 GOOD_ENTRY = """
 import torch

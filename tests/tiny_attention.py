@@ -79,10 +79,10 @@ def train_adam_mini(out: str, steps: int = 3) -> None:
     """``steps`` optimizer steps through ``deepspeed.initialize`` with autofit's JSON and client optimizer."""
     import deepspeed
 
-    from autofit.apply import apply_to_model, client_optimizer
-    from autofit.config import Config
-    from autofit.emit import deepspeed_config
-    from autofit.probe.worker import optimizer_state_bytes
+    from autofit.core.config import Config
+    from autofit.ds.apply import apply_to_model, client_optimizer
+    from autofit.ds.emit import deepspeed_config
+    from autofit.probe.rank.worker import optimizer_state_bytes
 
     torch.manual_seed(0)
     ds = deepspeed_config(Config(micro_batch_size=2, optimizer="adam_mini"), 1, "cpu")

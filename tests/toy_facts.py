@@ -3,9 +3,9 @@ its calibration, the search policy and the report share (no torch)."""
 
 from __future__ import annotations
 
-from autofit.config import Config
+from autofit.core.config import Config
+from autofit.core.hardware import Hardware
 from autofit.cost_model import ActivationProfile, Coefficients, ModelFacts, PeakPoint
-from autofit.hardware import Hardware
 
 MIB = 2**20
 

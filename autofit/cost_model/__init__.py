@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autofit.config import Config
+from autofit.core.config import Config
+from autofit.core.hardware import Hardware
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.cost_model.host import host_peak_bytes
 from autofit.cost_model.memory import MemoryBreakdown, predict_memory
 from autofit.cost_model.time import predict_step_time
-from autofit.hardware import Hardware
 
 __all__ = [
     "ActivationProfile",
@@ -103,7 +103,7 @@ def predict(
 
 
 def _not_fit_reason(peak: int, hardware: Hardware, memory: MemoryBreakdown) -> str:
-    from autofit.units import format_bytes
+    from autofit.core.units import format_bytes
 
     parts = asdict(memory)
     biggest = max(parts, key=lambda k: parts[k])
@@ -114,7 +114,7 @@ def _not_fit_reason(peak: int, hardware: Hardware, memory: MemoryBreakdown) -> s
 
 
 def _host_reason(host_peak: int, hardware: Hardware, world_size: int) -> str:
-    from autofit.units import format_bytes
+    from autofit.core.units import format_bytes
 
     ranks = hardware.ranks_on_a_node(world_size)
     return (

@@ -48,13 +48,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autofit.boundary import Status, as_status
-from autofit.config import Config
+from autofit.core.boundary import Status, as_status
+from autofit.core.config import Config
+from autofit.core.hardware import Hardware
 from autofit.cost_model import Coefficients, ModelFacts, Prediction, predict
 from autofit.cost_model.coefficients import MAX_EFFICIENCY
 from autofit.cost_model.cuda_runtime import learned_outside_allocator_bytes, runtime_bytes
 from autofit.cost_model.memory_correction import MemoryCorrection, fit_correction
-from autofit.hardware import Hardware
 
 #: clamp of a fitted compute efficiency (achieved / datasheet FLOP/s; above 1 where the datasheet undersells the
 #: device, :data:`~autofit.cost_model.coefficients.MAX_EFFICIENCY`)

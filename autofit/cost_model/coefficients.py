@@ -10,24 +10,24 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from autofit.errors import AutofitError
-from autofit.hardware import PRESETS, Hardware
+from autofit.core.errors import AutofitError
+from autofit.core.hardware import PRESETS, Hardware
 
 MIB = 2**20
 #: the matmul ceiling of a CUDA device none is measured for: the lowest of the presets measured
-#: (H100 SXM's, :data:`autofit.hardware.MAMF_SOURCE`)
+#: (H100 SXM's, :data:`autofit.core.hardware.MAMF_SOURCE`)
 UNMEASURED_MATMUL_CEILING = min(p.matmul_ceiling for p in PRESETS.values() if p.matmul_ceiling)
 #: achieved / datasheet memory bandwidth of a streaming kernel on an NVIDIA GPU: ~90% is the most any kernel
 #: reached in NVIDIA's measurements, a read kernel on an A100 80GB SXM 88% (1.80 of 2.04 TB/s, Nsight Compute
 #: agreeing; https://forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083)
 ACHIEVED_BANDWIDTH = 0.9
 #: the step efficiency of a CUDA device no published run anchors: the lowest of the presets anchored (H100's,
-#: :data:`autofit.hardware.STEP_EFFICIENCY_SOURCE`)
+#: :data:`autofit.core.hardware.STEP_EFFICIENCY_SOURCE`)
 UNANCHORED_STEP_EFFICIENCY = min(p.step_efficiency for p in PRESETS.values() if p.step_efficiency)
 
 
 #: the most achieved / datasheet FLOP/s a fitted efficiency may reach. Above 1 the datasheet undersells the
-#: device: a CPU's nominal FLOP/s (:func:`autofit.hardware.detect_cpu`) counts AVX2 FMAs, 32 fp32 FLOP a cycle,
+#: device: a CPU's nominal FLOP/s (:func:`autofit.machine.device.detect_cpu`) counts AVX2 FMAs, 32 fp32 FLOP a cycle,
 #: where AVX-512 does twice that and AVX-512-BF16 or AMX far more in bf16. Measured on this project's CPU
 #: (avx512_bf16; the Qwen2-shaped 57 M-parameter LM, eager attention): fp32 at ~0.9 of nominal, bf16 at ~2.3.
 MAX_EFFICIENCY = 16.0

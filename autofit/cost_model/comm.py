@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autofit.config import WORKING_BYTES, Config
+from autofit.core.config import WORKING_BYTES, Config
+from autofit.core.hardware import Hardware
 from autofit.cost_model.facts import ModelFacts
-from autofit.hardware import Hardware
 
 
 def collective_volumes(config: Config) -> float:

@@ -1,9 +1,9 @@
 """CUDA device memory that is no tensor of the model: an additive term, priced first and learned from a probe.
 
-What NVML reports for a training process (the probe's measured peak, :mod:`autofit.probe.meter`) is what
+What NVML reports for a training process (the probe's measured peak, :mod:`autofit.probe.rank.meter`) is what
 PyTorch's caching allocator reserved plus what lives outside it:
 
-* the CUDA context (:attr:`autofit.hardware.Hardware.context_bytes`), with the kernels loaded lazily as they
+* the CUDA context (:attr:`autofit.core.hardware.Hardware.context_bytes`), with the kernels loaded lazily as they
   are first called (``CUDA_MODULE_LOADING=LAZY``, the default since CUDA 11.7);
 * NCCL's buffers, allocated by NCCL itself (``cudaMalloc`` / ``cuMem*``, not the caching allocator) when a
   communicator connects: ``NCCL_BUFFSIZE`` (default 4 MiB, NCCL's environment-variable documentation) for
@@ -19,7 +19,7 @@ through the caching allocator at the first matmul (aten/src/ATen/cuda/CublasHand
 These are an offset, not a ratio: the same hundreds of MiB whatever the model. So the prediction adds them
 (:func:`runtime_bytes`), calibration learns the outside-allocator part from the first probes as a measured
 offset (NVML peak less the allocator's peak, :func:`measured_outside_allocator_bytes`) and fits its ratio to
-the rest only, and ``--memory``'s allocator cap leaves room for them (:mod:`autofit.probe.meter`). The CPU
+the rest only, and ``--memory``'s allocator cap leaves room for them (:mod:`autofit.probe.rank.meter`). The CPU
 path has no such term (its runtime is priced by :class:`~autofit.cost_model.coefficients.Coefficients`).
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from autofit.hardware import Hardware
+from autofit.core.hardware import Hardware
 
 MIB = 2**20
 #: NCCL_BUFFSIZE's default: the Simple protocol's buffer per channel and peer connection (NCCL env docs)

@@ -26,7 +26,7 @@ class PeakPoint:
     flops: int
     """FLOPs of forward + backward (+ recompute when checkpointed)."""
     fp8_flops: int = 0
-    """The part of ``flops`` inside the Linear layers fp8 training converts (:mod:`autofit.fp8`)."""
+    """The part of ``flops`` inside the Linear layers fp8 training converts (:mod:`autofit.ds.fp8`)."""
     memory_bound_bytes: int = 0
     """Bytes read and written by the step's kernels that do no matmul (elementwise, norms, softmax, copies,
     reductions), each op its own kernel: what bounds their time is memory bandwidth, not FLOP/s
@@ -123,7 +123,7 @@ class ModelFacts:
     """``sum(in + out)`` over the same layers: elements its casts read per row of input (input and output grad)."""
     hidden_size: int = 0
     """The model's hidden size (:func:`autofit.trace.structure.hidden_size_of`), which the ZeRO bucket sizes are
-    derived from (:mod:`autofit.zero_buckets`); 0: unknown (DeepSpeed's buckets as autofit pinned them)."""
+    derived from (:mod:`autofit.ds.buckets`); 0: unknown (DeepSpeed's buckets as autofit pinned them)."""
     profiles: dict[str, ActivationProfile] = field(default_factory=dict)
     """Traced activation profiles by :meth:`ActivationProfile.key`."""
     attention_traces: dict[str, str] = field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""What fp8 training (torchao's float8, :mod:`autofit.fp8`) changes in memory and time.
+"""What fp8 training (torchao's float8, :mod:`autofit.ds.fp8`) changes in memory and time.
 
 Time: only the matmuls of the converted Linear layers run at the fp8 rate; the rest of the step
 (attention, norms, the Linears torchao cannot take) runs at the bf16 rate, so
@@ -31,9 +31,9 @@ micro-batch's (0 where the workload has no tokens).
 
 from __future__ import annotations
 
-from autofit.config import Config
+from autofit.core.config import Config
+from autofit.core.hardware import Hardware
 from autofit.cost_model.facts import ModelFacts
-from autofit.hardware import Hardware
 
 #: bytes an element that one unfused tensorwise cast moves (module docstring: abs, max, to fp32, scale, clamp, to fp8)
 EAGER_CAST_BYTES = 33

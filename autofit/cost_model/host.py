@@ -18,7 +18,7 @@ what one rank holds there. One rank holds, at its peak, the larger of two phases
   Optimizer offload, ZeRO-3 (stage3.py): the fp32 partition, its fp32 gradient (``subgroup_gradient_buffer``),
   the optimizer states and the w-byte gradient partition (``grad_partitions_flat_buffer`` on ``self.device='cpu'``).
   Parameter offload, ZeRO-3: the w-byte parameter partition (``param_groups_fp16_flat_cpu_memory``).
-  NVMe offload keeps those partitions on the drive and pins swap buffers instead (:mod:`autofit.swap_buffers`):
+  NVMe offload keeps those partitions on the drive and pins swap buffers instead (:mod:`autofit.ds.swap_buffers`):
   the parameter swapper's ``buffer_count x buffer_size`` pool and fp16 reuse buffer, the optimizer swapper's
   ``buffer_count`` fp32 sub-group buffers; the optimizer's gradients stay on the host (fp32 and w-byte,
   counted whole: an upper bound, the fp32 one is swapped between steps).
@@ -30,11 +30,11 @@ device peak of every rank is what the node needs.
 
 from __future__ import annotations
 
-from autofit.config import WORKING_BYTES, Config
+from autofit.core.config import WORKING_BYTES, Config
+from autofit.core.hardware import Hardware
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.memory import FP32, optimizer_state_bytes
-from autofit.hardware import Hardware
-from autofit.swap_buffers import optimizer_swap_pinned_bytes, param_swap_pinned_bytes
+from autofit.ds.swap_buffers import optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 
 #: host RSS of one CUDA training rank before any model: Python, torch, DeepSpeed and the CUDA
 #: runtime's host-side libraries. An assumption, not measured here (no GPU in the session that wrote

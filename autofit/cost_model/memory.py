@@ -41,13 +41,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from autofit.config import WORKING_BYTES, Config
+from autofit.core.config import WORKING_BYTES, Config
+from autofit.core.hardware import Hardware
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.cuda_runtime import cublas_workspace_bytes, outside_allocator_bytes, runtime_bytes
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_bytes
-from autofit.hardware import Hardware
-from autofit.zero_buckets import ZeroBuckets, zero_buckets
+from autofit.ds.buckets import ZeroBuckets, zero_buckets
 
 FP32 = 4
 
@@ -120,7 +120,7 @@ def optimizer_state_bytes(optimizer: str, facts: ModelFacts, n_elements: float, 
 #: 20 B an element at that moment, as measured (19.7-20.0 on flat tensors of 0.26-16.8 M elements). SGD with weight decay
 #: adds it out of place (torch/optim/sgd.py ``grad.add(param, alpha=weight_decay)``), one tensor at a time on
 #: the CPU (``_single_tensor_sgd``): measured 62.5 MiB = 4 x the largest parameter in a Qwen2 bf16 ZeRO-0 init.
-#: Lion on the CPU is autofit's own (autofit/optim.py ``make_lion``): ``m.mul(beta1)`` makes the update out of
+#: Lion on the CPU is autofit's own (autofit/ds/optim.py ``make_lion``): ``m.mul(beta1)`` makes the update out of
 #: place, 4 B an element (measured 18.6 MiB on a 4.87 M-element ZeRO-2 partition). Adafactor (torch/optim/_adafactor.py
 #: ``_single_tensor_adafactor``) on a matrix forms ``row_var @ col_var`` (4 B an element) and updates in it.
 #: Adam-mini (adam_mini.py 1.1.1, ``step``) builds ``update = (state["m"] * stepsize).view(p.size())`` and then
@@ -188,7 +188,7 @@ def reduce_bucket_bytes(n_elements: float, bucket_elements: int, element_bytes: 
 
 
 def buckets_of(config: Config, facts: ModelFacts) -> ZeroBuckets:
-    """The ZeRO bucket sizes ``config`` runs with on this model (what :mod:`autofit.emit` writes)."""
+    """The ZeRO bucket sizes ``config`` runs with on this model (what :mod:`autofit.ds.emit` writes)."""
     return zero_buckets(facts.hidden_size, config.bucket_scale)
 
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autofit.config import Config
+from autofit.core.config import Config
 
 #: the keys whose values select different memory terms: a config's memory "family"
 FAMILY_KEYS = ("precision", "optimizer", "zero_stage", "offload_optimizer", "offload_params", "attention", "compile")

@@ -38,13 +38,13 @@ Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
 
 from __future__ import annotations
 
-from autofit.config import WORKING_BYTES, Config
+from autofit.core.config import WORKING_BYTES, Config
+from autofit.core.hardware import Hardware
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.comm import CommPhases, communication_phases
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_seconds, fp8_flops
 from autofit.cost_model.memory import buckets_of, optimizer_state_bytes
-from autofit.hardware import Hardware
 
 #: host-side optimizer speed for offloaded steps (DeepSpeedCPUAdam, AVX: ~1 param per ns per core group)
 HOST_OPTIMIZER_BYTES_PER_S = 10e9

@@ -1,6 +1,6 @@
 """Multi-node probes through PyTorch's elastic launcher: one agent per node, a c10d rendezvous.
 
-Each node runs :mod:`autofit.probe.agent` (``torch.distributed.launcher.api.elastic_launch``, what
+Each node runs :mod:`autofit.probe.rank.agent` (``torch.distributed.launcher.api.elastic_launch``, what
 ``torchrun`` runs), started as :func:`autofit.probe.nodes.plan_nodes` says: one ``srun`` step of one task
 per node on a Slurm allocation, ``ssh`` to each of ``--hosts``, or N agents on this machine (simulated nodes,
 each with its own slice of the GPUs). The agents agree on the world (``--nnodes`` x ``--nproc-per-node``)
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import AutofitError
+from autofit.core.errors import AutofitError
 from autofit.probe.launch import RankOutcome, _tail, kill_group, wait_for_ranks, with_package_root
 from autofit.probe.nodes import NodeLaunch, plan_nodes
-from autofit.probe.rank import RankResult
+from autofit.probe.records import RankResult
 
 
 def check_devices(kind: str, ranks_per_node: int, visible: int | None) -> None:
@@ -42,7 +42,7 @@ def node_launch(kind: str, n_nodes: int, ranks_per_node: int, hosts: tuple[str, 
     import shutil
     import socket
 
-    from autofit.probe import visible_cuda_device_list
+    from autofit.machine.nvml import visible_cuda_device_list
     from autofit.probe.launch import free_port
 
     environ = dict(os.environ, PYTHONPATH=with_package_root(os.environ.get("PYTHONPATH")))  # for the agents
@@ -63,7 +63,7 @@ class _Agent:
     reader: threading.Thread | None = None
 
     def read(self) -> None:
-        from autofit.probe.agent import parse_record
+        from autofit.probe.rank.agent import parse_record
 
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:

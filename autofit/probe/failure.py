@@ -42,7 +42,7 @@ import subprocess
 import traceback
 from typing import TypedDict
 
-from autofit.boundary import OomOn, Status
+from autofit.core.boundary import OomOn, Status
 
 #: (pattern over the exception text, where memory ran out); the first match wins
 OOM_PATTERNS: tuple[tuple[re.Pattern[str], OomOn], ...] = (
@@ -85,7 +85,7 @@ def oom_location(name: str, text: str, innermost: str = "") -> tuple[OomOn, str]
 
 
 class Failure(TypedDict):
-    """Why a rank failed, as :class:`~autofit.probe.rank.RankResult` fields (``RankResult(rank=r, **failure)``)."""
+    """Why a rank failed, as :class:`~autofit.probe.records.RankResult` fields (``RankResult(rank=r, **failure)``)."""
 
     status: Status
     message: str

@@ -11,7 +11,7 @@ in bf16, over eight architectures. No count of the traced operators predicted it
 runs on fake tensors, which touch no kernel.
 
 So on a CPU device autofit measures it: ``python -m autofit.probe.footprint ENTRY PRECISION
-ATTENTION OUT`` imports what a probe imports (:func:`autofit.probe.worker.import_workload`), takes
+ATTENTION OUT`` imports what a probe imports (:func:`autofit.probe.rank.worker.import_workload`), takes
 the same baseline, builds the model in that precision, runs :data:`FOOTPRINT_STEPS` forward and
 backward passes of one sample, frees the model and writes what stays resident. The cost model adds
 it to the runtime (:attr:`autofit.cost_model.facts.ModelFacts.kernel_footprint_bytes`). Where it is
@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autofit.emit import write_json_atomic
+from autofit.ds.emit import write_json_atomic
 from autofit.probe.launch import free_port, rank_env
 
 #: forward and backward passes measured: the first touches the kernels, the second their caches' reuse
@@ -61,8 +61,8 @@ def measure(entry: str, precision: str, attention: str) -> int:
     import deepspeed  # noqa: F401  (a probe imports it before its baseline)
     import torch
 
-    from autofit.probe.memory import rss_bytes
-    from autofit.probe.worker import import_workload
+    from autofit.probe.rank.memory import rss_bytes
+    from autofit.probe.rank.worker import import_workload
     from autofit.trace.tensors import cast_batch, to_dtype
 
     workload = import_workload(entry, attention, torch)

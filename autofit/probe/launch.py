@@ -1,7 +1,7 @@
 """Start the ranks of one probe as subprocesses, wait with a deadline, and collect their results.
 
 No launcher (no ``deepspeed`` CLI, pdsh or ssh): ``world_size`` copies of
-:mod:`autofit.probe.worker` are started here with the environment
+:mod:`autofit.probe.rank.worker` are started here with the environment
 ``torch.distributed`` reads (MASTER_ADDR=127.0.0.1, a free MASTER_PORT, RANK,
 LOCAL_RANK, WORLD_SIZE). Each rank leads its own session (process group), so a
 timeout or an early failure kills everything it started, and every rank asks
@@ -24,7 +24,7 @@ from typing import Any
 
 from autofit.probe.failure import classify_exit, ended_by_sigkill, read_kernel_log
 from autofit.probe.oom_killer import oom_kills
-from autofit.probe.rank import RankResult, read_rank_result
+from autofit.probe.records import RankResult, read_rank_result
 
 #: seconds the other ranks get to report once one rank has finished with a failure
 FAILURE_GRACE_S = 5.0
@@ -146,7 +146,7 @@ def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: floa
             logs.append(log)
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "autofit.probe.worker", str(spec_path)],
+                    [sys.executable, "-m", "autofit.probe.rank.worker", str(spec_path)],
                     env=rank_env(dict(os.environ), rank, world_size, port, spec["kind"]),
                     stdin=subprocess.DEVNULL,
                     stdout=log,

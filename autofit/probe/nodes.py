@@ -1,6 +1,6 @@
 """Where the nodes of a multi-node probe run, and the command that starts each node's agent.
 
-A probe of ``--nodes N --gpus G`` runs one agent per node (:mod:`autofit.probe.agent`: PyTorch's elastic
+A probe of ``--nodes N --gpus G`` runs one agent per node (:mod:`autofit.probe.rank.agent`: PyTorch's elastic
 launcher, ``torch.distributed.launcher.api.elastic_launch``, with a c10d rendezvous), each starting its G
 ranks. :func:`plan_nodes` picks, in this order:
 
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autofit.errors import AutofitError
+from autofit.core.errors import AutofitError
 
 #: the environment a remote agent is given through ssh (srun exports the whole environment by itself)
 FORWARDED_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "DS_", "AUTOFIT_", "HF_")
@@ -61,8 +61,8 @@ class NodeLaunch:
 
 def agent_argv(python: str, n_nodes: int, ranks_per_node: int, endpoint: str, run_id: str, ranks_on_host: int,
                is_host: bool | None = None) -> tuple[str, ...]:
-    """The agent's command line (:mod:`autofit.probe.agent`); ``is_host`` None: torch decides by host name."""
-    argv = [python, "-m", "autofit.probe.agent", f"--nnodes={n_nodes}", f"--nproc-per-node={ranks_per_node}",
+    """The agent's command line (:mod:`autofit.probe.rank.agent`); ``is_host`` None: torch decides by host name."""
+    argv = [python, "-m", "autofit.probe.rank.agent", f"--nnodes={n_nodes}", f"--nproc-per-node={ranks_per_node}",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", f"--ranks-on-host={ranks_on_host}"]
     if is_host is not None:
         argv.append(f"--is-host={int(is_host)}")

@@ -4,7 +4,7 @@ DeepSpeed JIT-builds an optimizer's op (FusedAdam, CPU Adam/Lion, async I/O) ins
 ``deepspeed.initialize`` that needs it: on a 2-core CPU the first probe spent 64 of its 69 s
 building ``fused_adam`` (issue 11), and its timeout had to allow for it. :func:`prepare_ops` does it
 up front, as its own step: it clears the build locks a killed build left behind, then loads every op
-the candidates need (:func:`autofit.software.ops_needed`) in one subprocess, through the
+the candidates need (:func:`autofit.core.software.ops_needed`) in one subprocess, through the
 accelerator's own builders (``get_accelerator().create_op_builder(...).load()``), so the probes
 find them built in torch's extension cache.
 
@@ -12,7 +12,7 @@ Where the search calls it (wired by the search's owner): once after enumeration 
 first probe, ``prepare_ops(candidates, hardware)``, reported as a progress step; its seconds are
 not a probe's. A failed build is no dead end: :meth:`OpsReport.software` marks it, and the probes and the
 emitted JSON run AdamW as DeepSpeed's ``torch_adam`` where FusedAdam failed. Stale locks are cleared
-again before every probe (:func:`autofit.probe.run_probe`): a probe killed at its timeout mid-build
+again before every probe (:func:`autofit.probe.run.run_probe`): a probe killed at its timeout mid-build
 leaves one for the next.
 
 A lock is torch's ``FileBaton`` (``<build dir>/lock``, torch/utils/cpp_extension.py): a file whose
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autofit.software import OP_BUILDERS, Software, detect_software, ops_needed
+from autofit.core.software import OP_BUILDERS, Software, ops_needed
+from autofit.machine.software import detect_software
 
 #: a lock younger than this may belong to a build that has not started ninja yet
 STALE_AFTER_S = 30.0
@@ -53,7 +54,7 @@ class OpsReport:
 
     def software(self, base: Software) -> Software:
         """``base`` with the ops whose build failed marked (:attr:`Software.failed_ops`): AdamW then runs as
-        ``torch_adam`` where FusedAdam failed (:func:`autofit.software.uses_torch_adam`); a probe of a candidate
+        ``torch_adam`` where FusedAdam failed (:func:`autofit.core.software.uses_torch_adam`); a probe of a candidate
         needing another failed op fails with its error (and a later enumeration's rules prune it)."""
         failed = frozenset(op for op, state in self.loaded.items() if state != "ok")
         return replace(base, failed_ops=base.failed_ops | failed) if failed else base

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from autofit.probe import ProbeResult
-    from autofit.search.records import SearchResult
-    from autofit.software import Software
+    from autofit.core.software import Software
+    from autofit.probe.result import ProbeResult
+    from autofit.tuner.records import SearchResult
 
 #: allocation events the history keeps (PyTorch's example value); older ones are dropped
 MAX_ENTRIES = 100_000
@@ -51,7 +51,7 @@ def fragmentation_advice(device_memory: dict[str, Any]) -> str | None:
     """One line of advice when the allocator reserved far more than the tensors used at the peak, else None.
 
     ``device_memory``: a CUDA probe's ``max_memory_reserved_bytes`` and ``max_memory_allocated_bytes``
-    (:class:`autofit.probe.ProbeResult`); a CPU probe has neither and gets None.
+    (:class:`autofit.probe.result.ProbeResult`); a CPU probe has neither and gets None.
     """
     reserved = device_memory.get("max_memory_reserved_bytes")
     allocated = device_memory.get("max_memory_allocated_bytes")
@@ -80,7 +80,7 @@ def winner_snapshot(entry: str, result: SearchResult, report_dir: str | Path, *,
     ``software``: what the machine runs (``--nvme-path``), this one's by default; ``say``: progress lines,
     the fragmentation advice (:func:`fragmentation_advice`) among them. On a CPU device nothing is recorded
     (``run_probe`` ignores the snapshot there): callers ask for it on CUDA only."""
-    from autofit.probe import run_probe
+    from autofit.probe.run import run_probe
 
     path = Path(report_dir) / SNAPSHOT_NAME
     say(f"autofit: recording the winner's CUDA memory snapshot into {path}")

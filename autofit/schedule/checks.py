@@ -16,8 +16,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from autofit.errors import AutofitError
-from autofit.hardware import PRESETS, preset_for_device
+from autofit.core.errors import AutofitError
+from autofit.core.hardware import PRESETS, preset_for_device
 
 GIB = 2**30
 ENTRY_ROOTS_ENV = "AUTOFIT_ENTRY_ROOTS"
@@ -25,7 +25,7 @@ ENTRY_ROOTS_ENV = "AUTOFIT_ENTRY_ROOTS"
 
 def preset_matches(preset: str, device_name: str, memory_bytes: int) -> bool:
     """Whether a device NVML (or torch) names ``device_name`` with ``memory_bytes`` is the GPU preset ``preset``:
-    the preset detection picks for it (:func:`autofit.hardware.preset_for_device`: the preset's family in the
+    the preset detection picks for it (:func:`autofit.core.hardware.preset_for_device`: the preset's family in the
     name, ``h100`` in ``NVIDIA H100 80GB HBM3``, its memory within 10 %, the PCIe card told from the SXM part)."""
     return preset_for_device(device_name, memory_bytes) == preset.lower()
 
@@ -61,7 +61,7 @@ def check_nodes(kind: str, nodes: int) -> None:
 def detected_devices() -> list[tuple[str, int]]:
     """``(name, total memory)`` of every GPU here: NVML's, else torch's (``torch.cuda.get_device_properties``);
     empty without CUDA."""
-    from autofit.hardware import nvml_records
+    from autofit.machine.nvml import nvml_records
 
     records = nvml_records()
     if records:
@@ -104,7 +104,7 @@ def _entry_location(entry: str) -> tuple[Path | None, str | None]:
     import importlib.util
 
     if entry.startswith("hf:"):
-        from autofit.hf import HfEntry
+        from autofit.workload.hf import HfEntry
 
         source = HfEntry.parse(entry).source
         folder = Path(source).expanduser()

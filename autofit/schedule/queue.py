@@ -1,7 +1,7 @@
 """The queue: add a search (or find it cached), claim one atomically, keep the claim alive, finish it.
 
 A search is an Optuna study named ``autofit-<id>``; its request is in the study's user attributes
-and the worker that runs it calls :func:`autofit.search.run_search` with that study name, so the
+and the worker that runs it calls :func:`autofit.tuner.run_search` with that study name, so the
 study's own resumption (finished probes reused, a dead worker's running trial failed) does the
 takeover. The claim, the lease and the state are a row of ``autofit_searches``
 (:mod:`autofit.schedule.store`).
@@ -18,7 +18,7 @@ is claimable again (no client's clock is read). **Cap**: a search whose holders 
 ``max_claims`` times (each lease ran out) ends ``failed`` instead of being claimed again.
 
 **Cache**: a search's ``request_key`` hashes the workload fingerprint, the device, its count and the
-request (:mod:`autofit.schedule.fingerprint`). Adding one whose key is done on the machine fingerprint
+request (:mod:`autofit.machine.fingerprint`). Adding one whose key is done on the machine fingerprint
 of a live worker of that device (:func:`live_machines`: not exited, seen within :data:`LIVE_S`, or holding
 a search whose lease runs) returns it (``cached``); a newer driver, CUDA, torch, DeepSpeed, library or
 allocator setting on the live workers makes a new search. Workers mark themselves seen at every claim
@@ -34,10 +34,11 @@ from typing import Any
 
 from sqlalchemy import func
 
-from autofit.errors import AutofitError
-from autofit.schedule.fingerprint import MachineFingerprint, digest, request_hash
+from autofit.core.errors import AutofitError
+from autofit.core.storage_url import redact_url, scrub
+from autofit.machine.fingerprint import MachineFingerprint
 from autofit.schedule.store import FINISHED, engine, optuna_storage, server_epoch, tables
-from autofit.storage_url import redact_url, scrub
+from autofit.workload.sources import digest, request_hash
 
 DEFAULT_LEASE_S = 60.0
 DEFAULT_MAX_CLAIMS = 3

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import AutofitError
-from autofit.probe import ProbeResult
+from autofit.core.errors import AutofitError
+from autofit.probe.result import ProbeResult
 from autofit.schedule import queue
 from autofit.schedule.store import FINISHED, optuna_storage
 
@@ -23,7 +23,7 @@ from autofit.schedule.store import FINISHED, optuna_storage
 def parse_prices(pairs: tuple[str, ...] | list[str]) -> dict[str, float]:
     """``("h100-80gb=3.5", ...)`` -> ``{"h100-80gb": 3.5}`` (US dollars per device-hour); a name that is no
     preset nor ``cpu`` is an error (a typo would silently price nothing)."""
-    from autofit.hardware import PRESETS
+    from autofit.core.hardware import PRESETS
 
     known = (*PRESETS, "cpu")
     prices = {}
@@ -126,8 +126,8 @@ def print_results(rows: list[dict[str, Any]]) -> None:
 
 
 def _cells(r: dict[str, Any]) -> list[str]:
-    from autofit.config import Config
-    from autofit.units import format_bytes
+    from autofit.core.config import Config
+    from autofit.core.units import format_bytes
 
     per_million = r["usd_per_million_tokens"] if r["usd_per_million_tokens"] is not None else r["usd_per_million_samples"]
     unit = " tok" if r["usd_per_million_tokens"] is not None else " samples"
@@ -145,9 +145,9 @@ def _cells(r: dict[str, Any]) -> list[str]:
 
 def write_results_report(rows: list[dict[str, Any]], report_dir: str | os.PathLike[str]) -> Path:
     """``results.json``, ``results.md`` (the table) and ``results.png`` (throughput and cost by device), each
-    written to a temporary file beside it and renamed into place (:func:`autofit.emit.write_text_atomic`): a
+    written to a temporary file beside it and renamed into place (:func:`autofit.ds.emit.write_text_atomic`): a
     reader never sees half a report, a failure leaves the old one."""
-    from autofit.emit import write_text_atomic
+    from autofit.ds.emit import write_text_atomic
 
     folder = Path(report_dir)
     folder.mkdir(parents=True, exist_ok=True)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofit.probe import ProbeResult
+from autofit.core.storage_url import scrub
+from autofit.probe.result import ProbeResult
 from autofit.schedule import queue
 from autofit.schedule.store import optuna_storage
-from autofit.storage_url import scrub
 
 
 def best_so_far(trials: list[Any]) -> dict[str, Any] | None:
@@ -62,7 +62,7 @@ def print_searches(searches: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from autofit.units import format_bytes
+    from autofit.core.units import format_bytes
 
     table = Table(title="autofit searches")
     for column in ("id", "entry", "hardware", "state", "trials", "worker", "best"):
@@ -78,6 +78,6 @@ def print_searches(searches: list[dict[str, Any]]) -> None:
 
 
 def _label(config: dict[str, Any]) -> str:
-    from autofit.config import Config
+    from autofit.core.config import Config
 
     return Config.from_dict(config).label()

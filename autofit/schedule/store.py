@@ -28,7 +28,7 @@ from sqlalchemy import Float
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from autofit.search.storage import check_url, engine_kwargs, rdb_storage
+from autofit.tuner.storage import check_url, engine_kwargs, rdb_storage
 
 STATES = ("queued", "running", "done", "failed", "nothing-fits")
 FINISHED = ("done", "nothing-fits")
@@ -81,7 +81,7 @@ def tables() -> tuple[Any, Any, Any]:
 @functools.lru_cache(maxsize=8)
 def engine(url: str) -> Any:
     """A SQLAlchemy engine on ``url`` with the scheduler's tables created (Optuna makes its own on first use),
-    with the same settings as Optuna's (:func:`autofit.search.storage.engine_kwargs`: ``pool_pre_ping``)."""
+    with the same settings as Optuna's (:func:`autofit.tuner.storage.engine_kwargs`: ``pool_pre_ping``)."""
     from sqlalchemy import create_engine
 
     check_url(url)  # a wrong URL: one line now, not a retry
@@ -106,7 +106,7 @@ def _add_missing_columns(made: Any, table: Any) -> None:
 
 
 def optuna_storage(url: str) -> Any:
-    """Optuna's RDB storage on ``url``, one per process (:func:`autofit.search.storage.rdb_storage`)."""
+    """Optuna's RDB storage on ``url``, one per process (:func:`autofit.tuner.storage.rdb_storage`)."""
     return rdb_storage(url)
 
 

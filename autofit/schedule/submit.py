@@ -11,14 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autofit.machine.fingerprint import check_device_name, device_name
 from autofit.schedule import queue
-from autofit.schedule.fingerprint import check_device_name, device_name, workload_fingerprint
+from autofit.workload.sources import workload_fingerprint
 
 
 def absolute_entry(entry: str) -> str:
     """``path.py:fn`` with the path made absolute (workers start elsewhere), an ``hf:`` entry's local folder too;
     ``package.module:fn`` and a Hub name as they are."""
-    from autofit.hf import HfEntry, is_hf_entry
+    from autofit.workload.hf import HfEntry, is_hf_entry
 
     if is_hf_entry(entry):
         return HfEntry.parse(entry).absolute().to_entry()
@@ -31,7 +32,7 @@ def absolute_entry(entry: str) -> str:
 def make_request(entry: str, hardware: Any, *, gpus: int, nodes: int, global_batch: int | None, space: Any,
                  fixed: dict[str, Any], trials: int, memory_bytes: int | None, recipe: Any = None) -> dict[str, Any]:
     """The study's ``request`` attribute: all a worker needs to plan the search again (``recipe``: the user's
-    :class:`autofit.recipe.Recipe`; None: the worker's device default, :func:`autofit.plan.default_recipe`)."""
+    :class:`autofit.core.recipe.Recipe`; None: the worker's device default, :func:`autofit.planning.plan.default_recipe`)."""
     return {
         "entry": entry, "hardware": check_device_name(device_name(hardware)), "gpus": gpus, "nodes": nodes,
         "global_batch": global_batch, "space": space.to_dict(), "space_name": space.name,
@@ -42,7 +43,7 @@ def make_request(entry: str, hardware: Any, *, gpus: int, nodes: int, global_bat
 
 def planned(plan: Any) -> dict[str, Any] | None:
     """The cost model's fastest candidate predicted to fit (prior coefficients), None when none does."""
-    from autofit.estimate import estimate
+    from autofit.planning.estimate import estimate
 
     fitting = estimate(plan).fitting
     if not fitting:

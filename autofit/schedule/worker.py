@@ -1,8 +1,8 @@
 """``autofit worker``: claim queued searches this machine can run, run each, keep the claim alive.
 
-A worker registers its :class:`~autofit.schedule.fingerprint.MachineFingerprint`, then loops: claim the
+A worker registers its :class:`~autofit.machine.fingerprint.MachineFingerprint`, then loops: claim the
 oldest search for its device (:func:`autofit.schedule.queue.claim`), run it with
-:func:`autofit.search.run_search` on the search's own study, store the winner in the study and mark
+:func:`autofit.tuner.run_search` on the search's own study, store the winner in the study and mark
 the search ``done`` (``nothing-fits``, ``failed``). While it runs, a thread renews the lease; a worker
 that lost its lease (it stalled past it and another worker took the search over) stops at the next
 progress event instead of probing beside the new holder. It exits after ``idle_exit_s`` with nothing
@@ -11,12 +11,12 @@ to claim.
 What stops it: SIGTERM or SIGINT (the running probe's process groups killed, the search given back
 ``queued``, exit 0); a lost lease (the probe stopped at once, nothing stored: :func:`queue.finish` is
 conditional on the claim). A database outage (the server down or restarting, a dropped connection:
-:func:`autofit.search.storage.transient`) gives the search back and claims again after an exponential
+:func:`autofit.tuner.storage.transient`) gives the search back and claims again after an exponential
 backoff; the study's resumption keeps every finished probe. A wrong storage URL fails at once, in one line
-(:func:`autofit.search.storage.check_url`), as does any other error of the database (a failed statement).
+(:func:`autofit.tuner.storage.check_url`), as does any other error of the database (a failed statement).
 
 A worker that dies leaves its search ``running`` with a heartbeat that stops; once the lease has run
-out another worker claims it and opens the same study: :func:`autofit.search.study.read_back` fails the
+out another worker claims it and opens the same study: :func:`autofit.tuner.study.read_back` fails the
 trial the dead worker left running and hands back every finished probe, so none is repeated.
 """
 
@@ -35,17 +35,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autofit.errors import AutofitError
-from autofit.hardware import Hardware
+from autofit.core.errors import AutofitError
+from autofit.core.hardware import Hardware
+from autofit.core.storage_url import redact_url, scrub
+from autofit.machine.fingerprint import MachineFingerprint
 from autofit.schedule import queue
 from autofit.schedule.checks import entry_refusal
-from autofit.schedule.fingerprint import MachineFingerprint, workload_fingerprint
-from autofit.search.storage import database_errors, transient
-from autofit.search.storage import short_error as _short
-from autofit.storage_url import redact_url, scrub
+from autofit.tuner.storage import database_errors, transient
+from autofit.tuner.storage import short_error as _short
+from autofit.workload.sources import workload_fingerprint
 
 if TYPE_CHECKING:
-    from autofit.search.records import SearchResult
+    from autofit.tuner.records import SearchResult
 
 
 class LeaseLost(AutofitError):
@@ -201,7 +202,7 @@ class Worker:
     def _attempt(self, search_id: str, lease: Lease) -> tuple[str | None, str | None, dict[str, Any] | None]:
         """``(state, message, winner)``; state None when the lease was lost, ``given back`` when told to stop,
         ``database error`` when the store failed (the search resumes in its study at the next claim)."""
-        from autofit.search import SearchSettings, run_search
+        from autofit.tuner import SearchSettings, run_search
 
         try:
             self._in_search = True
@@ -281,9 +282,9 @@ class Worker:
     def _with_database(self, call: Callable[[], Any], what: str, patience_s: float = DATABASE_PATIENCE_S) -> Any:
         """``call()``, tried again with exponential backoff while the database fails; after ``patience_s`` of
         failures an :class:`AutofitError` (the URL redacted). Told to stop meanwhile: None. Only a transient error
-        (:func:`autofit.search.storage.transient`: the server down or restarting, a dropped connection) is tried
+        (:func:`autofit.tuner.storage.transient`: the server down or restarting, a dropped connection) is tried
         again, a database unreachable at the worker's start included (it may be starting beside the worker); a
-        wrong URL (:func:`autofit.search.storage.check_url`) or a failed statement is raised at once."""
+        wrong URL (:func:`autofit.tuner.storage.check_url`) or a failed statement is raised at once."""
         started, failures = time.monotonic(), 0
         while True:
             try:
@@ -319,11 +320,11 @@ class Worker:
 
 
 def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
-    """The search's :class:`~autofit.plan.Plan` on this worker's device; the workload must be the one queued."""
-    from autofit.plan import Plan
-    from autofit.recipe import Recipe
-    from autofit.space import space_from_dict
-    from autofit.workload import load_workload
+    """The search's :class:`~autofit.planning.plan.Plan` on this worker's device; the workload must be the one queued."""
+    from autofit.core.recipe import Recipe
+    from autofit.core.space import space_from_dict
+    from autofit.planning.plan import Plan
+    from autofit.workload.entry import load_workload
 
     request = attrs[queue.REQUEST_ATTR]
     workload = load_workload(request["entry"])
@@ -368,7 +369,7 @@ class Lease:
     """A thread renewing a search's heartbeat every ``lease_s / 3`` seconds while the worker runs it; when the
     claim is gone (another worker took it over) it calls ``on_lost`` (the worker stops the probe).
 
-    Only a transient database error (:func:`autofit.search.storage.transient`) is waited out, a beat missed (the
+    Only a transient database error (:func:`autofit.tuner.storage.transient`) is waited out, a beat missed (the
     lease has slack for two); any other error (a bug, a schema this autofit does not know) stops the lease as if
     it were lost, ``failure`` saying why: a lease that quietly stopped renewing would run out under a search
     still probing, and another worker would take it over and probe beside this one."""

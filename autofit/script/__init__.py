@@ -7,7 +7,7 @@ deepspeed/autotuning/autotuner.py) makes the script measure itself:
 - :mod:`~autofit.script.profile`: a model-info run (``"model_info": {"profile": true}``: the engine
   counts the parameters, measures one forward's activation memory and exits) and a metric run (the
   flops profiler's FLOPs) give the cost model its :class:`~autofit.cost_model.ModelFacts`, and
-  :func:`~autofit.script.profile.script_plan` the :class:`~autofit.plan.Plan` of what a script can be
+  :func:`~autofit.script.profile.script_plan` the :class:`~autofit.planning.plan.Plan` of what a script can be
   told through its JSON;
 - :mod:`~autofit.script.prober`: each candidate's JSON with ``start_profile_step``/``end_profile_step``
   and a ``metric_path``: the engine times those steps, writes its metric file and ends the script;

@@ -9,11 +9,11 @@ from typing import Any
 
 import click
 
-from autofit.plan import Plan
+from autofit.planning.plan import Plan
 from autofit.script.command import ScriptCommand
 from autofit.script.prober import script_prober
 from autofit.script.profile import script_plan
-from autofit.search.driver import Prober
+from autofit.tuner.driver import Prober
 
 
 def script_plan_and_prober(setup: Any, script: str, stack: contextlib.ExitStack) -> tuple[Plan, Prober]:

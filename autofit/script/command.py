@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import AutofitError
+from autofit.core.errors import AutofitError
 
 PLACEHOLDER = "{config}"
 

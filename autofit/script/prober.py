@@ -3,8 +3,8 @@
 The script runs with the candidate's DeepSpeed JSON plus DeepSpeed's ``autotuning`` section
 (:func:`~autofit.script.command.with_metric`): the engine times the steps from ``start_profile_step``
 through ``end_profile_step``, writes its metric file and exits. Memory is measured from outside
-(:mod:`autofit.script.tree`). The result is a :class:`~autofit.probe.ProbeResult`, so
-:func:`autofit.search.run_search` takes :func:`script_prober` where it takes the subprocess probe.
+(:mod:`autofit.script.tree`). The result is a :class:`~autofit.probe.result.ProbeResult`, so
+:func:`autofit.tuner.run_search` takes :func:`script_prober` where it takes the subprocess probe.
 """
 
 from __future__ import annotations
@@ -14,23 +14,23 @@ import re
 import tempfile
 from pathlib import Path
 
-from autofit.boundary import OomOn, Status
-from autofit.config import Config
-from autofit.emit import deepspeed_config
-from autofit.errors import AutofitError
-from autofit.hardware import Hardware
-from autofit.probe import ProbeResult
+from autofit.core.boundary import OomOn, Status
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.core.hardware import Hardware
+from autofit.core.software import Software
+from autofit.ds.emit import deepspeed_config
 from autofit.probe.failure import oom_location
+from autofit.probe.result import ProbeResult
 from autofit.script.command import ScriptCommand, with_metric
 from autofit.script.records import US, DeepSpeedMetric, read_deepspeed_file
 from autofit.script.runner import ScriptRun, run_script
-from autofit.search.driver import Prober
-from autofit.software import Software
+from autofit.tuner.driver import Prober
 
 
 def script_prober(command: ScriptCommand, hardware: Hardware, world_size: int, workdir: Path,
                   warmup_steps: int = 1, software: Software | None = None) -> Prober:
-    """A prober for :func:`autofit.search.run_search` that runs ``command`` once per candidate (``software``:
+    """A prober for :func:`autofit.tuner.run_search` that runs ``command`` once per candidate (``software``:
     what the machine runs, for the candidates' JSON; this one's by default)."""
 
     def probe(config: Config, steps: int, timeout_s: float) -> ProbeResult:

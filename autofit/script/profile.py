@@ -22,19 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.config import WORKING_BYTES, Config
+from autofit.core.config import WORKING_BYTES, Config
+from autofit.core.errors import AutofitError
+from autofit.core.hardware import Hardware
+from autofit.core.recipe import Recipe, for_plain_deepspeed, narrow_space
+from autofit.core.software import Software
+from autofit.core.space import SearchSpace, enumerate_candidates
 from autofit.cost_model import Coefficients, ModelFacts
 from autofit.cost_model.facts import ActivationProfile, PeakPoint
-from autofit.emit import deepspeed_config, uses_client_optimizer
-from autofit.errors import AutofitError
-from autofit.hardware import Hardware
-from autofit.plan import Plan, default_recipe
-from autofit.recipe import Recipe, for_plain_deepspeed, narrow_space
+from autofit.ds.emit import deepspeed_config, uses_client_optimizer
+from autofit.machine.software import detect_software
+from autofit.planning.plan import Plan, default_recipe
 from autofit.script.command import ScriptCommand, with_metric, with_model_info_profile
 from autofit.script.records import DeepSpeedMetric, ModelInfo, read_deepspeed_file
 from autofit.script.runner import run_script
-from autofit.software import Software, detect_software
-from autofit.space import SearchSpace, enumerate_candidates
 
 #: the attention kernel a script's facts are filed under (a script's model takes no attention keyword)
 ATTENTION = "sdpa"
@@ -137,11 +138,11 @@ def script_plan(command: ScriptCommand, hardware: Hardware, space: SearchSpace, 
     """The plan of a script search: what a DeepSpeed JSON alone can change, priced from the script's profile.
 
     The checkpoint ratio is fixed at 0, ``compile`` at ``off`` and client optimizers and fp8 are left out (a
-    script that does not call :mod:`autofit.apply` ignores the JSON's ``autofit`` section), unless ``--set`` fixes them: then the
+    script that does not call :mod:`autofit.ds.apply` ignores the JSON's ``autofit`` section), unless ``--set`` fixes them: then the
     script is taken to read that section. The attention kernel is the script's own. ``software``: what the
     machine runs (``--nvme-path`` included), this one's by default. The optimizer and precision are the
-    ``recipe``'s (default: :func:`autofit.plan.default_recipe`) and its allowed substitutes; its learning rate is
-    required and nothing is written ``"auto"`` (:func:`autofit.recipe.for_plain_deepspeed`).
+    ``recipe``'s (default: :func:`autofit.planning.plan.default_recipe`) and its allowed substitutes; its learning rate is
+    required and nothing is written ``"auto"`` (:func:`autofit.core.recipe.for_plain_deepspeed`).
     """
     fixed = dict(fixed or {})
     software = software if software is not None else detect_software()
@@ -175,5 +176,5 @@ def script_cannot(config: Config, device_kind: str, fixed: dict[str, Any]) -> st
     if "optimizer" not in fixed and uses_client_optimizer(config, device_kind):
         return "script mode: the JSON cannot name this optimizer here, and the script builds no client optimizer"
     if "precision" not in fixed and config.precision == "fp8":
-        return "script mode: fp8 needs torchao's conversion (autofit.apply) in the script"
+        return "script mode: fp8 needs torchao's conversion (autofit.ds.apply) in the script"
     return None

@@ -6,7 +6,7 @@
 - :class:`ModelInfo`: the model-info file of a run with ``autotuning.model_info.profile``
   (``autotuning_model_info`` in engine.py); read by :mod:`autofit.script.profile`.
 
-Both are read strictly (:func:`autofit.boundary.read_record`): a key DeepSpeed renames is an error naming it, not
+Both are read strictly (:func:`autofit.core.boundary.read_record`): a key DeepSpeed renames is an error naming it, not
 a 0 in the measurement. Field names are DeepSpeed's keys.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.boundary import read_record
-from autofit.errors import AutofitError
+from autofit.core.boundary import read_record
+from autofit.core.errors import AutofitError
 
 #: DeepSpeed's timer means are in microseconds (utils/timer.py ``get_mean``: milliseconds x 1000)
 US = 1e-6

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autofit.errors import AutofitError
+from autofit.core.errors import AutofitError
 from autofit.probe.launch import free_port, kill_group, rank_env, wait_for_ranks
 from autofit.script.command import ScriptCommand
 from autofit.script.tree import TreeMeter, import_baseline_bytes, read_device_baselines

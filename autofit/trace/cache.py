@@ -39,9 +39,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autofit.core.errors import AutofitError
 from autofit.cost_model.facts import ModelFacts
-from autofit.errors import AutofitError
-from autofit.workload import Workload
+from autofit.workload.types import Workload
 
 #: environment variable naming the cache directory
 CACHE_DIR_ENV = "AUTOFIT_CACHE_DIR"
@@ -58,7 +58,7 @@ FORMAT = 1
 VERSIONED_PACKAGES = ("torch", "transformers", "deepspeed", "flash-attn", "adam-mini")
 #: autofit's source files that a trace runs, relative to the package (the whole of :mod:`autofit.trace`, and what
 #: it calls elsewhere): a change to any of them may change a trace
-TRACED_SOURCES = ("trace", "apply.py", "workload.py", "config.py", "fp8.py", "optim.py", "ds_constants.py",
+TRACED_SOURCES = ("trace", "ds/apply.py", "workload", "core/config.py", "ds/fp8.py", "ds/optim.py", "ds/constants.py",
                   "cost_model/facts.py", "__init__.py")
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -143,9 +143,9 @@ def facts_of(entry: dict[str, Any]) -> ModelFacts | None:
 
 def write_entry(name: str, document: dict[str, Any]) -> None:
     """``document`` with its ``key`` (``name``) as JSON in the cache directory, whole or not at all: written to a
-    temporary file beside the entry and renamed over it (:func:`autofit.emit.write_text_atomic`). The cache off
+    temporary file beside the entry and renamed over it (:func:`autofit.ds.emit.write_text_atomic`). The cache off
     keeps nothing; a directory that cannot be written leaves it unkept."""
-    from autofit.emit import write_text_atomic
+    from autofit.ds.emit import write_text_atomic
 
     directory = cache_dir()
     if directory is None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from autofit.trace.hooks import counting_multi_grad_hooks
 from autofit.trace.scaling import CannotScale, Segment
-from autofit.workload import Workload
+from autofit.workload.types import Workload
 
 _PLAIN = (bool, int, float, str, type(None))
 

@@ -3,14 +3,14 @@ builds its model.
 
 The trace cache (:mod:`autofit.trace.cache`) keys a trace by the model built on the meta device, so even a warm
 plan imports the entry and builds the model (LLaMA-2-70B: ~4 s of imports before the cached trace is read). What a
-plan needs from a workload (:meth:`autofit.plan.Plan.make`, :func:`autofit.plan.trace_for`) is small: its
+plan needs from a workload (:meth:`autofit.planning.plan.Plan.make`, :func:`autofit.planning.plan.trace_for`) is small: its
 ``name``, ``tokens_per_sample``, ``searches_attention``, the ``checkpoints_attention()`` answer and the traced
 :class:`~autofit.cost_model.facts.ModelFacts`. Those are kept here under a *source key* made without importing
 anything of the user's:
 
 - the entry string (an ``hf:`` entry's ``--seq-len``/``--task``/``--trust-remote-code`` travel inside it);
 - the bytes of the entry's file and of every local module it imports, directly or not
-  (:func:`autofit.schedule.fingerprint.local_sources`, the queue's key), or an ``hf:`` folder's ``config.json``
+  (:func:`autofit.workload.sources.local_sources`, the queue's key), or an ``hf:`` folder's ``config.json``
   and Python files;
 - the software (:func:`autofit.trace.cache.software_versions`: Python, torch, transformers, deepspeed, flash-attn,
   adam-mini and autofit, read with ``importlib.metadata``, and the hash of autofit's traced sources) and a hash of
@@ -38,10 +38,10 @@ from autofit.trace import cache
 
 if TYPE_CHECKING:
     from autofit.cost_model.facts import ModelFacts
-    from autofit.workload import Workload
+    from autofit.workload.types import Workload
 
 #: autofit files (besides :data:`autofit.trace.cache.TRACED_SOURCES`) whose code turns an entry into what is kept
-PLANNING_SOURCES = ("hf.py", "trace/source_cache.py")
+PLANNING_SOURCES = ("workload/hf.py", "workload/sources.py", "trace/source_cache.py")
 #: what is kept of the workload itself
 WORKLOAD_FIELDS = ("name", "tokens_per_sample", "searches_attention")
 
@@ -49,8 +49,8 @@ WORKLOAD_FIELDS = ("name", "tokens_per_sample", "searches_attention")
 def source_key(entry: str) -> str | None:
     """The key of ``entry``'s sources and software, or None: the cache off, an in-process workload, or an entry
     with no local source file (a Hub name, a module not found)."""
-    from autofit.schedule.fingerprint import entry_source, import_root, local_sources
-    from autofit.workload import is_loadable
+    from autofit.workload.entry import is_loadable
+    from autofit.workload.sources import entry_source, import_root, local_sources
 
     if cache.cache_dir() is None or not is_loadable(entry):
         return None
@@ -107,9 +107,9 @@ class SourcePlannedWorkload:
 
     @property
     def workload(self) -> Workload:
-        """The real workload, loaded once (:func:`autofit.workload.load_workload`)."""
+        """The real workload, loaded once (:func:`autofit.workload.entry.load_workload`)."""
         if self._loaded is None:
-            from autofit.workload import load_workload
+            from autofit.workload.entry import load_workload
 
             self._loaded = load_workload(self.entry)
         return self._loaded
@@ -133,7 +133,7 @@ class SourcePlannedWorkload:
         return self._answer("searches_attention")
 
     def checkpoints_attention(self) -> bool:
-        """:meth:`autofit.workload.Workload.checkpoints_attention`, recorded."""
+        """:meth:`autofit.workload.types.Workload.checkpoints_attention`, recorded."""
         return bool(self._answer("checkpoints_attention"))
 
     def facts(self, request: dict[str, Any]) -> ModelFacts:
@@ -160,8 +160,8 @@ class SourcePlannedWorkload:
 def planned_workload(entry: str) -> Workload | SourcePlannedWorkload:
     """What a plan of ``entry`` reads its workload from: a :class:`SourcePlannedWorkload` where ``entry`` has a
     :func:`source_key` (on a miss its workload is loaded at once, as without the record, so a bad entry fails
-    here), else the workload itself (:func:`autofit.workload.load_workload`)."""
-    from autofit.workload import load_workload
+    here), else the workload itself (:func:`autofit.workload.entry.load_workload`)."""
+    from autofit.workload.entry import load_workload
 
     key = source_key(entry)
     if key is None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from autofit.ds.buckets import persistence_threshold
 from autofit.trace.layers import layers_alike
-from autofit.workload import Workload
-from autofit.zero_buckets import persistence_threshold
+from autofit.workload.types import Workload
 
 
 def model_structure(workload: Workload, model: Any = None) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def model_structure(workload: Workload, model: Any = None) -> dict[str, Any]:
         ),
         "n_param_tensors": len(trainable),
         # ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank (the threshold
-        # autofit writes for this model: autofit.zero_buckets)
+        # autofit writes for this model: autofit.ds.buckets)
         "n_persistent_params": sum(p.numel() for p in params if p.numel() < threshold),
         "hidden_size": hidden,
         "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
@@ -85,10 +85,10 @@ def hidden_size_of(model: Any) -> int:
 
 
 def fp8_linears(model: Any) -> list[tuple[str, Any]]:
-    """``(name, module)`` of the Linear layers fp8 training converts (:func:`autofit.fp8.convertible_linear`)."""
+    """``(name, module)`` of the Linear layers fp8 training converts (:func:`autofit.ds.fp8.convertible_linear`)."""
     import torch
 
-    from autofit.fp8 import convertible_linear
+    from autofit.ds.fp8 import convertible_linear
 
     return [
         (name, m) for name, m in model.named_modules()

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autofit.config import Config, trace_dtype_of
+from autofit.core.config import Config, trace_dtype_of
+from autofit.core.errors import AutofitError
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
-from autofit.errors import AutofitError
 from autofit.trace.attention import SDPA_FLASH, flash_attn_installed, flash_trace_plan, kernel_context
 from autofit.trace.layers import SegmentMarks, cut_workload
 from autofit.trace.scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, scaled_point
@@ -26,7 +26,7 @@ from autofit.trace.tensors import (
     to_dtype,
 )
 from autofit.trace.traffic import Traffic, storage_key
-from autofit.workload import Workload
+from autofit.workload.types import Workload
 
 #: the micro-batches every profile is traced at; a space with larger ones adds its largest
 #: (:func:`trace_micro_batches`)
@@ -51,7 +51,7 @@ def trace_workload(
     at each of ``micro_batches`` (:func:`trace_micro_batches`; other sizes are interpolated between them).
 
     ``optimizers``: those the candidates use; for ``adam_mini`` its state size is counted by its own step
-    on fake tensors (:func:`autofit.optim.adam_mini_state_numel`). ``checkpoint_granularities``: each is
+    on fake tensors (:func:`autofit.ds.optim.adam_mini_state_numel`). ``checkpoint_granularities``: each is
     traced checkpointed (``block``: whole layers; ``attention``: only their attention sub-modules).
 
     Of ``checkpoint_ratios`` (the space's), the one nearest 0.5 that checkpoints some but not all
@@ -294,7 +294,7 @@ def _structure(workload: Workload, optimizers: tuple[str, ...], model: Any = Non
     elements where ``optimizers`` has it."""
     structure = model_structure(workload, model)
     if "adam_mini" in optimizers:
-        from autofit.optim import adam_mini_state_numel
+        from autofit.ds.optim import adam_mini_state_numel
 
         try:
             structure["adam_mini_state_numel"] = adam_mini_state_numel(workload.build_model)
@@ -554,11 +554,11 @@ def _make_tracker(counter: _LiveBytes) -> Any:
 def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt: tuple[float, str], mode: str,
                 segments: dict[tuple[str, int], tuple[int, int]] | None = None) -> PeakPoint:
     """Forward + backward of one micro-batch of ``n`` samples; live bytes exclude parameters.
-    ``ckpt``: ``(checkpoint ratio, granularity)``, applied as :func:`autofit.apply.apply_checkpointing` does;
+    ``ckpt``: ``(checkpoint ratio, granularity)``, applied as :func:`autofit.ds.apply.apply_checkpointing` does;
     ``segments``: filled with the peaks of each segment of the step (:class:`SegmentMarks`)."""
     import torch
 
-    from autofit.apply import apply_checkpointing
+    from autofit.ds.apply import apply_checkpointing
 
     dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
     try:

@@ -1,22 +1,22 @@
 """Train an autofit workload with Hugging Face Accelerate, DeepSpeed run from the JSON autofit emitted.
 
     autofit run examples/mlp.py:workload --hardware cpu --memory 1GiB --global-batch 8 --space cpu --out ds_config.json
-    python -c "from autofit.launchers import accelerate_config, write_accelerate_config; import json; \\
+    python -c "from autofit.ds.launchers import accelerate_config, write_accelerate_config; import json; \\
         write_accelerate_config('accelerate.yaml', accelerate_config(json.load(open('ds_config.json')), 'ds_config.json'))"
     DS_ACCELERATOR=cpu accelerate launch --config_file accelerate.yaml examples/accelerate/train.py \\
         examples/mlp.py:workload --deepspeed ds_config.json --max-steps 3
 
-``accelerate launch`` reads the YAML :func:`autofit.launchers.accelerate_config` wrote: ``distributed_type:
+``accelerate launch`` reads the YAML :func:`autofit.ds.launchers.accelerate_config` wrote: ``distributed_type:
 DEEPSPEED`` and the JSON's path (``ACCELERATE_DEEPSPEED_CONFIG_FILE``, also this script's default
 ``--deepspeed``). The optimizer's hyperparameters the user gave autofit none of are ``"auto"`` in the JSON;
 Accelerate fills only ``lr`` and ``weight_decay`` of them (from its ``DummyOptim``: ``Accelerator._prepare_deepspeed``
 in accelerate/accelerator.py) and stops at an ``"auto"`` ``betas`` or ``eps``. So the script fills them all with
 its own (``--learning-rate``, ``--weight-decay``, ``--adam-beta1/2``, ``--adam-epsilon``; defaults: torch.optim.AdamW's)
-through :func:`autofit.launchers.fill_auto`, and hands Accelerate that filled copy as its DeepSpeed plugin's config
+through :func:`autofit.ds.launchers.fill_auto`, and hands Accelerate that filled copy as its DeepSpeed plugin's config
 (``DeepSpeedPlugin(hf_ds_config=<dict>)``; the plugin's other settings come from ``accelerate launch`` as before).
 A number in the JSON is the user's, as given to autofit, and stays. The script reads the same JSON for what
 DeepSpeed's JSON cannot say (its ``"autofit"`` section: attention, checkpointing, fp8, a client optimizer), as
-:mod:`autofit.apply` describes. Where the JSON has an ``optimizer`` section DeepSpeed builds the optimizer and the
+:mod:`autofit.ds.apply` describes. Where the JSON has an ``optimizer`` section DeepSpeed builds the optimizer and the
 script hands ``accelerator.prepare`` a ``DummyOptim`` (accelerate refuses a real one beside the section).
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from autofit import launchers
+from autofit.ds import launchers
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     from accelerate import Accelerator
     from accelerate.utils import DeepSpeedPlugin, DummyOptim
 
-    from autofit.apply import apply_to_model, build_context, client_optimizer
-    from autofit.launchers import fill_auto
-    from autofit.workload import load_workload
+    from autofit.ds.apply import apply_to_model, build_context, client_optimizer
+    from autofit.ds.launchers import fill_auto
+    from autofit.workload.entry import load_workload
 
     ds = fill_auto(json.loads(Path(args.deepspeed).read_text()), **launchers.hyperparameters_from(args))
     workload = load_workload(args.entry)

@@ -8,7 +8,7 @@
 
 The JSON goes to ``TrainingArguments(deepspeed=...)`` as it is; the Trainer checks that its own
 arguments match the JSON (micro-batch, accumulation, clipping, precision), so
-:func:`autofit.launchers.trainer_arguments` derives them from the JSON. The learning rate and weight decay
+:func:`autofit.ds.launchers.trainer_arguments` derives them from the JSON. The learning rate and weight decay
 are this script's own (``--learning-rate``, ``--weight-decay``): the JSON says ``"auto"`` for them unless they
 were given to autofit (``--lr``, ``--weight-decay``), and the Trainer fills ``"auto"`` from its arguments; a
 value the JSON does carry is the user's, and is used. What DeepSpeed's JSON cannot say is in its
@@ -18,12 +18,12 @@ value the JSON does carry is the user's, and is used. What DeepSpeed's JSON cann
 * ``checkpoint_ratio`` 1.0 -> ``gradient_checkpointing=True`` (non-reentrant; transformers 5 calls it
   ``activation_checkpointing``). The Trainer
   checkpoints every layer or none, so a partial ratio r wraps the first ``round(r x L)`` decoder
-  layers with :func:`autofit.apply.apply_checkpointing` before the Trainer sees the model, and
+  layers with :func:`autofit.ds.apply.apply_checkpointing` before the Trainer sees the model, and
   ``gradient_checkpointing`` stays off;
 * the optimizer: when the JSON has an ``optimizer`` section DeepSpeed builds it and ``optim`` is
   not used; ``adamw8bit`` (no ``optimizer`` section) is ``optim="adamw_bnb_8bit"``; Lion on a CPU
   (DeepSpeed's FusedLion is CUDA-only) goes in as the Trainer's ``optimizers=(optimizer, None)``;
-* ``fp8``: torchao's float8 conversion (:func:`autofit.apply.apply_fp8`), DeepSpeed's bf16 around it;
+* ``fp8``: torchao's float8 conversion (:func:`autofit.ds.apply.apply_fp8`), DeepSpeed's bf16 around it;
 * no GPU: ``use_cpu=True`` (the Trainer refuses ``bf16`` without a GPU otherwise, and a CPU with native bf16
   can measure it fastest).
 """
@@ -43,14 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from model import build_model, make_batch  # noqa: E402
 
-from autofit import launchers  # noqa: E402
-from autofit.launchers import TRAINER_OPTIM  # noqa: E402
+from autofit.ds import launchers  # noqa: E402
+from autofit.ds.launchers import TRAINER_OPTIM  # noqa: E402
 
 
 def trainer_arguments(ds: dict[str, Any], output_dir: str, max_steps: int, learning_rate: float = 5e-5,
                       weight_decay: float = 0.0) -> dict[str, Any]:
     """``TrainingArguments`` keywords that agree with the DeepSpeed JSON ``ds`` (the Trainer checks them):
-    :func:`autofit.launchers.trainer_arguments` with this example's run settings.
+    :func:`autofit.ds.launchers.trainer_arguments` with this example's run settings.
 
     ``learning_rate`` and ``weight_decay`` are the script's (defaults: TrainingArguments' own); a number the JSON
     carries (given to autofit by the user) takes their place, an ``"auto"`` one is filled from them."""
@@ -67,7 +67,7 @@ def prepare_model(ds: dict[str, Any], learning_rate: float = 5e-5, weight_decay:
     """The model with the JSON's attention kernel, partial checkpointing and fp8 applied, and the
     optimizer the Trainer must be handed (None when DeepSpeed or ``optim`` builds it; its ``"auto"``
     hyperparameters are the script's ``learning_rate`` and ``weight_decay``)."""
-    from autofit.apply import apply_checkpointing, apply_fp8, client_optimizer
+    from autofit.ds.apply import apply_checkpointing, apply_fp8, client_optimizer
 
     section = ds.get("autofit", {})
     model = build_model(section.get("attention", "sdpa"))

@@ -4,14 +4,14 @@
     DS_ACCELERATOR=cpu python examples/lightning/train.py examples/mlp.py:workload --deepspeed ds_config.json --max-steps 3
 
 (``pip install -e '.[lightning]'``.) Lightning fills no ``"auto"``, and the JSON holds one for each optimizer
-hyperparameter the user gave autofit none of: :func:`autofit.launchers.fill_auto` fills them with the script's own
+hyperparameter the user gave autofit none of: :func:`autofit.ds.launchers.fill_auto` fills them with the script's own
 (``--learning-rate``, ``--weight-decay``, ``--adam-beta1/2``, ``--adam-epsilon``; defaults: torch.optim.AdamW's),
 the client optimizer's included; a number in the JSON is the user's, as given to autofit, and stays.
-:func:`autofit.launchers.lightning_arguments` then splits the JSON into
+:func:`autofit.ds.launchers.lightning_arguments` then splits the JSON into
 ``DeepSpeedStrategy(config=...)`` and the ``Trainer`` keywords Lightning wants instead: it sets
 ``gradient_accumulation_steps`` itself from ``accumulate_grad_batches`` and refuses the key in the config,
 and its ``precision`` must name the JSON's bf16/fp16. What DeepSpeed's JSON cannot say (the ``"autofit"``
-section) is applied as :mod:`autofit.apply` describes: the model is built in ``configure_model`` (under
+section) is applied as :mod:`autofit.ds.apply` describes: the model is built in ``configure_model`` (under
 ``deepspeed.zero.Init`` with ZeRO-3, as Lightning's strategy arranges), checkpointing and fp8 on it, and a
 client optimizer from ``configure_optimizers`` (Lightning uses it only when the JSON has no ``optimizer``
 section).
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from autofit import launchers
+from autofit.ds import launchers
 
 
 def cpu_deepspeed_strategy(config: dict[str, Any]) -> Any:
@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import lightning.pytorch as pl
 
-    from autofit.apply import apply_to_model, client_optimizer
-    from autofit.launchers import fill_auto, lightning_arguments
-    from autofit.workload import load_workload
+    from autofit.ds.apply import apply_to_model, client_optimizer
+    from autofit.ds.launchers import fill_auto, lightning_arguments
+    from autofit.workload.entry import load_workload
 
     ds = fill_auto(json.loads(Path(args.deepspeed).read_text()), **launchers.hyperparameters_from(args))
     workload = load_workload(args.entry)

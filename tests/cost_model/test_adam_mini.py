@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from autofit.config import Config
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.core.rules import Context, adam_mini_installed, adam_mini_needs_zero0
+from autofit.core.software import Software
+from autofit.core.space import enumerate_candidates, space_from_dict
 from autofit.cost_model import predict
 from autofit.cost_model.memory import model_states
-from autofit.emit import deepspeed_config
-from autofit.errors import AutofitError
-from autofit.hardware import get_hardware
-from autofit.optim import adam_mini_dims, make_adam_mini
-from autofit.rules import Context, adam_mini_installed, adam_mini_needs_zero0
-from autofit.software import Software
-from autofit.space import enumerate_candidates, space_from_dict
+from autofit.ds.emit import deepspeed_config
+from autofit.ds.optim import adam_mini_dims, make_adam_mini
+from autofit.machine.device import get_hardware
 from autofit.trace import trace_workload
 
 pytest.importorskip("adam_mini")
@@ -87,7 +87,7 @@ def test_queries_without_a_head_layout_are_refused() -> None:
 def test_emitted_as_a_client_optimizer_built_from_the_model() -> None:
     ds = deepspeed_config(Config(optimizer="adam_mini"), 1, "cpu")
     assert "optimizer" not in ds
-    assert ds["autofit"]["client_optimizer"]["class"] == "autofit.optim.make_adam_mini"
+    assert ds["autofit"]["client_optimizer"]["class"] == "autofit.ds.optim.make_adam_mini"
     assert ds["autofit"]["client_optimizer"]["takes"] == "model"
 
 
@@ -127,7 +127,7 @@ def test_a_model_adam_mini_cannot_step_on_is_priced_as_not_fitting_with_why() ->
 _STEP_SCRATCH = """
 import gc, json, torch
 from adam_mini import Adam_mini
-from autofit.probe.memory import hwm_bytes, reset_peak, rss_bytes
+from autofit.probe.rank.memory import hwm_bytes, reset_peak, rss_bytes
 embedding = torch.nn.Embedding({rows}, {dim})
 opt = Adam_mini(named_parameters=[("embed_tokens.weight", embedding.weight)], lr=1e-3, dim={dim}, n_heads=8)
 peaks = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from toy_facts import CONFIGS, CPU, FACTS, PRIOR
 
-from autofit.config import Config
+from autofit.core.config import Config
 from autofit.cost_model import Coefficients, predict
 from autofit.cost_model.calibrate import (
     Calibration,

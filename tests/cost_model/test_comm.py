@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 from toy_facts import FACTS
 
-from autofit.config import Config
+from autofit.core.config import Config
 from autofit.cost_model import predict
 from autofit.cost_model.comm import collective_seconds, collective_volumes
-from autofit.hardware import get_hardware
+from autofit.machine.device import get_hardware
 
 H100 = get_hardware("h100-80gb")
 GB = 1e9

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autofit.config import Config
+from autofit.core.config import Config
+from autofit.core.hardware import PRESETS
 from autofit.cost_model import Coefficients, predict
 from autofit.cost_model.calibrate import Observation, calibrate
 from autofit.cost_model.cuda_runtime import (
@@ -13,7 +14,6 @@ from autofit.cost_model.cuda_runtime import (
     nccl_buffer_bytes,
     priced_outside_allocator_bytes,
 )
-from autofit.hardware import PRESETS
 from tests.toy_facts import CPU, FACTS, PRIOR
 
 H100 = replace(PRESETS["h100-80gb"], devices_per_node=8)
@@ -38,7 +38,7 @@ def test_cublas_workspace_follows_the_compute_capability_not_the_name() -> None:
     import json
     from dataclasses import asdict
 
-    from autofit.hardware import Hardware, unmatched_cuda_device
+    from autofit.core.hardware import Hardware, unmatched_cuda_device
 
     nvl = unmatched_cuda_device("NVIDIA H100 NVL", 94 * GIB, (9, 0))
     assert nvl.name == "NVIDIA H100 NVL" and cublas_workspace_bytes(nvl) == 32 * MIB
@@ -103,8 +103,8 @@ def test_a_probes_outside_bytes_are_nvmls_peak_less_the_allocators() -> None:
 
 
 def test_a_search_record_hands_calibration_the_offset() -> None:
-    from autofit.probe import ProbeResult
-    from autofit.search.records import TrialRecord
+    from autofit.probe.result import ProbeResult
+    from autofit.tuner.records import TrialRecord
 
     measured = ProbeResult(config=SMALL, status="ok", peak_bytes=9 * GIB, step_time_s=1.0, samples_per_s=8.0,
                            tokens_per_s=None, message=None, overhead_s=1.0,
@@ -116,7 +116,7 @@ def test_a_search_record_hands_calibration_the_offset() -> None:
 def test_the_probes_allocator_cap_leaves_room_for_nccl() -> None:
     """--memory caps the allocator at the budget less the context measured before NCCL starts and less what
     NCCL will add (the spec carries it to the worker's Meter)."""
-    from autofit.probe import _spec
+    from autofit.probe.run import _spec
 
     spec = _spec("examples/mlp.py:workload", SMALL, H100, 8, "real", 1, 0)
     assert spec["nccl_bytes"] == nccl_buffer_bytes(8)

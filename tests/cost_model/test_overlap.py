@@ -11,12 +11,12 @@ from dataclasses import replace
 import pytest
 from toy_facts import CPU, FACTS
 
-from autofit.config import Config
+from autofit.core.config import Config
 from autofit.cost_model import Coefficients, predict
 from autofit.cost_model.comm import communication_phases
 from autofit.cost_model.memory import buckets_of
 from autofit.cost_model.time import first_gather_share, micro_batch_compute_s
-from autofit.hardware import get_hardware
+from autofit.machine.device import get_hardware
 
 WORLD = 8
 FACTS_H = replace(FACTS, hidden_size=256)  # reduce buckets of 256^2 = 65,536 elements: 16 of them

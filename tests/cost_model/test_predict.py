@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from autofit.config import Config
+from autofit.core.config import Config
 from autofit.cost_model import Coefficients, predict
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.cost_model.memory import model_states, optimizer_state_bytes
-from autofit.hardware import get_hardware
+from autofit.machine.device import get_hardware
 
 GB = 1e9
 
@@ -162,7 +162,7 @@ def test_cost_model_imports_without_torch() -> None:
     """Convention 1: the cost model is pure; importing it must not import torch."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import autofit.cost_model, autofit.estimate, autofit.space, autofit.hardware\n"
+        "import autofit.cost_model, autofit.planning.estimate, autofit.core.space, autofit.core.hardware\n"
         "assert sys.modules['torch'] is None\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

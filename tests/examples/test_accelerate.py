@@ -1,4 +1,4 @@
-"""examples/accelerate: `accelerate launch --config_file` with the YAML autofit.launchers writes trains through DeepSpeed."""
+"""examples/accelerate: `accelerate launch --config_file` with the YAML autofit.ds.launchers writes trains through DeepSpeed."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import Config
-from autofit.emit import deepspeed_config
-from autofit.launchers import accelerate_config, write_accelerate_config
-from autofit.recipe import Recipe
+from autofit.core.config import Config
+from autofit.core.recipe import Recipe
+from autofit.ds.emit import deepspeed_config
+from autofit.ds.launchers import accelerate_config, write_accelerate_config
 
 pytest.importorskip("accelerate")
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import Config
-from autofit.emit import deepspeed_config
+from autofit.core.config import Config
+from autofit.ds.emit import deepspeed_config
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ def _config(**changes: object) -> Config:
 
 
 def test_partial_ratio_wraps_the_first_layers_and_the_trainer_checkpoints_none() -> None:
-    from autofit.apply import is_checkpointed
+    from autofit.ds.apply import is_checkpointed
 
     ds = deepspeed_config(_config(checkpoint_ratio=0.5), 1, "cpu")
     model, optimizer = train.prepare_model(ds)
@@ -50,7 +50,7 @@ def test_partial_ratio_wraps_the_first_layers_and_the_trainer_checkpoints_none()
 
 
 def test_the_trainer_keeps_the_scripts_learning_rate_unless_the_user_gave_autofit_one() -> None:
-    from autofit.recipe import Recipe
+    from autofit.core.recipe import Recipe
 
     auto = deepspeed_config(_config(), 1, "cpu", recipe=Recipe("adamw", "fp32"))
     assert auto["optimizer"]["params"]["lr"] == "auto"  # the Trainer fills it from its own arguments
@@ -62,7 +62,7 @@ def test_the_trainer_keeps_the_scripts_learning_rate_unless_the_user_gave_autofi
 
 
 def test_full_ratio_is_the_trainers_own_checkpointing() -> None:
-    from autofit.apply import is_checkpointed
+    from autofit.ds.apply import is_checkpointed
 
     ds = deepspeed_config(_config(checkpoint_ratio=1.0, attention="sdpa"), 1, "cpu")
     model, _ = train.prepare_model(ds)
@@ -90,7 +90,7 @@ def test_client_optimizers_go_the_trainers_way() -> None:
 def test_trainer_trains_three_steps_with_the_emitted_json(tmp_path: Path, ratio: float, precision: str,
                                                           optimizer: str) -> None:
     # bf16 on the CPU: what autofit emits where the CPU runs bf16 fastest (the Trainer needs use_cpu for it)
-    from autofit.recipe import Recipe
+    from autofit.core.recipe import Recipe
 
     ds = deepspeed_config(_config(checkpoint_ratio=ratio, precision=precision, optimizer=optimizer), 1, "cpu",
                           recipe=Recipe(optimizer, precision))  # the JSON a user gets: 'auto' for the Trainer

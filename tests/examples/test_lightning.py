@@ -1,4 +1,4 @@
-"""examples/lightning: Lightning's DeepSpeedStrategy trains with the JSON autofit emits, split by autofit.launchers."""
+"""examples/lightning: Lightning's DeepSpeedStrategy trains with the JSON autofit emits, split by autofit.ds.launchers."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import Config
-from autofit.emit import deepspeed_config
-from autofit.recipe import Recipe
+from autofit.core.config import Config
+from autofit.core.recipe import Recipe
+from autofit.ds.emit import deepspeed_config
 
 pytest.importorskip("lightning")
 ROOT = Path(__file__).resolve().parents[2]

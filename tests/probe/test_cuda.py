@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import Config
-from autofit.hardware import get_hardware
+from autofit.core.config import Config
+from autofit.machine.device import get_hardware
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -23,7 +23,7 @@ ROOT = HERE.parent.parent
 
 
 def test_cuda_probe_reports_nvml_peak_with_reserved_and_context_beside_it() -> None:
-    from autofit.probe import run_probe
+    from autofit.probe.run import run_probe
 
     hardware = get_hardware("auto")
     result = run_probe(f"{HERE / 'probe_workloads.py'}:medium", Config(micro_batch_size=2), hardware, timeout_s=600)
@@ -38,7 +38,7 @@ def test_cuda_probe_reports_nvml_peak_with_reserved_and_context_beside_it() -> N
 
 
 def test_memory_budget_is_enforced_on_cuda() -> None:
-    from autofit.probe import run_probe
+    from autofit.probe.run import run_probe
 
     hardware = get_hardware("auto")
     config = Config(micro_batch_size=64)
@@ -51,7 +51,7 @@ def test_memory_budget_is_enforced_on_cuda() -> None:
 
 def test_cuda_fp8_probe_runs_through_torchao() -> None:
     pytest.importorskip("torchao.float8")
-    from autofit.probe import run_probe
+    from autofit.probe.run import run_probe
 
     hardware = get_hardware("auto")
     if not hardware.supports_precision("fp8"):
@@ -63,7 +63,7 @@ def test_cuda_fp8_probe_runs_through_torchao() -> None:
 
 def test_cuda_flash_probe_runs_where_flash_attn_is_installed() -> None:
     pytest.importorskip("flash_attn")
-    from autofit.probe import run_probe
+    from autofit.probe.run import run_probe
 
     hardware = get_hardware("auto")
     config = Config(micro_batch_size=8, precision="bf16", attention="flash")
@@ -76,7 +76,7 @@ def test_cuda_nvml_row_is_found_by_uuid_under_cuda_visible_devices() -> None:
 
     import pynvml
 
-    from autofit.probe.nvml import open_handle, process_used_bytes
+    from autofit.machine.nvml import open_handle, process_used_bytes
 
     torch.cuda.init()
     index = torch.cuda.device_count() - 1
@@ -91,7 +91,7 @@ def test_cuda_nvml_row_is_found_by_uuid_under_cuda_visible_devices() -> None:
 
 
 def test_cuda_probe_past_the_device_is_oom() -> None:
-    from autofit.probe import run_probe
+    from autofit.probe.run import run_probe
 
     hardware = get_hardware("auto")
     config = Config(micro_batch_size=4096)
@@ -101,7 +101,7 @@ def test_cuda_probe_past_the_device_is_oom() -> None:
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_cuda_16_bit_probe_runs(precision: str) -> None:
-    from autofit.probe import run_probe
+    from autofit.probe.run import run_probe
 
     hardware = get_hardware("auto")
     result = run_probe(f"{ROOT / 'examples' / 'gpt.py'}:workload", Config(micro_batch_size=8, precision=precision),
@@ -112,7 +112,7 @@ def test_cuda_16_bit_probe_runs(precision: str) -> None:
 def test_cuda_probe_records_the_allocator_history_into_a_snapshot(tmp_path: Path) -> None:
     import pickle
 
-    from autofit.probe import run_probe
+    from autofit.probe.run import run_probe
 
     path = tmp_path / "memory_snapshot.pickle"
     result = run_probe(f"{HERE / 'probe_workloads.py'}:medium", Config(micro_batch_size=2), get_hardware("auto"),

@@ -212,8 +212,8 @@ def test_deepspeeds_failed_mlock_in_a_log_tail_is_the_hosts() -> None:
 
 
 def test_an_out_of_memory_reports_the_peak_reached_before_it_never_a_measured_zero() -> None:
-    from autofit.probe.meter import Meter
-    from autofit.probe.worker import failure_result
+    from autofit.probe.rank.meter import Meter
+    from autofit.probe.rank.worker import failure_result
 
     meter = Meter(torch, "cpu", None, lambda used: None)
     held = torch.ones(8 * 2**20 // 4)  # 8 MiB, held while it fails
@@ -233,8 +233,8 @@ def test_an_out_of_memory_reports_the_peak_reached_before_it_never_a_measured_ze
 
 def test_a_rank_that_died_on_a_failed_mlock_is_oom_on_the_host() -> None:
     """DeepSpeed writes the mlock failure to stderr, then the rank dies on the null buffer: no result file."""
-    from autofit.config import Config
-    from autofit.probe import _combine
+    from autofit.core.config import Config
+    from autofit.probe.run import _combine
 
     tail = f"[2026-11-25] [INFO] Tensor Swapping: Adding optimizer tensors\n{MLOCK_FAILED}\n"
     outcomes = [RankOutcome(0, -signal.SIGSEGV, None, tail, pid=1), RankOutcome(1, -signal.SIGKILL, None, "", pid=2,

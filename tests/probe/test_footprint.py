@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from autofit.core.recipe import Recipe
+from autofit.core.space import space_from_dict
 from autofit.cost_model import Coefficients, predict
-from autofit.hardware import get_hardware
-from autofit.plan import Plan, with_kernel_footprints
+from autofit.machine.device import get_hardware
+from autofit.planning.plan import Plan, with_kernel_footprints
 from autofit.probe.footprint import measured_footprint_bytes
-from autofit.recipe import Recipe
-from autofit.space import space_from_dict
-from autofit.workload import load_workload
+from autofit.workload.entry import load_workload
 
 #: the recipe the tests' space is written for
 SGD_FP32 = Recipe("sgd", "fp32")

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import Config
-from autofit.errors import AutofitError
-from autofit.hardware import get_hardware
-from autofit.probe import run_probe
-from autofit.probe.agent import RESULT_MARK, exit_records, parse_args, parse_record
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.machine.device import get_hardware
 from autofit.probe.elastic import launch_agents, node_launch
 from autofit.probe.launch import FAILURE_GRACE_S, with_package_root
 from autofit.probe.nodes import NodeCommand, NodeLaunch, device_slices, expand_nodelist, plan_nodes, read_hosts, remote_command
-from autofit.probe.rank import RankResult
+from autofit.probe.rank.agent import RESULT_MARK, exit_records, parse_args, parse_record
+from autofit.probe.records import RankResult
+from autofit.probe.run import run_probe
 
 ENTRY = str(Path(__file__).with_name("probe_workloads.py"))
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-[07-08]", "SLURM_NNODES": "2", "PATH": "/usr/bin"}
@@ -45,7 +45,7 @@ def test_a_slurm_allocation_runs_one_srun_task_per_node_with_a_c10d_rendezvous_o
     srun = command.argv[:command.argv.index("/opt/venv/bin/python")]
     assert srun[0] == "srun" and {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--input=all"} <= set(srun)
     agent = parse_args(list(command.argv[len(srun) + 3:]))  # what the agent on each node reads
-    assert command.argv[len(srun):len(srun) + 3] == ("/opt/venv/bin/python", "-m", "autofit.probe.agent")
+    assert command.argv[len(srun):len(srun) + 3] == ("/opt/venv/bin/python", "-m", "autofit.probe.rank.agent")
     assert (agent.nnodes, agent.nproc_per_node, agent.rdzv_endpoint, agent.rdzv_id) == (2, 8, "gpu-07:29511", "abc123")
     assert agent.ranks_on_host == 8 and agent.is_host is None  # torch picks the store's host by its name
     with pytest.raises(AutofitError, match="srun is not on PATH"):
@@ -63,7 +63,7 @@ def test_named_hosts_run_an_agent_each_through_ssh_and_this_machine_directly() -
     assert words[:4] == ["cd", "/home/u/proj", "&&", "env"]
     assert "NCCL_IB_HCA=mlx5" in words and "PYTHONPATH=/home/u/autofit" in words
     assert not any(w.startswith(("SECRET=", "CUDA_VISIBLE_DEVICES=")) for w in words)
-    agent = parse_args(words[words.index("autofit.probe.agent") + 1:])
+    agent = parse_args(words[words.index("autofit.probe.rank.agent") + 1:])
     assert (agent.nnodes, agent.nproc_per_node, agent.is_host, agent.rdzv_endpoint) == (2, 8, 0, "login-1:29511")
     # hosts win over the Slurm allocation; their number must be the nodes'
     assert _plan(environ=SLURM, hosts=("a", "b")).how == "hosts"

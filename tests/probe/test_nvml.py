@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from autofit.probe.meter import Meter, allocator_fraction
-from autofit.probe.nvml import ProcessMemorySampler, nvml_uuid, process_used_bytes, visible_device
+from autofit.machine.nvml import ProcessMemorySampler, nvml_uuid, process_used_bytes, visible_device
+from autofit.probe.rank.meter import Meter, allocator_fraction
 
 pynvml = pytest.importorskip("pynvml")
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import Config
+from autofit.core.config import Config
+from autofit.core.software import Software, ops_needed
 from autofit.probe.ops import busy_build_dirs, clear_stale_locks, prepare_ops, stale_locks
-from autofit.software import Software, ops_needed
 
 NO_NVCC = Software(cuda_toolkit=False)
 
@@ -65,7 +65,7 @@ def test_a_lock_whose_build_runs_is_kept(tmp_path):
 
 @pytest.mark.slow
 def test_prepare_ops_loads_fused_adam_on_the_cpu():
-    from autofit.hardware import get_hardware
+    from autofit.machine.device import get_hardware
 
     report = prepare_ops([Config(optimizer="adamw"), Config(optimizer="sgd")], get_hardware("cpu"))
     assert report.ops == ("deepspeed_shm_comm", "fused_adam")
@@ -73,7 +73,7 @@ def test_prepare_ops_loads_fused_adam_on_the_cpu():
 
 
 def test_a_failed_fused_adam_build_runs_adamw_as_torch_adam():
-    from autofit.emit import deepspeed_config
+    from autofit.ds.emit import deepspeed_config
     from autofit.probe.ops import OpsReport
 
     adamw = Config(optimizer="adamw")
@@ -89,7 +89,7 @@ def test_a_failed_fused_adam_build_runs_adamw_as_torch_adam():
 
 
 def test_the_json_with_torch_adam_is_deepspeeds():
-    from autofit.emit import check_with_deepspeed, deepspeed_config
+    from autofit.ds.emit import check_with_deepspeed, deepspeed_config
 
     ds = deepspeed_config(Config(optimizer="adamw", zero_stage=2), 8, "cuda", Software(failed_ops=frozenset({"fused_adam"})))
     check_with_deepspeed(ds)
@@ -98,8 +98,8 @@ def test_the_json_with_torch_adam_is_deepspeeds():
 @pytest.mark.slow
 def test_every_probe_clears_stale_locks_first(tmp_path, monkeypatch):
     """Not once a search: a probe killed at its timeout mid-build leaves a lock the next probe would wait on."""
-    from autofit.hardware import get_hardware
-    from autofit.probe import run_probe
+    from autofit.machine.device import get_hardware
+    from autofit.probe.run import run_probe
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     lock = _killed_build(tmp_path, "fused_adam")

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import Config
-from autofit.errors import AutofitError
-from autofit.hardware import get_hardware
-from autofit.probe import ProbeResult, run_probe
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.machine.device import get_hardware
+from autofit.probe.result import ProbeResult
+from autofit.probe.run import run_probe
 
 HERE = Path(__file__).resolve().parent
 ENTRY = f"{HERE / 'probe_workloads.py'}"
@@ -254,8 +255,8 @@ def test_sixteen_bit_zero0_initialize_is_priced_with_its_first_optimizer_step() 
     Qwen2 model)."""
     from autofit.cost_model.coefficients import Coefficients
     from autofit.cost_model.memory import memory_phases
-    from autofit.plan import trace_for
-    from autofit.workload import load_workload
+    from autofit.planning.plan import trace_for
+    from autofit.workload.entry import load_workload
 
     config = Config(precision="bf16", zero_stage=0, optimizer="sgd", micro_batch_size=1, checkpoint_ratio=0.0)
     result = run_probe(entry("medium"), config, CPU, 1, steps=1, warmup_steps=0, timeout_s=START_S)
@@ -273,8 +274,8 @@ def test_zero3_reduces_its_last_gradient_bucket_through_a_flat_copy_after_backwa
     without it), not its backward or its step."""
     from autofit.cost_model.coefficients import Coefficients
     from autofit.cost_model.memory import memory_phases
-    from autofit.plan import trace_for
-    from autofit.workload import load_workload
+    from autofit.planning.plan import trace_for
+    from autofit.workload.entry import load_workload
 
     config = Config(precision="fp32", zero_stage=3, optimizer="adamw", micro_batch_size=1, checkpoint_ratio=0.0)
     # buckets larger than the model (autofit's when the hidden size is unknown, hidden_size=0), so the last holds

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import Config
-from autofit.errors import AutofitError
-from autofit.hardware import get_hardware
-from autofit.probe import _combine, _spec
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.machine.device import get_hardware
 from autofit.probe.launch import RankOutcome, launch
-from autofit.probe.rank import RankResult, read_rank_result, write_rank_result
+from autofit.probe.records import RankResult, read_rank_result, write_rank_result
+from autofit.probe.run import _combine, _spec
 
 HERE = Path(__file__).resolve().parent
 ENTRY = f"{HERE / 'probe_workloads.py'}:tiny"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autofit.config import Config
-from autofit.probe import ProbeResult
+from autofit.core.config import Config
+from autofit.probe.result import ProbeResult
 from autofit.probe.snapshot import ALLOC_CONF_ADVICE, fragmentation_advice
-from autofit.report import snapshot_section
+from autofit.report.folder import snapshot_section
 
 GIB = 2**30
 

@@ -12,17 +12,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "search"))
 from tiny import ENTRY, sgd_space  # noqa: E402
 
-from autofit.config import Config  # noqa: E402
+from autofit.core.config import Config  # noqa: E402
+from autofit.core.recipe import Recipe  # noqa: E402
 from autofit.cost_model import ModelFacts  # noqa: E402
-from autofit.hardware import get_hardware  # noqa: E402
-from autofit.plan import Plan  # noqa: E402
-from autofit.probe import ProbeResult  # noqa: E402
-from autofit.recipe import Recipe  # noqa: E402
-from autofit.schedule.fingerprint import detect_machine  # noqa: E402
+from autofit.machine.device import get_hardware  # noqa: E402
+from autofit.machine.fingerprint import detect_machine  # noqa: E402
+from autofit.planning.plan import Plan  # noqa: E402
+from autofit.probe.result import ProbeResult  # noqa: E402
 from autofit.schedule.queue import Added  # noqa: E402
 from autofit.schedule.submit import make_request, submit  # noqa: E402
 from autofit.schedule.worker import Worker  # noqa: E402
-from autofit.workload import load_workload  # noqa: E402
+from autofit.workload.entry import load_workload  # noqa: E402
 
 MIB = 2**20
 

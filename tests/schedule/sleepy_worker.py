@@ -13,8 +13,8 @@ from functools import partial
 
 from queue_helpers import model_prober
 
-from autofit.hardware import get_hardware
-from autofit.schedule.fingerprint import detect_machine
+from autofit.machine.device import get_hardware
+from autofit.machine.fingerprint import detect_machine
 from autofit.schedule.worker import Worker
 
 

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from autofit.cli import main
-from autofit.errors import AutofitError
-from autofit.hardware import PRESETS, DeviceRecord, node_hardware
+from autofit.core.errors import AutofitError
+from autofit.core.hardware import PRESETS, DeviceRecord, node_hardware
 from autofit.schedule.checks import check_device, detected_devices, preset_matches
 
 MIB = 2**20
@@ -75,9 +75,9 @@ def test_a_cuda_worker_runs_one_node_and_a_cpu_worker_simulates_nodes_here() -> 
 
 
 def test_a_worker_claims_no_search_over_more_nodes_than_it_launches(sqlite_url: str) -> None:
-    from autofit.hardware import get_hardware
+    from autofit.machine.device import get_hardware
+    from autofit.machine.fingerprint import detect_machine
     from autofit.schedule import queue
-    from autofit.schedule.fingerprint import detect_machine
 
     request = {"entry": "m.py:f", "hardware": "cpu", "gpus": 1, "nodes": 2, "global_batch": 8, "space": {},
                "space_name": "s", "fixed": {}, "trials": 2, "memory_bytes": None}
@@ -91,13 +91,13 @@ def test_a_worker_claims_no_search_over_more_nodes_than_it_launches(sqlite_url: 
 def test_a_worker_plans_a_multi_node_search_with_the_devices_per_node_it_was_queued_with() -> None:
     from queue_helpers import ENTRY, sgd_space
 
-    from autofit.hardware import get_hardware
-    from autofit.recipe import Recipe
+    from autofit.core.recipe import Recipe
+    from autofit.machine.device import get_hardware
     from autofit.schedule import queue
-    from autofit.schedule.fingerprint import workload_fingerprint
     from autofit.schedule.submit import make_request
     from autofit.schedule.worker import plan_for
-    from autofit.workload import load_workload
+    from autofit.workload.entry import load_workload
+    from autofit.workload.sources import workload_fingerprint
 
     detected = get_hardware("l4")  # a node of 8 (a worker's detected hardware counts its node's GPUs)
     request = make_request(ENTRY, detected, gpus=2, nodes=2, global_batch=32, space=sgd_space([4, 8]), fixed={},

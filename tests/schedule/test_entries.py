@@ -13,7 +13,7 @@ from queue_helpers import model_worker, queue_tiny
 from tiny import HERE as TINY
 
 from autofit.cli import main
-from autofit.errors import AutofitError
+from autofit.core.errors import AutofitError
 from autofit.schedule import queue
 from autofit.schedule.checks import entry_refusal, entry_roots
 

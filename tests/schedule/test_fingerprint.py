@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autofit.hardware import get_hardware
-from autofit.schedule.fingerprint import MachineFingerprint, detect_machine, import_root, local_sources
+from autofit.machine.device import get_hardware
+from autofit.machine.fingerprint import MachineFingerprint, detect_machine
+from autofit.workload.sources import import_root, local_sources
 
 
 def _project(tmp_path: Path) -> Path:

@@ -25,8 +25,8 @@ def _request(n: int) -> dict:
 
 
 def _machine(name: str = "cpu"):  # noqa: ANN202
-    from autofit.hardware import get_hardware
-    from autofit.schedule.fingerprint import detect_machine
+    from autofit.machine.device import get_hardware
+    from autofit.machine.fingerprint import detect_machine
 
     return detect_machine(get_hardware(name))
 

@@ -17,9 +17,9 @@ import pytest
 from pgserver import Server
 from queue_helpers import model_worker, queue_tiny
 
-from autofit.hardware import get_hardware
+from autofit.machine.device import get_hardware
+from autofit.machine.fingerprint import detect_machine, worker_name
 from autofit.schedule import queue
-from autofit.schedule.fingerprint import detect_machine, worker_name
 from autofit.schedule.store import optuna_storage
 from autofit.schedule.worker import Worker
 
@@ -116,7 +116,7 @@ def _rank_pids(parent: int) -> list[int]:
             cmd = (entry / "cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        if b"autofit.probe.worker" in cmd and f"AUTOFIT_PARENT_PID={parent}".encode() in env:
+        if b"autofit.probe.rank.worker" in cmd and f"AUTOFIT_PARENT_PID={parent}".encode() in env:
             found.append(int(entry.name))
     return found
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from queue_helpers import ENTRY
 
 from autofit.cli import main
+from autofit.core.storage_url import redact_url, scrub
 from autofit.schedule import queue
-from autofit.storage_url import redact_url, scrub
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "Zq9-s3cret-Pw"

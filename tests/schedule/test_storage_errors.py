@@ -18,13 +18,13 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from autofit.cli import main
-from autofit.errors import AutofitError
-from autofit.hardware import get_hardware
+from autofit.core.errors import AutofitError
+from autofit.machine.device import get_hardware
+from autofit.machine.fingerprint import detect_machine
 from autofit.schedule import queue
-from autofit.schedule.fingerprint import detect_machine
 from autofit.schedule.store import engine
 from autofit.schedule.worker import Lease
-from autofit.search.storage import check_url, transient
+from autofit.tuner.storage import check_url, transient
 
 SECRET = "s3cr3t-pw"
 

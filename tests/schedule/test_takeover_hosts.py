@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 from queue_helpers import ENTRY, sgd_space
 
-from autofit.errors import AutofitError
-from autofit.hardware import get_hardware
-from autofit.plan import Plan
-from autofit.recipe import Recipe
-from autofit.search.study import open_study
-from autofit.workload import load_workload
+from autofit.core.errors import AutofitError
+from autofit.core.recipe import Recipe
+from autofit.machine.device import get_hardware
+from autofit.planning.plan import Plan
+from autofit.tuner.study import open_study
+from autofit.workload.entry import load_workload
 
 GIB = 2**30
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from queue_helpers import queue_tiny
 
-from autofit.hardware import get_hardware
+from autofit.machine.device import get_hardware
+from autofit.machine.fingerprint import detect_machine
 from autofit.schedule import queue
-from autofit.schedule.fingerprint import detect_machine
 from autofit.schedule.store import optuna_storage
 from autofit.schedule.worker import Worker
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from autofit.config import Config
-from autofit.errors import AutofitError
-from autofit.hardware import get_hardware
-from autofit.recipe import Recipe
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.core.recipe import Recipe
+from autofit.core.space import space_from_dict
+from autofit.core.units import parse_bytes
+from autofit.machine.device import get_hardware
 from autofit.script import ScriptCommand, script_plan, script_prober
 from autofit.script.prober import read_metric, result_of
 from autofit.script.records import DeepSpeedMetric, ModelInfo
 from autofit.script.runner import ScriptRun
-from autofit.search import SearchSettings, run_search
-from autofit.space import space_from_dict
-from autofit.units import parse_bytes
+from autofit.tuner import SearchSettings, run_search
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "ds_script" / "train.py"

@@ -87,7 +87,7 @@ def test_unlisted_scripts_fall_back_to_the_devices_used_memory_only_where_the_pr
 
 
 def test_a_cuda_run_whose_memory_was_never_measured_is_an_error_not_a_fit() -> None:
-    from autofit.config import Config
+    from autofit.core.config import Config
     from autofit.script.prober import result_of
     from autofit.script.records import DeepSpeedMetric
     from autofit.script.runner import ScriptRun

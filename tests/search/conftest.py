@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from tiny import BIG_ENTRY, ENTRY, big_workload, sgd_space, tiny_workload
 
+from autofit.core.hardware import Hardware
+from autofit.core.recipe import Recipe
+from autofit.core.space import SearchSpace
 from autofit.cost_model import ModelFacts
-from autofit.hardware import Hardware, get_hardware
-from autofit.plan import Plan
-from autofit.recipe import Recipe
-from autofit.space import SearchSpace
+from autofit.machine.device import get_hardware
+from autofit.planning.plan import Plan
 
 MIB = 2**20
 
@@ -43,7 +44,7 @@ def tiny_plan() -> Callable[[int, list[int]], Plan]:
 @pytest.fixture(scope="session")
 def big_plan() -> Callable[[Hardware, SearchSpace], Plan]:
     """``(hardware, space) -> Plan`` of the ~67 M-parameter model (on a GPU preset: no kernel footprint to measure),
-    traced once (~2 s) per set of the values a trace depends on (:func:`autofit.plan.trace_for`: micro-batches,
+    traced once (~2 s) per set of the values a trace depends on (:func:`autofit.planning.plan.trace_for`: micro-batches,
     precisions, optimizers, attention, checkpointing) and reused by spaces that differ only elsewhere (ZeRO, offload)."""
     workload = big_workload()
     traced: dict[tuple, ModelFacts] = {}

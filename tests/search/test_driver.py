@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 from tiny import ENTRY, tiny_workload
 
-from autofit.config import Config
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.core.space import space_from_dict
 from autofit.cost_model.calibrate import Calibration
-from autofit.emit import write_json_atomic
-from autofit.errors import AutofitError
-from autofit.hardware import get_hardware
-from autofit.plan import Plan
-from autofit.probe import ProbeResult
-from autofit.report import write_report
-from autofit.search import Prober, SearchSettings, run_search
-from autofit.space import space_from_dict
+from autofit.ds.emit import write_json_atomic
+from autofit.machine.device import get_hardware
+from autofit.planning.plan import Plan
+from autofit.probe.result import ProbeResult
+from autofit.report.folder import write_report
+from autofit.tuner import Prober, SearchSettings, run_search
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
@@ -131,7 +131,7 @@ def test_search_emits_a_verified_winner_whose_json_trains(tmp_path: Path, storag
         sys.path.insert(0, {str(HERE.parent)!r})
         import deepspeed, torch
         from tiny import Tiny
-        from autofit.launchers import fill_auto
+        from autofit.ds.launchers import fill_auto
         # the user's script fills the hyperparameters it gave autofit none of ("auto"), then trains
         ds = fill_auto(json.load(open({str(out)!r})), lr=0.01, weight_decay=0.0)
         ds.pop("autofit")
@@ -165,11 +165,11 @@ _RUNNER = """
 import sys
 sys.path.insert(0, {tests!r})
 from tiny import ENTRY, sgd_space, tiny_workload
-from autofit.hardware import get_hardware
-from autofit.plan import Plan
-from autofit.probe import ProbeResult
-from autofit.recipe import Recipe
-from autofit.search import Prober, SearchSettings, run_search
+from autofit.machine.device import get_hardware
+from autofit.planning.plan import Plan
+from autofit.probe.result import ProbeResult
+from autofit.core.recipe import Recipe
+from autofit.tuner import Prober, SearchSettings, run_search
 plan = Plan.make(ENTRY, tiny_workload(), get_hardware("cpu", 1024 * 2**20), sgd_space([1, 16]),
                  recipe=Recipe(optimizer="sgd", precision="fp32"))
 run_search(plan, SearchSettings(trials=4), storage={storage!r}, study_name="resume", out_path={out!r})

@@ -7,13 +7,14 @@ from dataclasses import replace
 import pytest
 from toy_facts import CPU, FACTS, PRIOR
 
-from autofit.boundary import Status
-from autofit.config import Config
+from autofit.core.boundary import Status
+from autofit.core.config import Config
+from autofit.core.space import space_from_dict
 from autofit.cost_model import MemoryBreakdown, Prediction, predict
 from autofit.cost_model.calibrate import Observation
-from autofit.plan import Plan
-from autofit.probe import ProbeResult
-from autofit.search.policy import (
+from autofit.planning.plan import Plan
+from autofit.probe.result import ProbeResult
+from autofit.tuner.policy import (
     SearchState,
     by_expected_speed,
     common_error,
@@ -24,9 +25,8 @@ from autofit.search.policy import (
     stop_margin,
     unexplored,
 )
-from autofit.search.records import TrialRecord, observations
-from autofit.search.settings import SearchSettings
-from autofit.space import space_from_dict
+from autofit.tuner.records import TrialRecord, observations
+from autofit.tuner.settings import SearchSettings
 
 
 def _prediction(step_s: float, update_s: float, peak: int = 5) -> Prediction:

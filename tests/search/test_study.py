@@ -9,11 +9,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autofit.config import Config
-from autofit.errors import AutofitError
-from autofit.plan import Plan
-from autofit.probe import ProbeResult
-from autofit.search import study as studies
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.planning.plan import Plan
+from autofit.probe.result import ProbeResult
+from autofit.tuner import study as studies
 
 
 def _measured(config: Config, status: str = "ok", peak: int = 10 * 2**20) -> Callable[[], ProbeResult]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from autofit.config import Config
-from autofit.probe import ProbeResult
-from autofit.search.records import TrialRecord
-from autofit.search.settings import SearchSettings
-from autofit.search.verify import contenders, verify
+from autofit.core.config import Config
+from autofit.probe.result import ProbeResult
+from autofit.tuner.records import TrialRecord
+from autofit.tuner.settings import SearchSettings
+from autofit.tuner.verify import contenders, verify
 
 A, B, C, D = (Config(micro_batch_size=m, grad_accum_steps=16 // m) for m in (1, 2, 4, 8))
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from autofit import Workload
-from autofit.space import SearchSpace, space_from_dict
+from autofit.core.space import SearchSpace, space_from_dict
 
 HERE = Path(__file__).resolve()
 ENTRY = f"{HERE}:tiny_workload"

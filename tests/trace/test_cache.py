@@ -12,14 +12,14 @@ import pytest
 import torch
 from torch import nn
 
+from autofit.core.errors import AutofitError
+from autofit.core.space import load_space
 from autofit.cost_model import ModelFacts
-from autofit.errors import AutofitError
-from autofit.estimate import estimate
-from autofit.hardware import get_hardware
-from autofit.plan import Plan
-from autofit.space import load_space
+from autofit.machine.device import get_hardware
+from autofit.planning.estimate import estimate
+from autofit.planning.plan import Plan
 from autofit.trace import cache, trace_workload, tracer
-from autofit.workload import Workload
+from autofit.workload.types import Workload
 
 
 class Block(nn.Module):

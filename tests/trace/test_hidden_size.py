@@ -1,4 +1,4 @@
-"""The model's hidden size, which ZeRO's bucket sizes are derived from (autofit.zero_buckets)."""
+"""The model's hidden size, which ZeRO's bucket sizes are derived from (autofit.ds.buckets)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from autofit.trace.structure import hidden_size_of, model_structure
-from autofit.workload import Workload
+from autofit.workload.types import Workload
 
 
 def test_a_hugging_face_config_names_the_hidden_size():

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autofit.config import Config
-from autofit.plan import trace_for
+from autofit.core.config import Config
+from autofit.planning.plan import trace_for
 from autofit.trace.traffic import memory_bound_bytes
-from autofit.workload import Workload
+from autofit.workload.types import Workload
 
 aten = torch.ops.aten
 

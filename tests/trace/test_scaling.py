@@ -14,7 +14,7 @@ from autofit.trace.layers import cut_workload, layers_alike
 from autofit.trace.scaling import CannotScale, CutTrace, fit_kind
 from autofit.trace.structure import model_structure
 from autofit.trace.tracer import _Tracer
-from autofit.workload import Workload
+from autofit.workload.types import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import gpt  # noqa: E402

@@ -6,16 +6,16 @@ import pytest
 import torch
 
 import autofit
-from autofit.apply import apply_checkpointing, apply_to_model
-from autofit.config import Config
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.core.rules import Context, granularity_needs_checkpointing
+from autofit.core.space import enumerate_candidates, space_from_dict
 from autofit.cost_model import Coefficients, predict
-from autofit.emit import deepspeed_config
-from autofit.errors import AutofitError
-from autofit.hardware import get_hardware
-from autofit.rules import Context, granularity_needs_checkpointing
-from autofit.space import enumerate_candidates, space_from_dict
+from autofit.ds.apply import apply_checkpointing, apply_to_model
+from autofit.ds.emit import deepspeed_config
+from autofit.machine.device import get_hardware
 from autofit.trace import trace_workload
-from autofit.workload import find_attention_modules
+from autofit.workload.types import find_attention_modules
 
 tiny_attention = pytest.importorskip("tiny_attention")
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 import autofit
-from autofit.api import estimate_target
-from autofit.errors import AutofitError
-from autofit.hf import with_hf_options
-from autofit.target import Target, prepare
+from autofit.commands.api import estimate_target
+from autofit.core.errors import AutofitError
+from autofit.planning.target import Target, prepare
 from autofit.trace import cache, source_cache
 from autofit.trace.source_cache import SourcePlannedWorkload, source_key
 from autofit.trace.tracer import TRACE_WORKERS_ENV
+from autofit.workload.hf import with_hf_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,7 +159,7 @@ def test_hf_config_and_query_are_in_the_key(cache_dir: Path, tmp_path: Path) -> 
 def test_a_workload_object_or_no_cache_never_uses_it(cache_dir: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     entry = write_entry(tmp_path / "e")
-    from autofit.workload import load_workload
+    from autofit.workload.entry import load_workload
 
     autofit.estimate(load_workload(entry), hardware="h100-80gb", gpus=2, global_batch=16)
     assert not list(cache_dir.glob("source-*.json"))
@@ -204,7 +204,7 @@ def test_the_ladder_plans_warm_as_cold(cache_dir: Path, tmp_path: Path) -> None:
     entry = write_entry(tmp_path / "g")
     cold = [row.to_dict() for row in autofit.ladder(entry, hardware="h100-80gb", gpus=2, global_batch=16).rows]
     setup = prepare(target(entry))
-    from autofit.ladder import run_ladder
+    from autofit.planning.ladder import run_ladder
 
     warm = run_ladder(setup)
     assert setup.workload._loaded is None, "a warm ladder loaded the workload"

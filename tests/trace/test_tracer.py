@@ -8,12 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from autofit.config import Config
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
 from autofit.cost_model import ModelFacts
-from autofit.errors import AutofitError
 from autofit.trace import trace_config, trace_workload, tracer
 from autofit.trace.tracer import _LiveBytes, _make_tracker
-from autofit.workload import Workload, load_workload
+from autofit.workload.entry import load_workload
+from autofit.workload.types import Workload
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -155,7 +156,7 @@ def test_flash_is_traced_through_sdpas_flash_backend_and_labelled_so() -> None:
 def test_a_space_past_the_traced_sizes_is_traced_at_its_largest_micro_batch() -> None:
     """Not extrapolated from micro-batches 1 and 4 (trace_micro_batches): the planned facts hold a trace at 32,
     the same bytes an exact trace of that config has, checkpointed or not."""
-    from autofit.plan import trace_for
+    from autofit.planning.plan import trace_for
 
     workload = tiny_workload()
     configs = [Config(micro_batch_size=n, checkpoint_ratio=r) for n in (1, 8, 32) for r in (0.0, 1.0)]
@@ -272,8 +273,8 @@ def test_a_counting_multi_grad_hook_fires_once_every_reached_tensor_has_its_grad
 #: first-use allocations), in a process that returns freed tensors to the OS (docs/design.md, "Memory, measured")
 CONV_STEP = """
 import sys, torch
-from autofit.probe.memory import hwm_bytes, reset_peak, rss_bytes
-from autofit.workload import load_workload
+from autofit.probe.rank.memory import hwm_bytes, reset_peak, rss_bytes
+from autofit.workload.entry import load_workload
 torch.manual_seed(0)
 workload = load_workload(sys.argv[1])
 net, batch = workload.build_model(), workload.batch(16)
@@ -297,7 +298,7 @@ def test_a_conv_nets_trace_counts_the_copies_its_convolutions_make() -> None:
     import sys
 
     from autofit.cost_model.memory import activation_peak_bytes
-    from autofit.plan import trace_for
+    from autofit.planning.plan import trace_for
 
     config = Config(micro_batch_size=16, checkpoint_ratio=0.0, precision="fp32", optimizer="sgd", zero_stage=0)
     traced = activation_peak_bytes(config, trace_for(load_workload(CONVNET), [config]), keep_grads=True)

@@ -1,0 +1,88 @@
+"""``autofit estimate``: trace the model once, price every candidate of the space, rank them.
+
+No training step runs: the :class:`~autofit.planning.plan.Plan` traced the model on fake tensors
+(:mod:`autofit.trace`) and each candidate is priced by the pure cost model (:mod:`autofit.cost_model`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofit.core.config import Config
+from autofit.core.hardware import Hardware
+from autofit.core.recipe import Recipe
+from autofit.cost_model import ModelFacts, Prediction
+from autofit.ds.emit import deepspeed_config
+from autofit.planning.plan import Plan
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One config with its prediction and the exact DeepSpeed JSON it would run with."""
+
+    config: Config
+    prediction: Prediction
+    deepspeed: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "predicted": self.prediction.to_dict(),
+            "fits": self.prediction.fits,
+            "reason": self.prediction.reason,
+            "deepspeed": self.deepspeed,
+        }
+
+
+@dataclass(frozen=True)
+class EstimateResult:
+    """Every candidate of the space, fitting ones first, each group fastest first."""
+
+    hardware: Hardware
+    world_size: int
+    candidates: list[Candidate]
+    rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    facts: ModelFacts | None = None
+    recipe: Recipe | None = None
+    """The user's recipe the candidates were narrowed to (what each JSON's ``differs_from_recipe`` compares with)."""
+
+    @property
+    def fitting(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.prediction.fits]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hardware": self.hardware.to_dict() | {"world_size": self.world_size},
+            "candidates": [c.to_dict() for c in self.candidates],
+            "rejected": [{"config": partial, "reason": reason} for partial, reason in self.rejected],
+            # how a kernel was traced where not as itself: {"flash": "flash-attn" | "sdpa flash backend"}
+            "attention_traces": dict(self.facts.attention_traces) if self.facts is not None else {},
+            "recipe": self.recipe.to_dict() if self.recipe is not None else None,
+        }
+
+
+def rank(candidates: list[Candidate]) -> list[Candidate]:
+    """Fitting first, then by predicted step time (the global batch is the same for all)."""
+    return sorted(candidates, key=lambda c: (not c.prediction.fits, c.prediction.step_time_s, c.prediction.peak_bytes))
+
+
+def estimate(plan: Plan) -> EstimateResult:
+    """Price every candidate of ``plan`` with its prior coefficients, attach each one's DeepSpeed JSON (with the
+    plan's recipe: its hyperparameters, and what the candidate changes of it); ranked."""
+    recipe = plan.stated_recipe
+    candidates = [
+        Candidate(config=config, prediction=prediction,
+                  deepspeed=deepspeed_config(config, plan.world_size, plan.hardware.kind, plan.software,
+                                             recipe=recipe, largest_param_numel=plan.facts.largest_param_numel,
+                                             hidden_size=plan.facts.hidden_size))
+        for config, prediction in plan.price()
+    ]
+    return EstimateResult(
+        hardware=plan.hardware,
+        world_size=plan.world_size,
+        candidates=rank(candidates),
+        rejected=list(plan.rejected),
+        facts=plan.facts,
+        recipe=recipe,
+    )

@@ -1,0 +1,266 @@
+"""The plan of a search or an estimate: what is searched, on what, for which model. Made once.
+
+A :class:`Plan` holds everything that does not change while candidates are priced and probed:
+the workload's traced facts, the device, the world size, the space's candidates after its rules
+and the rules' rejections. ``autofit estimate`` prices it with the prior coefficients; ``autofit
+run`` prices it again after every probe with the calibrated ones. Both go through
+:meth:`Plan.price`, so the two commands cannot disagree on what a candidate is predicted to need.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.core.hardware import Hardware
+from autofit.core.recipe import Recipe, narrow_space, recipe_for
+from autofit.core.software import Software
+from autofit.core.space import SearchSpace, enumerate_candidates
+from autofit.cost_model import Coefficients, ModelFacts, Prediction
+from autofit.cost_model.calibrate import Calibration
+from autofit.machine.software import detect_software
+from autofit.workload.entry import is_loadable
+from autofit.workload.types import Workload
+
+if TYPE_CHECKING:
+    from autofit.trace.source_cache import SourcePlannedWorkload
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The candidates of one space for one workload on ``world_size`` ranks of one device."""
+
+    entry: str
+    """The workload's entry point (``path.py:function``), what a probe loads."""
+    name: str
+    """The workload's name (the entry when it has none)."""
+    hardware: Hardware
+    """The device, with the memory budget the candidates are priced against."""
+    space: SearchSpace
+    """The search space the candidates come from."""
+    world_size: int
+    """Data-parallel ranks (GPUs per node x nodes)."""
+    global_batch: int | None
+    """Samples per optimizer step over all ranks (None: the space's own)."""
+    fixed: dict[str, Any]
+    """Keys fixed with ``--set``."""
+    candidates: tuple[Config, ...]
+    """Every config of the space that its rules allow."""
+    rejected: tuple[tuple[dict[str, Any], str], ...]
+    """Partial configs the rules removed, each with its reason."""
+    facts: ModelFacts
+    """The model as traced on fake tensors."""
+    coefficients: Coefficients
+    """The cost model's prior for this device, before any probe."""
+    software: Software = field(default_factory=detect_software)
+    """What the machine runs, ``--nvme-path`` included: the rules prune by it and every DeepSpeed JSON of
+    this plan (estimate, probe, winner) is written with it (:func:`autofit.ds.emit.deepspeed_config`)."""
+    recipe: Recipe | None = None
+    """The user's training recipe (:mod:`autofit.core.recipe`): what the winner's JSON carries and is compared with.
+    None (a plan made by hand): :func:`default_recipe` of the device and ``fixed``."""
+    hosts: tuple[str, ...] = ()
+    """``--hosts``: where the probes of several nodes run (:mod:`autofit.probe.nodes`); empty: the Slurm
+    allocation, else simulated nodes here."""
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, but got {self.world_size=}")
+
+    @classmethod
+    def make(
+        cls,
+        entry: str,
+        workload: Workload | SourcePlannedWorkload,
+        hardware: Hardware,
+        space: SearchSpace,
+        *,
+        world_size: int = 1,
+        global_batch: int | None = None,
+        fixed: dict[str, Any] | None = None,
+        coefficients: Coefficients | None = None,
+        facts: ModelFacts | None = None,
+        software: Software | None = None,
+        recipe: Recipe | None = None,
+        narrow: bool = True,
+        hosts: tuple[str, ...] = (),
+    ) -> Plan:
+        """Enumerate the space under its rules and trace the workload once for every candidate's needs
+        (``coefficients``: the prior, the device's own by default; ``facts``: a trace made earlier;
+        ``software``: what the machine runs, this one's by default, :func:`autofit.machine.software.detect_software`).
+
+        ``recipe``: the user's (default: :func:`default_recipe`, AdamW in the device's precision, or what ``fixed``
+        names); with ``narrow`` the space's optimizers and precisions are narrowed to it and its allowed
+        substitutes (:func:`autofit.core.recipe.narrow_space`). ``narrow=False`` keeps the space as written: the
+        ladder, whose rungs step through them and are labelled instead (and tests of the policy over several
+        optimizers); the emitted JSON still says what differs from the recipe."""
+        fixed = dict(fixed or {})
+        software = software if software is not None else detect_software()
+        recipe = recipe if recipe is not None else default_recipe(hardware, fixed)
+        for key in ("optimizer", "precision"):
+            if key in fixed and fixed[key] not in recipe.values(key):
+                raise AutofitError(f"--set {key}={fixed[key]} is neither the recipe's {key} "
+                                   f"{getattr(recipe, key)} nor a substitute it allows")
+        if narrow:
+            space = narrow_space(space, recipe)
+        enumeration = enumerate_candidates(
+            space,
+            hardware=hardware,
+            world_size=world_size,
+            global_batch=global_batch,
+            fixed=fixed,
+            searches_attention=workload.searches_attention,
+            checkpoints_attention=_checkpoints_attention(workload, space, fixed),
+            software=software,
+        )
+        configs = tuple(enumeration.candidates)
+        facts = facts or trace_for(workload, configs)
+        configs, no_room = within_nvme_room(configs, facts, hardware, world_size, software)
+        return cls(
+            entry=entry,
+            name=workload.name or entry,
+            hardware=hardware,
+            space=space,
+            world_size=world_size,
+            global_batch=global_batch,
+            fixed=fixed,
+            candidates=configs,
+            rejected=(*enumeration.rejected, *no_room),
+            facts=with_kernel_footprints(facts, entry, configs) if hardware.kind == "cpu" else facts,
+            coefficients=coefficients or Coefficients.for_hardware(hardware),
+            software=software,
+            recipe=recipe,
+            hosts=tuple(hosts),
+        )
+
+    @property
+    def stated_recipe(self) -> Recipe:
+        """The recipe the plan was made for (:func:`default_recipe` where it was made by hand without one)."""
+        return self.recipe if self.recipe is not None else default_recipe(self.hardware, self.fixed)
+
+    def with_memory(self, memory_bytes: int) -> Plan:
+        """The same plan priced against another budget (the search's usable part of the device)."""
+        return replace(self, hardware=self.hardware.with_memory(memory_bytes))
+
+    def uncalibrated(self) -> Calibration:
+        """The prior coefficients as a calibration of no probe."""
+        return Calibration(coefficients=self.coefficients)
+
+    def predict(self, config: Config, calibration: Calibration | None = None) -> Prediction:
+        """``config`` priced with ``calibration`` (the prior when None) against this plan's budget."""
+        return (calibration or self.uncalibrated()).predict(config, self.facts, self.hardware, self.world_size)
+
+    def price(self, calibration: Calibration | None = None) -> list[tuple[Config, Prediction]]:
+        """Every candidate priced with ``calibration`` (the prior when None), fastest predicted first."""
+        priced = [(c, self.predict(c, calibration)) for c in self.candidates]
+        priced.sort(key=lambda cp: -cp[1].samples_per_s)
+        return priced
+
+
+def within_nvme_room(configs: tuple[Config, ...], facts: ModelFacts, hardware: Hardware, world_size: int,
+                     software: Software) -> tuple[tuple[Config, ...], list[tuple[dict[str, Any], str]]]:
+    """``configs`` less the NVMe-offload ones the machine cannot hold, and why each kind was rejected: swap files
+    past the ``--nvme-path`` filesystem's free space (:func:`autofit.ds.swap_buffers.nvme_swap_bytes`), or a rank's
+    ``mlock``-ed swap buffers past ``RLIMIT_MEMLOCK`` (:attr:`autofit.core.software.Software.memlock_bytes`). What is
+    not known (free space, a limit) rejects nothing."""
+    from autofit.core.config import WORKING_BYTES
+    from autofit.core.units import format_bytes
+    from autofit.cost_model.memory import optimizer_state_bytes
+    from autofit.ds.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes, param_swap_pinned_bytes
+
+    kept: list[Config] = []
+    rejected: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = {}
+    shard = facts.n_trainable_params / world_size
+    partitioned = facts.n_trainable_params - facts.n_persistent_params
+    for c in configs:
+        w = WORKING_BYTES[c.precision]
+        reason = None
+        free = software.nvme_free_bytes
+        need = nvme_swap_bytes(c.offload_params, c.offload_optimizer,
+                               optimizer_state_bytes(c.optimizer, facts, shard, flat=True), partitioned,
+                               facts.n_trainable_params, world_size, hardware.ranks_on_a_node(world_size), w)
+        if free is not None and need > free:
+            reason = (f"NVMe offload writes {format_bytes(need)} to --nvme-path {software.nvme_path}, "
+                      f"which has {format_bytes(free)} free")
+        locked = ((param_swap_pinned_bytes(facts.largest_param_numel, partitioned, world_size, w)
+                   if c.offload_params == "nvme" else 0.0)
+                  + (optimizer_swap_pinned_bytes(facts.n_trainable_params, world_size)
+                     if c.offload_optimizer == "nvme" else 0.0))
+        if reason is None and software.memlock_bytes is not None and locked > software.memlock_bytes:
+            reason = (f"NVMe offload mlocks {format_bytes(locked)} of swap buffers per rank but RLIMIT_MEMLOCK is "
+                      f"{format_bytes(software.memlock_bytes)} (raise it: ulimit -l unlimited)")
+        if reason is None:
+            kept.append(c)
+            continue
+        key = (c.offload_params, c.offload_optimizer, c.optimizer, c.precision)
+        names = ("offload_params", "offload_optimizer", "optimizer", "precision")
+        rejected.setdefault(key, (dict(zip(names, key, strict=True)), reason))
+    if configs and not kept:
+        raise AutofitError(f"no candidate is left: {next(iter(rejected.values()))[1]}")
+    return tuple(kept), list(rejected.values())
+
+
+def default_recipe(hardware: Hardware, fixed: dict[str, Any] | None = None) -> Recipe:
+    """The recipe where the user states none: the optimizer and precision ``fixed`` names (``--set`` names the
+    recipe), else AdamW in :func:`autofit.core.recipe.default_precision` of ``hardware``; no substitutes."""
+    return recipe_for(fixed or {}, hardware.kind, hardware.supports_precision("bf16"))
+
+
+def _checkpoints_attention(workload: Workload | SourcePlannedWorkload, space: SearchSpace, fixed: dict[str, Any]) -> bool:
+    """Whether attention-only checkpointing can run: asked of the model only where the space or ``--set`` wants it."""
+    wanted = fixed["checkpoint_granularity"] == "attention" if "checkpoint_granularity" in fixed \
+        else "attention" in space.values["checkpoint_granularity"]
+    return not wanted or workload.checkpoints_attention()
+
+
+def traces_needed(configs: tuple[Config, ...] | list[Config]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The precisions and attention kernels the candidates use (each traced once)."""
+    precisions = tuple(sorted({c.precision for c in configs}))
+    attentions = tuple(sorted({c.attention for c in configs}))
+    return precisions, attentions
+
+
+def trace_request(configs: tuple[Config, ...] | list[Config]) -> dict[str, Any]:
+    """The arguments of :func:`autofit.trace.trace_workload` for ``configs``: every precision class, attention
+    kernel, checkpoint ratio and granularity they use, their optimizers and micro-batches."""
+    from autofit.trace import trace_micro_batches
+
+    precisions, attentions = traces_needed(configs)
+    ratios = tuple(sorted({c.checkpoint_ratio for c in configs}))
+    optimizers = tuple(sorted({c.optimizer for c in configs}))
+    granularities = tuple(sorted({c.checkpoint_granularity for c in configs if c.checkpoint_ratio > 0})) or ("block",)
+    largest = max((c.micro_batch_size for c in configs), default=1)
+    return {"precisions": precisions, "attentions": attentions, "checkpoint_ratios": ratios,
+            "optimizers": optimizers, "checkpoint_granularities": granularities,
+            "micro_batches": trace_micro_batches(largest)}
+
+
+def trace_for(workload: Workload | SourcePlannedWorkload, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
+    """Trace ``workload`` at every precision class, attention kernel, checkpoint ratio and granularity the
+    configs use (and count the states of the optimizers that need the model itself: Adam-mini); an entry's
+    :class:`~autofit.trace.source_cache.SourcePlannedWorkload` answers from its record where it has one."""
+    from autofit.trace import trace_workload
+    from autofit.trace.source_cache import SourcePlannedWorkload
+
+    request = trace_request(configs)
+    if isinstance(workload, SourcePlannedWorkload):
+        return workload.facts(request)
+    return trace_workload(workload, **request)
+
+
+def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
+    """``facts`` with the model's kernel footprint measured for every precision the configs compute in, on a CPU
+    device (:mod:`autofit.probe.footprint`, a few seconds each). A model too large to run here, one whose
+    measurement fails, or a :class:`Workload` object with no entry point (:func:`autofit.workload.entry.is_loadable`: the
+    measuring process cannot load it) keeps the cost model's default."""
+    from autofit.probe.footprint import footprints_for
+    from autofit.trace import REAL_TRACE_LIMIT_BYTES
+
+    needed = tuple(sorted({c.trace_dtype for c in configs} - set(facts.kernel_footprint_bytes)))
+    if not needed or not is_loadable(entry) or 4 * facts.n_params > REAL_TRACE_LIMIT_BYTES:
+        return facts
+    attention = Counter(c.attention for c in configs).most_common(1)[0][0]
+    measured = footprints_for(entry, needed, attention)
+    return replace(facts, kernel_footprint_bytes={**facts.kernel_footprint_bytes, **measured}) if measured else facts

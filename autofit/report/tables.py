@@ -1,0 +1,76 @@
+"""Readable tables (rich) for the CLI when ``--json`` is not given; written to stdout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autofit.core.units import format_bytes
+
+MAX_ROWS = 25
+
+
+def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
+    """Candidates ranked by predicted step time, fitting ones first."""
+    console = Console(width=None if Console().is_terminal else 180)
+    hw = result.hardware
+    fitting = len(result.fitting)
+    table = Table(title=f"{hw.name} x {result.world_size}: {fitting} of {len(result.candidates)} candidates fit "
+                        f"{format_bytes(hw.memory_bytes)}")
+    for column in ("#", "config", "peak", "params", "grads", "optim", "activ", "other", "step s", "samples/s", "fits"):
+        table.add_column(column, justify="right" if column not in ("config", "fits") else "left")
+    for i, candidate in enumerate(result.candidates[:max_rows], 1):
+        p = candidate.prediction
+        b = p.breakdown
+        table.add_row(
+            str(i), candidate.config.label(), format_bytes(p.peak_bytes), format_bytes(b.params),
+            format_bytes(b.grads), format_bytes(b.optimizer), format_bytes(b.activations), format_bytes(b.other),
+            f"{p.step_time_s:.3g}", f"{p.samples_per_s:.3g}", "yes" if p.fits else f"no: {p.reason}",
+        )
+    console.print(table)
+    if result.recipe is not None:
+        from autofit.core.recipe import recipe_line
+
+        console.print(recipe_line(result.recipe.to_dict()), markup=False)
+    if len(result.candidates) > max_rows:
+        console.print(f"... {len(result.candidates) - max_rows} more (--json lists all)")
+    traces = getattr(result.facts, "attention_traces", None) or {}
+    for kernel, how in traces.items():
+        console.print(f"{kernel} attention is predicted from a trace through the {how}", markup=False)
+    if result.rejected:
+        from autofit.core.space import describe_rejections
+
+        console.print("Pruned by the space's rules before pricing:")
+        for line in describe_rejections(result.rejected):
+            console.print(f"  {line}", markup=False)  # a reason may name an extra: pip install -e '.[fp8]'
+
+
+def print_probe(document: dict[str, Any]) -> None:
+    console = Console(width=None if Console().is_terminal else 180)
+    table = Table(title=f"probe: {document['status']}")
+    table.add_column("")
+    table.add_column("measured", justify="right")
+    table.add_column("predicted", justify="right")
+    predicted = document.get("predicted") or {}
+    table.add_row("peak memory", format_bytes(document["peak_bytes"]), format_bytes(predicted.get("peak_bytes", 0)))
+    table.add_row("step time s", f"{document['step_time_s']:.4g}", f"{predicted.get('step_time_s', 0):.4g}")
+    table.add_row("samples/s", f"{document['samples_per_s']:.4g}", f"{predicted.get('samples_per_s', 0):.4g}")
+    console.print(table)
+    if document.get("message"):
+        console.print(document["message"])
+
+
+def print_ladder(ladder: Any) -> None:
+    """The ladder (:class:`autofit.planning.ladder.Ladder`): one row a rung, measured columns where it was probed."""
+    from autofit.report.ladder import ladder_rows, ladder_title
+
+    console = Console(width=None if Console().is_terminal else 200)
+    header, rows = ladder_rows(ladder)
+    table = Table(title=ladder_title(ladder))
+    for column in header:
+        table.add_column(column, justify="left" if column in ("rung", "changed", "config", "vs recipe", "fits") else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

@@ -1,0 +1,113 @@
+"""What to say when nothing fits: what the smallest candidate needs, and what would make it fit."""
+
+from __future__ import annotations
+
+from autofit.core.config import Config
+from autofit.core.hardware import Hardware
+from autofit.core.units import format_bytes
+from autofit.cost_model import Prediction
+from autofit.cost_model.calibrate import Calibration
+from autofit.cost_model.memory_correction import family
+from autofit.planning.plan import Plan
+from autofit.tuner.records import TrialRecord
+
+#: world sizes tried when saying how many GPUs would make the smallest candidate fit
+GPU_COUNTS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def nothing_fits(
+    records: list[TrialRecord], usable: Plan, calibration: Calibration, device: Hardware, margin: float
+) -> str:
+    """One paragraph: what was measured, what the smallest candidate needs, and what would make it fit
+    on this kind of device (GPU counts and offload on GPUs; a budget on a CPU, which is its own host)."""
+    ranked = usable.price(calibration)
+    smallest_config, smallest = min(ranked, key=lambda cp: cp[1].peak_bytes)
+    text = (
+        f"nothing fits {device.name} ({format_bytes(device.memory_bytes)}, "
+        f"{format_bytes(usable.hardware.memory_bytes)} usable with the {margin:.0%} safety margin): "
+        + _measured(records)
+        + _smallest_need(smallest_config, smallest)
+    )
+    on_gpus = device.kind == "cuda" or usable.world_size > 1
+    ideas = (_gpu_ideas if on_gpus else _cpu_ideas)(smallest_config, usable, calibration, records, margin)
+    ideas += _lean_idea(smallest_config, usable, calibration)
+    if ideas:
+        return text + " It would fit with " + "; or ".join(ideas) + "."
+    if smallest.peak_bytes <= usable.hardware.memory_bytes:  # the device holds it, the node's host RAM does not
+        return text + " Nodes with more host RAM, or fewer ranks per node, are needed."
+    if on_gpus:
+        return text + " Even sharded over 1024 GPUs it would not fit: a larger device or a smaller model is needed."
+    return text + " A larger --memory budget or a smaller model is needed."
+
+
+def _smallest_need(config: Config, prediction: Prediction) -> str:
+    """The smallest candidate's own reason (device or host memory, :attr:`Prediction.reason`)."""
+    if prediction.reason:
+        return f"the smallest candidate ({config.label()}): {prediction.reason}."
+    return f"the smallest candidate ({config.label()}) needs {format_bytes(prediction.peak_bytes)}."
+
+
+def _measured(records: list[TrialRecord]) -> str:
+    """What the probes said: how many configs and families, and the smallest peak one of them reached."""
+    tried = [r for r in records if r.phase == "search" and r.status in ("ok", "oom") and r.peak_bytes > 0]
+    if not tried:
+        failed = sorted({r.status for r in records if r.phase == "search"})
+        return f"{len([r for r in records if r.phase == 'search'])} probe(s) ended {', '.join(failed)}; " if failed else ""
+    low = min(tried, key=lambda r: r.peak_bytes)
+    how = "peaked at" if low.status == "ok" else "ran out of memory holding"
+    families = len({family(r.config) for r in tried})
+    return (
+        f"{len(tried)} config(s) of {families} famil{'y' if families == 1 else 'ies'} measured; the smallest config "
+        f"tried, {low.config.label()}, {how} {format_bytes(low.peak_bytes)}; "
+    )
+
+
+def _gpu_ideas(
+    smallest: Config, usable: Plan, calibration: Calibration, records: list[TrialRecord], margin: float
+) -> list[str]:
+    """More GPUs with ZeRO-3 sharding; ZeRO-3 with everything offloaded to the CPU."""
+    facts, budget, world_size = usable.facts, usable.hardware, usable.world_size
+    ideas = []
+    sharded = smallest.with_(zero_stage=3)
+    for n in GPU_COUNTS:
+        if n <= world_size:
+            continue
+        p = calibration.predict(at_world(sharded, n, usable.global_batch), facts, budget, n)
+        if p.fits:
+            ideas.append(f"{n} GPUs with ZeRO-3 sharding (about {format_bytes(p.peak_bytes)} each)")
+            break
+    offloaded = sharded.with_(offload_optimizer="cpu", offload_params="cpu")
+    p = calibration.predict(offloaded, facts, budget, world_size)
+    if p.fits:
+        ideas.append(f"ZeRO-3 with optimizer and parameters offloaded to the CPU (about {format_bytes(p.peak_bytes)})")
+    return ideas
+
+
+def _cpu_ideas(
+    smallest: Config, usable: Plan, calibration: Calibration, records: list[TrialRecord], margin: float
+) -> list[str]:
+    """The budget that would do: the smallest measured peak (or the smallest prediction) over the margin."""
+    measured = [r.peak_bytes for r in records if r.phase == "search" and r.status == "ok" and r.peak_bytes > 0]
+    need = min(measured) if measured else calibration.predict(smallest, usable.facts, usable.hardware, 1).peak_bytes
+    return [f"--memory {format_bytes(int(need / (1.0 - margin)) + 1)} or more"]
+
+
+def _lean_idea(smallest: Config, usable: Plan, calibration: Calibration) -> list[str]:
+    """Micro-batch 1 with full checkpointing, where the space did not allow it."""
+    if smallest.micro_batch_size == 1 and smallest.checkpoint_ratio >= 1.0:
+        return []
+    lean = smallest.with_(micro_batch_size=1, checkpoint_ratio=1.0, grad_accum_steps=1)
+    p = calibration.predict(lean, usable.facts, usable.hardware, usable.world_size)
+    if not p.fits:
+        return []
+    return [
+        f"micro-batch 1 with full checkpointing (about {format_bytes(p.peak_bytes)}): allow them in the space, "
+        f"with a global batch divisible by {usable.world_size}"
+    ]
+
+
+def at_world(config: Config, n: int, global_batch: int | None) -> Config:
+    """``config`` at ``n`` ranks: the accumulation shrinks to keep the global batch where it divides."""
+    if global_batch is not None and global_batch % (config.micro_batch_size * n) == 0:
+        return config.with_(grad_accum_steps=global_batch // (config.micro_batch_size * n))
+    return config.with_(grad_accum_steps=1)

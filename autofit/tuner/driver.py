@@ -1,0 +1,243 @@
+"""``run_search``: probe what the policy picks, calibrate after each probe, verify, emit.
+
+The loop, with Optuna owning the study and its storage (:mod:`autofit.tuner.study`):
+
+1. The :class:`~autofit.planning.plan.Plan` (made once) is priced against the *usable* budget,
+   ``(1 - margin) x device memory``; a config predicted past it is not probed (the memory band aside).
+2. Each round, :mod:`autofit.tuner.policy` says whether to stop and what to probe next. The
+   ``prober`` runs the probe (by default :func:`subprocess_prober`: real DeepSpeed steps in a
+   subprocess with its own deadline; a benchmark's replay or a remote executor plugs in here).
+3. Every finished probe recalibrates the cost model (:mod:`autofit.cost_model.calibrate`).
+4. The best measured configs are verified (:mod:`autofit.tuner.verify`); the winner's DeepSpeed
+   JSON is checked by DeepSpeed and written atomically, and only then. Nothing fits: an
+   :class:`AutofitError` with advice (:mod:`autofit.tuner.advice`), and nothing is written.
+
+Resumption: a search started again on the same study (same storage and study name) reads its
+finished probes back, skips those configs and keeps their results for calibration and the best.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from autofit.core.config import Config
+from autofit.core.errors import AutofitError
+from autofit.core.storage_url import redact_url
+from autofit.cost_model.calibrate import Calibration, calibrate
+from autofit.planning.plan import Plan
+from autofit.tuner.advice import nothing_fits
+from autofit.tuner.policy import is_outlier, next_probe, observe, probe_budget, shared_error, should_stop, untried_values
+from autofit.tuner.records import Phase, SearchResult, TrialRecord, best_measured, observations, pruned_entries, searched_keys
+from autofit.tuner.settings import SearchSettings
+from autofit.tuner.study import DEFAULT_STORAGE, default_study_name, distributions, open_study, read_back, record_probe
+from autofit.tuner.verify import verify
+
+Prober = Callable[[Config, int, float], Any]
+"""``(config, timed steps, timeout seconds) -> ProbeResult``: runs one candidate and measures it."""
+
+
+@dataclass(frozen=True)
+class SearchEvent:
+    """Progress, for a display: what the search is doing now."""
+
+    n_done: int
+    """Search probes made so far."""
+    trials: int
+    """The most search probes it will make."""
+    text: str
+    """What happens now (``probing mb2x8 ...``, ``mb2x8 ...: 31.2 samples/s, 88 MiB``, ``verifying ...``)."""
+    best: TrialRecord | None
+    """The fastest probe within the margin so far."""
+
+
+def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None = None, trials: int = 0,
+                      prepare: bool = True) -> Prober:
+    """The default prober: :func:`autofit.probe.run.run_probe`, real DeepSpeed steps in a subprocess. The DeepSpeed
+    ops the plan's candidates need are built or loaded first, once, as their own step: a JIT build (a minute
+    or more) is then neither in a probe's timing nor in its timeout (``prepare=False``: done already,
+    :func:`with_ops_prepared`)."""
+    from autofit.probe.run import run_probe
+
+    if prepare:
+        plan = with_ops_prepared(plan, on_event, trials)
+
+    def probe(config: Config, steps: int, timeout_s: float) -> Any:
+        return run_probe(plan.entry, config, plan.hardware, plan.world_size, steps=steps, timeout_s=timeout_s,
+                         software=plan.software, hosts=plan.hosts, hidden_size=plan.facts.hidden_size,
+                         largest_param_numel=plan.facts.largest_param_numel)
+
+    return probe
+
+
+def with_ops_prepared(plan: Plan, on_event: Callable[[SearchEvent], None] | None = None, trials: int = 0) -> Plan:
+    """Build or load the DeepSpeed ops ``plan``'s candidates need (:func:`autofit.probe.ops.prepare_ops`); the plan
+    with the failed builds marked in its software, so that its probes and its JSON run AdamW as ``torch_adam``
+    where FusedAdam failed to build."""
+    from autofit.probe.ops import prepare_ops
+
+    if on_event is not None:
+        on_event(SearchEvent(0, trials, "building or loading DeepSpeed ops", None))
+    report = prepare_ops(list(plan.candidates), plan.hardware, plan.software)
+    if on_event is not None and report.ops:
+        states = ", ".join(f"{op} {state}" for op, state in report.loaded.items())
+        on_event(SearchEvent(0, trials, f"DeepSpeed ops: {states} ({report.seconds:.0f} s)", None))
+    software = report.software(plan.software)
+    return plan if software == plan.software else replace(plan, software=software)
+
+
+class _Search:
+    """The state one call of :func:`run_search` carries: the study, its records and the calibration."""
+
+    def __init__(self, plan: Plan, settings: SearchSettings, study: Any, prober: Prober,
+                 on_event: Callable[[SearchEvent], None]) -> None:
+        self.plan, self.settings, self.study, self.prober, self.on_event = plan, settings, study, prober, on_event
+        self.usable = plan.with_memory(int((1.0 - settings.margin) * plan.hardware.memory_bytes))
+        self.params = distributions(plan)
+        self.records = read_back(study)
+        self.n_done = sum(1 for r in self.records if r.phase == "search")
+        self.deadline = math.inf if settings.timeout_s is None else time.monotonic() + settings.timeout_s
+        self.calibration = self.calibrate()
+
+    def calibrate(self) -> Calibration:
+        observed = observations(self.records, self.plan.hardware.memory_bytes)
+        return calibrate(observed, self.plan.facts, self.usable.hardware, self.plan.world_size, self.plan.coefficients)
+
+    def tell(self, text: str) -> None:
+        self.on_event(SearchEvent(self.n_done, self.settings.trials, text, best_measured(self.records)))
+
+    def probe(self, config: Config, phase: Phase, steps: int) -> TrialRecord:
+        predicted = self.usable.predict(config, self.calibration)
+        n_timeouts = sum(1 for r in self.records if r.status == "timeout")
+        steps, limit = probe_budget(self.settings, steps, predicted.step_time_s, n_timeouts,
+                                    self.deadline - time.monotonic())
+        record = record_probe(
+            self.study, self.params, config, phase, predicted, lambda: self.prober(config, steps, limit),
+            self.usable.hardware.memory_bytes, planned_steps=steps + 1,  # run_probe's one warm-up step
+        )
+        self.records.append(record)
+        return record
+
+    def explore(self) -> str:
+        """Probe what the policy picks until it says stop; returns why it stopped."""
+        while True:
+            state = observe(
+                self.records, self.usable, self.calibration, self.settings, device_bytes=self.plan.hardware.memory_bytes,
+                n_done=self.n_done, timed_out=time.monotonic() >= self.deadline,
+            )
+            reason = should_stop(state, self.settings)
+            if reason is not None:
+                return reason
+            config, _ = next_probe(state, self.settings)
+            self.tell(f"probing {config.label()}")
+            record = self.probe(config, "search", self.settings.probe_steps)
+            self.n_done += 1
+            self.tell(f"{config.label()}: {record.outcome()}")
+            # the calibration that predicted this probe (not yet refitted on it) judges its neighbours too
+            if is_outlier(record, self.records, self.settings.outlier_factor,
+                          lambda c: self.usable.predict(c, self.calibration).samples_per_s):
+                self.tell(f"{config.label()} ran far from the model and its neighbours: measuring it again")
+                again = self.probe(config, "repeat", self.settings.probe_steps)
+                self.tell(f"{config.label()} again: {again.outcome()}")
+            self.calibration = self.calibrate()
+
+    def verify(self) -> TrialRecord | None:
+        def probe(config: Config) -> TrialRecord:
+            self.tell(f"verifying {config.label()}")
+            return self.probe(config, "verify", self.settings.verify_steps)
+
+        def recalibrate() -> None:
+            self.calibration = self.calibrate()
+
+        return verify(self.records, probe, self.settings, recalibrate)
+
+    def result(self, winner: TrialRecord, ds: dict[str, Any], stop_reason: str, storage: str, study_name: str,
+               out_path: str | None, wall_s: float) -> SearchResult:
+        """The search's record with ``winner`` and its DeepSpeed JSON ``ds``."""
+        plan, usable = self.plan, self.usable
+        ranked = usable.price(self.calibration)
+        searched = searched_keys(self.records)
+        return SearchResult(
+            config=winner.config,
+            measured=winner.measured,
+            predicted=usable.predict(winner.config, self.calibration).to_dict(),
+            deepspeed=ds,
+            trials=sorted(self.records, key=lambda r: r.number),
+            pruned=pruned_entries(ranked, searched, winner, plan.rejected, usable.hardware.memory_bytes),
+            hardware=plan.hardware,
+            world_size=plan.world_size,
+            global_batch=plan.global_batch if plan.global_batch is not None else plan.space.global_batch_size,
+            margin=self.settings.margin,
+            usable_bytes=usable.hardware.memory_bytes,
+            n_candidates=len(plan.candidates),
+            stop_reason=stop_reason,
+            storage=redact_url(storage),  # the report and the JSON record it: never its password
+            study_name=study_name,
+            out_path=out_path,
+            wall_s=wall_s,
+            calibration=self.calibration,
+            predictions=ranked,
+            facts=plan.facts,
+        )
+
+
+def run_search(
+    plan: Plan,
+    settings: SearchSettings | None = None,
+    *,
+    out_path: str | os.PathLike[str] | None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    prober: Prober | None = None,
+    on_event: Callable[[SearchEvent], None] | None = None,
+) -> SearchResult:
+    """Find the fastest candidate of ``plan`` that fits its device (measured), write its DeepSpeed JSON to
+    ``out_path`` (None: nowhere; the result holds it, :attr:`SearchResult.deepspeed`).
+
+    ``settings`` bounds and tunes the search (:class:`SearchSettings`); ``storage`` and ``study_name``
+    name the Optuna study (the same name resumes a search); ``prober`` runs one probe (default: a
+    subprocess, :func:`subprocess_prober`); ``on_event`` receives progress. Raises
+    :class:`AutofitError` when nothing fits; then nothing is written.
+    """
+    from autofit.ds.emit import check_with_deepspeed, deepspeed_config, write_json_atomic
+
+    settings = settings or SearchSettings()
+    started = time.monotonic()
+    storage = storage or DEFAULT_STORAGE
+    study_name = study_name or default_study_name(plan)
+    study = open_study(plan, storage, study_name, settings.margin)
+    on_event = on_event or (lambda event: None)
+    if prober is None:
+        plan = with_ops_prepared(plan, on_event, settings.trials)
+        prober = subprocess_prober(plan, on_event, settings.trials, prepare=False)
+    search = _Search(plan, settings, study, prober, on_event)
+    stop_reason = search.explore()
+    winner = search.verify()
+    if winner is None:
+        error = shared_error(search.records)
+        if error is not None:
+            untried = untried_values(search.records, list(plan.candidates))
+            if not untried:  # policy.common_error: the error came with every setting
+                raise AutofitError(f"every probe failed with the same error, whatever the config: {error}")
+            listed = ", ".join(f"{k}={v}" for k, v in sorted(untried, key=str))
+            raise AutofitError(
+                f"all {len(search.records)} probes failed with the same error (not yet tried: {listed}; more "
+                f"--trials try them): {error}"
+            )
+        raise AutofitError(
+            nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
+        )
+    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe,
+                          largest_param_numel=plan.facts.largest_param_numel,
+                          hidden_size=plan.facts.hidden_size)
+    check_with_deepspeed(ds)
+    written = str(out_path) if out_path is not None else None
+    result = search.result(winner, ds, stop_reason, storage, study_name, written, time.monotonic() - started)
+    if out_path is not None:
+        write_json_atomic(Path(out_path), ds)
+    return result

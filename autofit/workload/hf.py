@@ -1,0 +1,383 @@
+"""Hugging Face models as entries: ``hf:ORG/NAME`` (a Hub name) or ``hf:PATH`` (a folder with ``config.json``).
+
+The model is built from its config alone (random weights; no checkpoint is read), fp32, through transformers'
+Auto classes (``AutoModelForCausalLM.from_config`` and its siblings), so planning builds it on the meta device
+and a probe builds it under ``deepspeed.zero.Init`` like any other entry (:func:`autofit.ds.apply.build_context`).
+
+The entry string carries its options, so every process that loads it by string -- the probe's ranks
+(:mod:`autofit.probe.rank.worker`), the kernel footprint (:mod:`autofit.probe.footprint`), a scheduled worker --
+builds the same workload::
+
+    hf:examples/hf_configs/llama_gqa?seq_len=128
+    hf:meta-llama/Llama-3.1-8B?seq_len=4096&task=causal-lm
+    hf:./my_model?seq_len=512&task=classification&trust_remote_code=true
+
+:class:`HfEntry` parses and writes that form; :class:`HfOptions` is the typed record of the options
+(``seq_len``, ``target_len``, ``task``, ``attention``, ``trust_remote_code``).
+
+The config is read offline first (``local_files_only=True``: a local folder or the local Hugging Face cache),
+then from the Hub only where the Hub is reachable and ``HF_HUB_OFFLINE`` is not set. Code from the model's
+repository (a config's ``auto_map``) runs only when ``trust_remote_code`` is passed; transformers' interactive
+prompt is never reached (``trust_remote_code`` is always a bool here, ``dynamic_module_utils.
+resolve_trust_remote_code``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote
+
+from autofit.core.errors import AutofitError
+from autofit.workload.types import Workload, find_attention_modules, longest_module_list
+
+PREFIX = "hf:"
+#: the training tasks an ``hf:`` entry builds: task -> (transformers Auto class, its ``*_MAPPING_NAMES`` in
+#: ``transformers/models/auto/modeling_auto.py``, the architecture-name suffix of a model outside that mapping)
+TASKS: dict[str, tuple[str, str, str]] = {
+    "causal-lm": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "ForCausalLM"),
+    "seq2seq": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "ForSeq2SeqLM"),
+    "masked-lm": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "ForMaskedLM"),
+    "classification": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+                       "ForSequenceClassification"),
+    "vision-classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+                              "ForImageClassification"),
+}
+#: autofit's attention kernels -> transformers' ``attn_implementation`` (``modeling_utils.py``)
+ATTN_IMPLEMENTATION = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
+_TEXT_TASKS = ("causal-lm", "seq2seq", "masked-lm", "classification")
+_TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
+
+
+@dataclass(frozen=True)
+class HfOptions:
+    """How an ``hf:`` model is trained: what the model's config does not say."""
+
+    seq_len: int | None = None
+    """Tokens per sample (the encoder's for seq2seq); required for text tasks, unused for vision, where the
+    config's ``image_size`` and ``patch_size`` set the sequence."""
+    target_len: int | None = None
+    """seq2seq only: the decoder's tokens per sample (the labels' length); None: ``seq_len``."""
+    task: str | None = None
+    """One of :data:`TASKS`; None: from the config's ``architectures``."""
+    attention: str | None = None
+    """The kernel (``eager``, ``sdpa``, ``flash``) the model is built with when none is asked for; the search
+    still chooses among the space's kernels (fix one with ``--set attention=...``). None: transformers' default."""
+    trust_remote_code: bool = False
+    """Run the model repository's own code (a config's ``auto_map``): only when the user says so."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "target_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise AutofitError(f"hf option {name} must be a positive int, but got {name}={value!r}")
+        if self.task is not None and self.task not in TASKS:
+            raise AutofitError(f"hf option task must be one of {', '.join(TASKS)}, but got task={self.task!r}")
+        if self.attention is not None and self.attention not in ATTN_IMPLEMENTATION:
+            raise AutofitError(f"hf option attention must be one of {', '.join(ATTN_IMPLEMENTATION)}, "
+                               f"but got attention={self.attention!r}")
+        if not isinstance(self.trust_remote_code, bool):
+            raise AutofitError(f"hf option trust_remote_code must be a bool, but got {self.trust_remote_code!r}")
+        if self.target_len is not None and self.task not in (None, "seq2seq"):
+            raise AutofitError(f"hf option target_len is for seq2seq only, but got task={self.task!r}")
+
+
+@dataclass(frozen=True)
+class HfEntry:
+    """An ``hf:`` entry string, parsed: ``hf:SOURCE[?key=value&...]`` with :class:`HfOptions`' fields as keys."""
+
+    source: str
+    """A Hub model name (``ORG/NAME``) or a local folder holding ``config.json``."""
+    options: HfOptions = field(default_factory=HfOptions)
+    """The training options the entry string carries."""
+
+    def __post_init__(self) -> None:
+        if not self.source or "?" in self.source:
+            raise AutofitError(f"hf entry needs a Hub name or a folder without '?', but got source={self.source!r}")
+
+    @classmethod
+    def parse(cls, entry: str) -> HfEntry:
+        """``hf:SOURCE?seq_len=128&task=causal-lm`` -> an :class:`HfEntry`; a bad key or value is one error line."""
+        if not is_hf_entry(entry):
+            raise AutofitError(f"an hf entry starts with {PREFIX!r}, but got {entry!r}")
+        source, _, query = entry[len(PREFIX):].partition("?")
+        known = {f.name: f for f in fields(HfOptions)}
+        values: dict[str, Any] = {}
+        for key, text in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+            if key not in known:
+                raise AutofitError(f"hf entry {entry!r}: unknown option {key!r} (known: {', '.join(known)})")
+            values[key] = _option_value(entry, key, text)
+        return cls(source=source, options=HfOptions(**values))
+
+    def to_entry(self) -> str:
+        """The canonical entry string: the options that differ from their defaults, in field order."""
+        defaults = HfOptions()
+        pairs = [(f.name, getattr(self.options, f.name)) for f in fields(HfOptions)
+                 if getattr(self.options, f.name) != getattr(defaults, f.name)]
+        query = "&".join(f"{key}={quote(str(value).lower() if isinstance(value, bool) else str(value))}"
+                         for key, value in pairs)
+        return f"{PREFIX}{self.source}" + (f"?{query}" if query else "")
+
+    def with_options(self, **changes: Any) -> HfEntry:
+        """The same model with some options changed (a None leaves that option as the entry has it)."""
+        return replace(self, options=replace(self.options, **{k: v for k, v in changes.items() if v is not None}))
+
+    def absolute(self) -> HfEntry:
+        """A local folder made absolute (a process started elsewhere loads the same one); a Hub name as is."""
+        path = Path(self.source).expanduser()
+        return replace(self, source=str(path.resolve())) if path.is_dir() else self
+
+
+def is_hf_entry(entry: str) -> bool:
+    """Whether ``entry`` names a Hugging Face model (``hf:...``) rather than ``path.py:function``."""
+    return entry.startswith(PREFIX)
+
+
+def with_hf_options(entry: str, *, seq_len: int | None = None, task: str | None = None,
+                    trust_remote_code: bool = False) -> str:
+    """``entry`` with the CLI's ``--seq-len``/``--task``/``--trust-remote-code`` folded into it (the canonical
+    string probes re-load); an entry that is not ``hf:`` takes none of them."""
+    if not is_hf_entry(entry):
+        given = [name for name, value in (("--seq-len", seq_len), ("--task", task)) if value is not None]
+        given += ["--trust-remote-code"] if trust_remote_code else []
+        if given:
+            raise AutofitError(f"only an hf: entry takes {', '.join(given)}, but the entry is {entry!r}")
+        return entry
+    parsed = HfEntry.parse(entry)
+    return parsed.with_options(seq_len=seq_len, task=task, trust_remote_code=trust_remote_code or None).to_entry()
+
+
+def load_hf_entry(entry: str) -> Workload:
+    """The workload an ``hf:`` entry string names (:func:`autofit.workload.entry.load_workload` dispatches here)."""
+    parsed = HfEntry.parse(entry)
+    o = parsed.options
+    try:
+        return hf_workload(parsed.source, seq_len=o.seq_len, target_len=o.target_len, task=o.task,
+                           attention=o.attention, trust_remote_code=o.trust_remote_code)
+    except AutofitError:
+        raise
+    except Exception as exc:  # transformers' own, on a config it reads but cannot use
+        raise AutofitError(f"entry {entry!r} raised {type(exc).__name__}: {_first_line(exc)}") from exc
+
+
+def hf_workload(name_or_path: str, *, seq_len: int | None, target_len: int | None = None, task: str | None = None,
+                attention: str | None = None, trust_remote_code: bool = False) -> Workload:
+    """A :class:`Workload` of the Hugging Face model ``name_or_path`` (a Hub name or a folder with ``config.json``):
+    random fp32 weights from its config, a random batch for ``task``, its repeated blocks.
+
+    ``seq_len``: tokens per sample (text tasks; the encoder's for seq2seq, whose decoder takes ``target_len``,
+    default ``seq_len``). ``task``: one of :data:`TASKS`, default from the config's ``architectures``.
+    ``attention``: the kernel built when none is asked (see :class:`HfOptions`). Errors are one line each.
+    """
+    options = HfOptions(seq_len=seq_len, target_len=target_len, task=task, attention=attention,
+                        trust_remote_code=trust_remote_code)
+    config = load_config(name_or_path, trust_remote_code=trust_remote_code)
+    task = options.task or task_from_config(config, name_or_path)
+    lengths = sequence_lengths(config, task, options, name_or_path)
+    return Workload(
+        model=_model_builder(config, task, options),
+        batch=_batch_maker(config, task, lengths),
+        layers=encoder_decoder_blocks if task == "seq2seq" else attention_blocks,
+        tokens_per_sample=sum(lengths) if lengths else None,
+        name=display_name(name_or_path),
+    )
+
+
+def load_config(name_or_path: str, *, trust_remote_code: bool = False) -> Any:
+    """The model's ``PreTrainedConfig``: from a local folder or the local cache first, then from the Hub where it
+    is reachable. Not found anywhere, remote code not trusted, a malformed config: one AutofitError line."""
+    from transformers import AutoConfig
+
+    def read(local_files_only: bool) -> Any:
+        try:
+            return AutoConfig.from_pretrained(name_or_path, local_files_only=local_files_only,
+                                              trust_remote_code=trust_remote_code)
+        except ValueError as exc:  # transformers' refusal of remote code, or a config it cannot parse
+            if "trust_remote_code" in str(exc):
+                raise AutofitError(f"hf:{name_or_path} needs its repository's own code to build its config; pass "
+                                   "--trust-remote-code (trust_remote_code=true) if you trust it") from exc
+            raise AutofitError(f"hf:{name_or_path}: its config does not load: {_first_line(exc)}") from exc
+
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir() and not (folder / "config.json").is_file():  # transformers 5 reads it as a config of no type
+        raise AutofitError(not_found_message(name_or_path, hub_offline()))
+    try:
+        return read(local_files_only=True)
+    except OSError as exc:  # transformers' cached_file: neither a folder with config.json nor in the cache
+        if _looks_local(name_or_path) or hub_offline():
+            raise AutofitError(not_found_message(name_or_path, hub_offline())) from exc
+    try:
+        return read(local_files_only=False)
+    except AutofitError:
+        raise
+    except Exception as exc:  # OSError from transformers, or the HTTP client's own connection errors
+        raise AutofitError(f"{not_found_message(name_or_path, False)} ({_first_line(exc)})") from exc
+
+
+def not_found_message(name_or_path: str, offline: bool) -> str:
+    """The one line for a config that is neither local nor cached nor fetched."""
+    if _looks_local(name_or_path):
+        return f"hf:{name_or_path}: no config.json in that folder (a local model folder needs its config.json)"
+    why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub is not reachable (or has no such model)"
+    return (f"hf:{name_or_path}: no config.json in the local Hugging Face cache and {why}; fetch it once where the "
+            f"Hub is reachable (`hf download {name_or_path} config.json`), or give hf:PATH to a folder with config.json")
+
+
+def hub_offline() -> bool:
+    """Whether the Hub must not be asked: ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` as huggingface_hub reads them
+    (``huggingface_hub/constants.py``), or set in this process since it imported."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or any(
+        os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE") for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def task_from_config(config: Any, name_or_path: str) -> str:
+    """The task of the config's first ``architectures`` class: the Auto mapping that lists it, else its name's
+    suffix (``LlamaForCausalLM`` -> causal-lm); one AutofitError line where it names no task."""
+    from transformers.models.auto import modeling_auto
+
+    architectures = list(getattr(config, "architectures", None) or [])
+    for architecture in architectures[:1]:
+        # transformers' own mappings first: T5ForConditionalGeneration is seq2seq, LlavaForConditionalGeneration not
+        for task, (_, mapping, _) in TASKS.items():
+            if architecture in _class_names(getattr(modeling_auto, mapping)):
+                return task
+        for task, (_, _, suffix) in TASKS.items():  # a class of the repository's own code
+            if architecture.endswith(suffix):
+                return task
+    named = f"names {architectures[0]}" if architectures else "names no architectures"
+    raise AutofitError(f"hf:{name_or_path}: cannot tell the task (its config {named}); pass --task "
+                       f"(one of {', '.join(TASKS)})")
+
+
+def sequence_lengths(config: Any, task: str, options: HfOptions, name_or_path: str) -> tuple[int, ...]:
+    """Tokens per sample of each stack: ``(seq_len,)``, ``(seq_len, target_len)`` for seq2seq; () for vision, an
+    image workload (throughput in images/s, ``Workload.tokens_per_sample`` None)."""
+    if task not in _TEXT_TASKS:
+        if options.seq_len is not None:
+            raise AutofitError(f"hf:{name_or_path} ({task}) takes its input size from the config's image_size, "
+                               f"but got seq_len={options.seq_len}")
+        return ()
+    if options.seq_len is None:
+        raise AutofitError(f"hf:{name_or_path} ({task}) needs a sequence length: pass --seq-len (seq_len=N)")
+    limit = getattr(config.get_text_config(), "max_position_embeddings", None)
+    longest = max(options.seq_len, options.target_len or 0)
+    if isinstance(limit, int) and longest > limit:
+        raise AutofitError(f"hf:{name_or_path}: seq_len={longest} is past the config's "
+                           f"max_position_embeddings={limit}")
+    if task == "seq2seq":
+        return options.seq_len, options.target_len or options.seq_len
+    return (options.seq_len,)
+
+
+def display_name(name_or_path: str) -> str:
+    """A Hub name as is, a local folder by its own name."""
+    path = Path(name_or_path).expanduser()
+    return path.resolve().name if path.is_dir() else name_or_path
+
+
+def attention_blocks(model: Any) -> list[Any]:
+    """The longest ``nn.ModuleList`` whose blocks hold attention: a decoder's layers, not a per-layer list of
+    experts (an MoE in transformers < 5, or in remote code, keeps more experts than layers); else the longest."""
+    from torch import nn
+
+    best: list[Any] = []
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > len(best) \
+                and all(find_attention_modules(block) for block in module):
+            best = list(module)
+    return best or longest_module_list(model)
+
+
+def encoder_decoder_blocks(model: Any) -> list[Any]:
+    """The encoder's blocks, then the decoder's, in execution order: an encoder-decoder keeps two lists of equal
+    length (T5's ``encoder.block`` and ``decoder.block``), and the longest alone would be the encoder's half."""
+    return [*attention_blocks(model.get_encoder()), *attention_blocks(model.get_decoder())]
+
+
+def _model_builder(config: Any, task: str, options: HfOptions) -> Callable[..., Any]:
+    """``(attention=None) -> nn.Module``: a fresh fp32 model of ``config`` for ``task``, random weights."""
+    import transformers
+
+    auto_class = getattr(transformers, TASKS[task][0])
+
+    def build(attention: str | None = options.attention) -> Any:
+        import torch
+
+        kwargs: dict[str, Any] = {"dtype": torch.float32, "trust_remote_code": options.trust_remote_code}
+        if attention is not None:
+            if attention not in ATTN_IMPLEMENTATION:
+                raise AutofitError(f"attention must be one of {', '.join(ATTN_IMPLEMENTATION)}, but got {attention=}")
+            kwargs["attn_implementation"] = ATTN_IMPLEMENTATION[attention]
+        # a copy: from_config writes the dtype and the kernel into the config it is given
+        return auto_class.from_config(copy.deepcopy(config), **kwargs)
+
+    return build
+
+
+def _batch_maker(config: Any, task: str, lengths: tuple[int, ...]) -> Callable[[int], dict[str, Any]]:
+    """``(n) -> batch``: random CPU tensors of ``n`` samples, the inputs and labels ``task``'s model takes."""
+    text = config.get_text_config()
+    vocab = int(getattr(text, "vocab_size", 0) or 0)
+    n_labels = int(getattr(config, "num_labels", 2))
+
+    def batch(n: int) -> dict[str, Any]:
+        import torch
+
+        if task == "vision-classification":
+            size = _pair(_image_size(config))
+            pixels = torch.randn(n, int(getattr(config, "num_channels", 3)), size[0], size[1])
+            return {"pixel_values": pixels, "labels": torch.randint(0, n_labels, (n,))}
+        input_ids = torch.randint(0, vocab, (n, lengths[0]))
+        if task in ("causal-lm", "masked-lm"):  # the causal model shifts the labels itself
+            return {"input_ids": input_ids, "labels": input_ids.clone()}
+        mask = torch.ones(n, lengths[0], dtype=torch.long)
+        if task == "seq2seq":  # the model makes decoder_input_ids from the labels (shift_right)
+            return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.randint(0, vocab, (n, lengths[1]))}
+        return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.randint(0, n_labels, (n,))}
+
+    return batch
+
+
+def _option_value(entry: str, key: str, text: str) -> Any:
+    """An option's value from its text in the entry string."""
+    if key in ("seq_len", "target_len"):
+        if not text.isdigit():
+            raise AutofitError(f"hf entry {entry!r}: {key} must be a positive int, but got {text!r}")
+        return int(text)
+    if key == "trust_remote_code":
+        if text.lower() not in _TRUE + _FALSE:
+            raise AutofitError(f"hf entry {entry!r}: trust_remote_code must be true or false, but got {text!r}")
+        return text.lower() in _TRUE
+    return text
+
+
+def _class_names(mapping: Any) -> set[str]:
+    """The class names an Auto mapping lists (a value may be one name or a tuple of them)."""
+    names: set[str] = set()
+    for value in mapping.values():
+        names.update((value,) if isinstance(value, str) else value)
+    return names
+
+
+def _image_size(config: Any) -> Any:
+    return getattr(config, "image_size", 224)
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    return (int(value[0]), int(value[1])) if isinstance(value, (tuple, list)) else (int(value), int(value))
+
+
+def _looks_local(name_or_path: str) -> bool:
+    """A folder rather than a Hub name: it exists, or it is written as a path (``./x``, ``/x``, ``~/x``, ``a/b/c``)."""
+    return Path(name_or_path).expanduser().is_dir() or name_or_path.startswith((".", "/", "~")) \
+        or name_or_path.count("/") > 1
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
