@@ -36,6 +36,7 @@ import compare_common as cc
 
 from autofit.core.space import enumerate_candidates, load_space, space_from_dict
 from autofit.machine.device import get_hardware
+from autofit.machine.software import detect_software
 from autofit.planning.estimate import estimate
 from autofit.planning.plan import Plan, trace_for
 from autofit.workload.entry import load_workload
@@ -86,7 +87,8 @@ def candidate_series(entry: str = "examples/gpt.py:workload") -> list[dict[str, 
     hardware, workload = get_hardware(HARDWARE), load_workload(entry)
     spaces = ladder_spaces()
     largest = spaces[-1][1]
-    every = enumerate_candidates(largest, hardware=hardware, world_size=WORLD_SIZE, global_batch=None, fixed={},
+    every = enumerate_candidates(largest, software=detect_software(),
+                                 hardware=hardware, world_size=WORLD_SIZE, global_batch=None, fixed={},
                                  searches_attention=workload.searches_attention).candidates
     t0 = time.monotonic()
     facts = trace_for(workload, every)

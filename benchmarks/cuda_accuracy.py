@@ -65,13 +65,15 @@ def configs_for(micro_batch: int, quick: bool) -> list[Any]:
 def runnable(configs: list[Any], hardware: Any, world_size: int) -> tuple[list[Any], list[str]]:
     """The configs the space's rules let run here, and one line per pruned group (fp8 below sm89 ...)."""
     from autofit.core.space import SearchSpace, enumerate_candidates
+    from autofit.machine.software import detect_software
 
     keep, reasons = [], []
     for config in configs:
         values = {k: (v,) for k, v in config.to_dict().items() if k != "grad_accum_steps"}
         space = SearchSpace(name="cuda_accuracy", description="one config", values=values)
         try:
-            enumerate_candidates(space, hardware=hardware, world_size=world_size, global_batch=None, fixed={},
+            enumerate_candidates(space, software=detect_software(),
+                                 hardware=hardware, world_size=world_size, global_batch=None, fixed={},
                                  searches_attention=True)
             keep.append(config)
         except Exception as error:  # a rule refused it: say why once

@@ -23,7 +23,8 @@ import compare_common as cc  # noqa: E402
 
 from autofit.core.config import Config  # noqa: E402
 from autofit.cost_model.host import host_peak_bytes  # noqa: E402
-from autofit.cost_model.memory import WORKING_BYTES, buckets_of, model_states, stage3_live_elements  # noqa: E402
+from autofit.cost_model.memory import WORKING_BYTES  # noqa: E402
+from autofit.cost_model.states import buckets_of, model_states, stage3_live_elements  # noqa: E402
 from autofit.machine.device import get_hardware  # noqa: E402
 from autofit.trace import parameter_facts  # noqa: E402
 from autofit.workload.entry import load_workload  # noqa: E402

@@ -49,7 +49,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from autofit.core.config import CONFIG_KEYS, Config  # noqa: E402
 from autofit.cost_model import predict  # noqa: E402
-from autofit.cost_model.memory import model_states  # noqa: E402
+from autofit.cost_model.states import model_states  # noqa: E402
 from autofit.machine.device import get_hardware  # noqa: E402
 from autofit.planning.plan import trace_for, with_kernel_footprints  # noqa: E402
 from autofit.probe.ops import prepare_ops  # noqa: E402

@@ -52,6 +52,8 @@ import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from autofit.machine.software import detect_software
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -122,7 +124,7 @@ def _configs(entry: str, hardware, scenario: Scenario = FP32) -> list[Config]:  
     space = _space(scenario)
     workload = load_workload(entry)
     configs = enumerate_candidates(
-        space,
+        space, software=detect_software(),
         hardware=hardware,
         world_size=1,
         global_batch=GLOBAL_BATCH,

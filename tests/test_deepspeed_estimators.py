@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autofit.core.config import Config
-from autofit.cost_model.memory import model_states
+from autofit.cost_model.states import model_states
 from autofit.trace import parameter_facts
 from autofit.workload.entry import load_workload
 

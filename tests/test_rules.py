@@ -236,7 +236,8 @@ def test_fp8_with_zero3_is_pruned_with_torchaos_reason() -> None:
 def test_communication_knobs_are_pruned_at_zero0_and_on_one_rank():
     space = load_space("default")
     h100 = PRESETS["h100-80gb"]
-    one = enumerate_candidates(space, hardware=h100, world_size=1, global_batch=8, fixed={}, searches_attention=True)
+    one = enumerate_candidates(space, software=Software(),
+                               hardware=h100, world_size=1, global_batch=8, fixed={}, searches_attention=True)
     assert all(not c.overlap_comm and c.bucket_scale == 1 for c in one.candidates)
     reasons = describe_rejections(one.rejected)
     assert any("only add memory on one rank" in line for line in reasons)

@@ -36,7 +36,6 @@ from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
 from autofit.core.rules import RULES, Context
 from autofit.core.software import Software
-from autofit.machine.software import detect_software
 
 #: the keys a space lists values for; grad_accum_steps is derived from the global batch
 SPACE_KEYS: tuple[str, ...] = tuple(key for key in CONFIG_KEYS if key != "grad_accum_steps")
@@ -217,7 +216,7 @@ def enumerate_candidates(
     global_batch: int | None,
     fixed: dict[str, Any],
     searches_attention: bool,
-    software: Software | None = None,
+    software: Software,
     checkpoints_attention: bool = True,
 ) -> Enumeration:
     """The candidates of ``space`` that can run on ``world_size`` ranks of ``hardware``.
@@ -225,7 +224,8 @@ def enumerate_candidates(
     ``fixed`` (from :func:`autofit.core.config.parse_set`) replaces a key's list by its value.
     ``global_batch`` (``--global-batch``; else the space's ``global_batch_size``, unless
     ``grad_accum_steps`` is fixed) sets ``grad_accum_steps = global / (micro x world)``.
-    ``software`` is what the machine runs (default: detected here, :func:`autofit.machine.software.detect_software`).
+    ``software`` is what the machine that runs the candidates has (:func:`autofit.machine.software.detect_software` for
+    this one).
     ``checkpoints_attention``: the workload's layers have attention sub-modules
     (:meth:`autofit.workload.types.Workload.checkpoints_attention`); without, ``checkpoint_granularity`` is ``block``.
     A fixed value that cannot run raises :class:`AutofitError`, as does a space whose
@@ -244,7 +244,7 @@ def enumerate_candidates(
     if global_batch is None and "grad_accum_steps" not in fixed:
         global_batch = space.global_batch_size
     ctx = Context(hardware=hardware, world_size=world_size, global_batch=global_batch,
-                  software=software if software is not None else detect_software())
+                  software=software)
 
     dims = dimensions(space, fixed, ctx, searches_attention=searches_attention, checkpoints_attention=checkpoints_attention)
     check_fixed(fixed, dims, ctx)

@@ -13,6 +13,7 @@ from typing import Any
 
 from autofit.core.config import Config
 from autofit.core.hardware import Hardware
+from autofit.core.units import format_bytes
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.cost_model.host import host_peak_bytes
@@ -103,7 +104,6 @@ def predict(
 
 
 def _not_fit_reason(peak: int, hardware: Hardware, memory: MemoryBreakdown) -> str:
-    from autofit.core.units import format_bytes
 
     parts = asdict(memory)
     biggest = max(parts, key=lambda k: parts[k])
@@ -114,7 +114,6 @@ def _not_fit_reason(peak: int, hardware: Hardware, memory: MemoryBreakdown) -> s
 
 
 def _host_reason(host_peak: int, hardware: Hardware, world_size: int) -> str:
-    from autofit.core.units import format_bytes
 
     ranks = hardware.ranks_on_a_node(world_size)
     return (

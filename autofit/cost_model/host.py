@@ -33,7 +33,7 @@ from __future__ import annotations
 from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.hardware import Hardware
 from autofit.cost_model.facts import ModelFacts
-from autofit.cost_model.memory import FP32, optimizer_state_bytes
+from autofit.cost_model.states import FP32, optimizer_state_bytes
 from autofit.ds.swap_buffers import optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 
 #: host RSS of one CUDA training rank before any model: Python, torch, DeepSpeed and the CUDA

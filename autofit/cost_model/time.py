@@ -44,7 +44,7 @@ from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.comm import CommPhases, communication_phases
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_seconds, fp8_flops
-from autofit.cost_model.memory import buckets_of, optimizer_state_bytes
+from autofit.cost_model.states import buckets_of, optimizer_state_bytes
 
 #: host-side optimizer speed for offloaded steps (DeepSpeedCPUAdam, AVX: ~1 param per ns per core group)
 HOST_OPTIMIZER_BYTES_PER_S = 10e9

@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autofit.core.errors import AutofitError
+from autofit.ds.fp8 import convertible_linear
+from autofit.workload.types import find_attention_modules
 
 #: attribute set on a layer whose forward runs under checkpointing (so wrapping is idempotent)
 CHECKPOINTED_ATTR = "_autofit_checkpointed"
@@ -81,7 +83,6 @@ def apply_checkpointing(model: Any, layers: Sequence[Any], ratio: float, granula
 
 
 def _find_attention(layer: Any) -> list[Any]:
-    from autofit.workload.types import find_attention_modules
 
     return find_attention_modules(layer)
 
@@ -198,7 +199,6 @@ def apply_fp8(model: Any, recipe: str) -> int:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as exc:
         raise AutofitError(f"fp8 needs torchao (pip install -e '.[fp8]'): {exc}") from None
-    from autofit.ds.fp8 import convertible_linear
 
     def accept(module: Any, fqn: str) -> bool:
         return bool(convertible_linear(module.in_features, module.out_features))

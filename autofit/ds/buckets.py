@@ -13,7 +13,7 @@ autofit takes those, times the config's ``bucket_scale``, and the all-gather buc
 ``numel x world / allgather_bucket_size`` shards, runtime/utils.py ``all_gather_dp_groups``, where NCCL has no
 ``all_gather_into_tensor``). ``stage3_max_live_parameters`` and ``stage3_max_reuse_distance`` stay at
 DeepSpeed's 1e9 (the integration leaves them too): the prefetch bucket is the knob, and the live window
-:func:`autofit.cost_model.memory.stage3_live_elements` prices is bounded by both.
+:func:`autofit.cost_model.states.stage3_live_elements` prices is bounded by both.
 
 Where the model's hidden size is unknown (0: a script-mode run, a model without a ``hidden_size`` and without
 Linear layers), the sizes autofit pinned before it searched them stand (:data:`FALLBACK_ELEMENTS`).

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,6 +38,7 @@ import yaml
 from autofit.core.errors import AutofitError
 from autofit.core.recipe import HYPERPARAMETER_OPTIMIZERS, checked_hyperparameters
 from autofit.ds.apply import compiles
+from autofit.ds.emit import write_text_atomic
 
 #: the value a Hugging Face launcher fills from its own arguments (transformers/integrations/deepspeed.py, fill_match)
 AUTO = "auto"
@@ -266,6 +268,34 @@ def _positive(name: str, value: int) -> None:
         raise AutofitError(f"{name} must be an integer >= 1, but got {name}={value!r}")
 
 
+def _check_machines(num_processes: int, num_machines: int, machine_rank: int, main_process_ip: str | None) -> None:
+    """One error line where accelerate's machine options cannot describe a launch."""
+    _positive("num_processes", num_processes)
+    _positive("num_machines", num_machines)
+    if num_processes % num_machines:
+        raise AutofitError(f"num_processes={num_processes} is not a whole number per machine over "
+                           f"num_machines={num_machines}")
+    if isinstance(machine_rank, bool) or not isinstance(machine_rank, int) or not 0 <= machine_rank < num_machines:
+        raise AutofitError(f"machine_rank must be within 0 ... {num_machines - 1}, but got {machine_rank=}")
+    if num_machines > 1 and not main_process_ip:
+        raise AutofitError(f"num_machines={num_machines} needs main_process_ip (the address of machine 0)")
+
+
+def _check_batch(ds_config: Mapping[str, Any], num_processes: int) -> None:
+    """One error line where accelerate (or DeepSpeed, before any process starts) would refuse the JSON."""
+    if not isinstance(ds_config.get("zero_optimization"), Mapping):
+        # DeepSpeedPlugin: "Please specify the ZeRO optimization config in the DeepSpeed config."
+        raise AutofitError("the DeepSpeed JSON has no zero_optimization section, which accelerate requires")
+    train, micro, accumulation = (ds_config.get(key) for key in
+                                  ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
+    if isinstance(train, int) and isinstance(micro, int) and isinstance(accumulation, int) \
+            and train != micro * accumulation * num_processes:
+        # DeepSpeed's own check (runtime/config.py, _batch_assertion), before any process starts
+        raise AutofitError(f"the DeepSpeed JSON's train_batch_size {train} is not micro-batch {micro} x "
+                           f"accumulation {accumulation} x num_processes={num_processes}")
+
+
+
 def accelerate_config(ds_config: Mapping[str, Any], path_to_json: str | os.PathLike[str], *, num_processes: int = 1,
                       num_machines: int = 1, machine_rank: int = 0, main_process_ip: str | None = None,
                       main_process_port: int | None = None) -> dict[str, Any]:
@@ -281,25 +311,8 @@ def accelerate_config(ds_config: Mapping[str, Any], path_to_json: str | os.PathL
     may run from another directory. Several machines use torchrun's rendezvous (``deepspeed_multinode_launcher:
     standard``), which needs no pdsh or hostfile.
     """
-    _positive("num_processes", num_processes)
-    _positive("num_machines", num_machines)
-    if num_processes % num_machines:
-        raise AutofitError(f"num_processes={num_processes} is not a whole number per machine over "
-                           f"num_machines={num_machines}")
-    if isinstance(machine_rank, bool) or not isinstance(machine_rank, int) or not 0 <= machine_rank < num_machines:
-        raise AutofitError(f"machine_rank must be within 0 ... {num_machines - 1}, but got {machine_rank=}")
-    if num_machines > 1 and not main_process_ip:
-        raise AutofitError(f"num_machines={num_machines} needs main_process_ip (the address of machine 0)")
-    if not isinstance(ds_config.get("zero_optimization"), Mapping):
-        # DeepSpeedPlugin: "Please specify the ZeRO optimization config in the DeepSpeed config."
-        raise AutofitError("the DeepSpeed JSON has no zero_optimization section, which accelerate requires")
-    train, micro, accumulation = (ds_config.get(key) for key in
-                                  ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
-    if isinstance(train, int) and isinstance(micro, int) and isinstance(accumulation, int) \
-            and train != micro * accumulation * num_processes:
-        # DeepSpeed's own check (runtime/config.py, _batch_assertion), before any process starts
-        raise AutofitError(f"the DeepSpeed JSON's train_batch_size {train} is not micro-batch {micro} x "
-                           f"accumulation {accumulation} x num_processes={num_processes}")
+    _check_machines(num_processes, num_machines, machine_rank, main_process_ip)
+    _check_batch(ds_config, num_processes)
     deepspeed: dict[str, Any] = {
         "deepspeed_config_file": os.path.abspath(os.fspath(path_to_json)),
         # deepspeed.zero.Init while the model is built: what the probe does under ZeRO-3 (autofit.ds.apply.build_context)
@@ -334,7 +347,6 @@ def write_accelerate_config(path: str | os.PathLike[str], config: Mapping[str, A
     """Write ``config`` (from :func:`accelerate_config`) as YAML, atomically (:func:`autofit.ds.emit.write_text_atomic`:
     a launcher never reads half a file). Returns the path written."""
 
-    from autofit.ds.emit import write_text_atomic
 
     target = Path(path)
     write_text_atomic(target, yaml.safe_dump(dict(config), sort_keys=False))
@@ -399,7 +411,6 @@ def hyperparameters_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def _adamw_defaults() -> dict[str, Any]:
     """``torch.optim.AdamW``'s defaults, from its signature."""
-    import inspect
 
     import torch
 

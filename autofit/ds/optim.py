@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from autofit.core.errors import AutofitError
+
 
 def make_lion(params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
               weight_decay: float = 0.0) -> Any:
@@ -81,7 +83,6 @@ def make_adam_mini(model: Any, lr: float = 1e-4, weight_decay: float = 0.0, beta
     A model whose query/key weights Adam-mini would split per head but whose head layout cannot be found
     is refused here, before training: Adam-mini's default (dim 2048, 32 heads) would mis-split them.
     """
-    from autofit.core.errors import AutofitError
 
     try:
         from adam_mini import Adam_mini

@@ -17,7 +17,7 @@ from autofit.core.hardware import (
     node_hardware,
     unmatched_cuda_device,
 )
-from autofit.machine.nvml import nvml_records
+from autofit.machine.nvml import nvml_records, visible_cuda_devices
 
 
 def get_hardware(name: str, memory_bytes: int | None = None) -> Hardware:
@@ -98,7 +98,6 @@ def detect_cuda() -> Hardware | None:
 def cuda_devices_here() -> int:
     """CUDA devices this process may use: ``CUDA_VISIBLE_DEVICES`` where set, else NVML's count
     (:func:`autofit.machine.nvml.visible_cuda_devices`), else torch's (``torch.cuda.device_count``); 0 without CUDA."""
-    from autofit.machine.nvml import visible_cuda_devices
 
     visible = visible_cuda_devices()
     if visible is not None:

@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
+import platform
 import socket
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import PRESETS, Hardware
+from autofit.core.hashing import digest
 from autofit.machine.nvml import driver_version, nvml_records
-from autofit.workload.sources import digest
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,6 @@ def software_versions(cuda: bool) -> dict[str, str | None]:
     """The versions beyond torch's and DeepSpeed's that change a measured result (None: not installed), NCCL's
     (``torch.cuda.nccl.version``) and cuDNN's (``torch.backends.cudnn.version``) where ``cuda``, and the CUDA
     caching allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``: expandable segments change the peaks)."""
-    import os
-    import platform
 
     out: dict[str, str | None] = {
         "python": platform.python_version(),
@@ -159,8 +160,6 @@ def _cpu_model() -> str:
 def worker_name() -> str:
     """``host-pid-random``: who holds a search, as ``autofit schedule list`` shows it. The random part keeps it
     unique where host and pid repeat (containers: every worker is pid 1 of a pod named alike)."""
-    import os
-    import uuid
 
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 

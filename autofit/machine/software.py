@@ -82,7 +82,7 @@ def memlock_limit_bytes() -> int | None:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         return None
     try:
-        import resource
+        import resource  # POSIX only: absent on Windows
     except ImportError:
         return None
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)

@@ -13,15 +13,21 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autofit.core.config import Config
+from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
 from autofit.core.recipe import Recipe, narrow_space, recipe_for
 from autofit.core.software import Software
 from autofit.core.space import SearchSpace, enumerate_candidates
+from autofit.core.units import format_bytes
 from autofit.cost_model import Coefficients, ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration
+from autofit.cost_model.states import optimizer_state_bytes
+from autofit.ds.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 from autofit.machine.software import detect_software
+from autofit.probe.footprint import footprints_for
+from autofit.trace import REAL_TRACE_LIMIT_BYTES, trace_micro_batches, trace_workload
+from autofit.trace.source_cache import SourcePlannedWorkload
 from autofit.workload.entry import is_loadable
 from autofit.workload.types import Workload
 
@@ -98,13 +104,8 @@ class Plan:
         optimizers); the emitted JSON still says what differs from the recipe."""
         fixed = dict(fixed or {})
         software = software if software is not None else detect_software()
-        recipe = recipe if recipe is not None else default_recipe(hardware, fixed)
-        for key in ("optimizer", "precision"):
-            if key in fixed and fixed[key] not in recipe.values(key):
-                raise AutofitError(f"--set {key}={fixed[key]} is neither the recipe's {key} "
-                                   f"{getattr(recipe, key)} nor a substitute it allows")
-        if narrow:
-            space = narrow_space(space, recipe)
+        recipe = _checked_recipe(recipe if recipe is not None else default_recipe(hardware, fixed), fixed)
+        space = narrow_space(space, recipe) if narrow else space
         enumeration = enumerate_candidates(
             space,
             hardware=hardware,
@@ -165,10 +166,6 @@ def within_nvme_room(configs: tuple[Config, ...], facts: ModelFacts, hardware: H
     past the ``--nvme-path`` filesystem's free space (:func:`autofit.ds.swap_buffers.nvme_swap_bytes`), or a rank's
     ``mlock``-ed swap buffers past ``RLIMIT_MEMLOCK`` (:attr:`autofit.core.software.Software.memlock_bytes`). What is
     not known (free space, a limit) rejects nothing."""
-    from autofit.core.config import WORKING_BYTES
-    from autofit.core.units import format_bytes
-    from autofit.cost_model.memory import optimizer_state_bytes
-    from autofit.ds.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 
     kept: list[Config] = []
     rejected: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = {}
@@ -225,7 +222,6 @@ def traces_needed(configs: tuple[Config, ...] | list[Config]) -> tuple[tuple[str
 def trace_request(configs: tuple[Config, ...] | list[Config]) -> dict[str, Any]:
     """The arguments of :func:`autofit.trace.trace_workload` for ``configs``: every precision class, attention
     kernel, checkpoint ratio and granularity they use, their optimizers and micro-batches."""
-    from autofit.trace import trace_micro_batches
 
     precisions, attentions = traces_needed(configs)
     ratios = tuple(sorted({c.checkpoint_ratio for c in configs}))
@@ -241,8 +237,6 @@ def trace_for(workload: Workload | SourcePlannedWorkload, configs: tuple[Config,
     """Trace ``workload`` at every precision class, attention kernel, checkpoint ratio and granularity the
     configs use (and count the states of the optimizers that need the model itself: Adam-mini); an entry's
     :class:`~autofit.trace.source_cache.SourcePlannedWorkload` answers from its record where it has one."""
-    from autofit.trace import trace_workload
-    from autofit.trace.source_cache import SourcePlannedWorkload
 
     request = trace_request(configs)
     if isinstance(workload, SourcePlannedWorkload):
@@ -255,8 +249,6 @@ def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config,
     device (:mod:`autofit.probe.footprint`, a few seconds each). A model too large to run here, one whose
     measurement fails, or a :class:`Workload` object with no entry point (:func:`autofit.workload.entry.is_loadable`: the
     measuring process cannot load it) keeps the cost model's default."""
-    from autofit.probe.footprint import footprints_for
-    from autofit.trace import REAL_TRACE_LIMIT_BYTES
 
     needed = tuple(sorted({c.trace_dtype for c in configs} - set(facts.kernel_footprint_bytes)))
     if not needed or not is_loadable(entry) or 4 * facts.n_params > REAL_TRACE_LIMIT_BYTES:
@@ -264,3 +256,13 @@ def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config,
     attention = Counter(c.attention for c in configs).most_common(1)[0][0]
     measured = footprints_for(entry, needed, attention)
     return replace(facts, kernel_footprint_bytes={**facts.kernel_footprint_bytes, **measured}) if measured else facts
+
+
+def _checked_recipe(recipe: Recipe, fixed: dict[str, Any]) -> Recipe:
+    """``recipe``, where every ``--set optimizer=`` / ``precision=`` in ``fixed`` is its value or an allowed substitute
+    (else one error line)."""
+    for key in ("optimizer", "precision"):
+        if key in fixed and fixed[key] not in recipe.values(key):
+            raise AutofitError(f"--set {key}={fixed[key]} is neither the recipe's {key} "
+                               f"{getattr(recipe, key)} nor a substitute it allows")
+    return recipe

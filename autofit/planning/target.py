@@ -20,9 +20,20 @@ import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from autofit.core.config import parse_set
 from autofit.core.errors import AutofitError
-from autofit.core.hardware import PRESETS
+from autofit.core.hardware import PRESETS, default_gpus
+from autofit.core.recipe import parse_hyperparameters, recipe_for
+from autofit.core.space import load_space
+from autofit.core.units import parse_bytes
+from autofit.ds.recipe_from import read_recipe
+from autofit.machine.device import cuda_devices_here, get_hardware
+from autofit.machine.software import check_nvme_path, detect_software
+from autofit.planning.plan import Plan
+from autofit.probe.nodes import check_host_count, read_hosts
+from autofit.trace.source_cache import SourcePlannedWorkload, planned_workload
 from autofit.workload.hf import TASKS as HF_TASKS
+from autofit.workload.hf import with_hf_options
 
 if TYPE_CHECKING:
     from autofit.core.hardware import Hardware
@@ -157,7 +168,6 @@ class Target:
 
     def memory_bytes(self) -> int | None:
         """``memory`` in bytes (None: the device's own); an :class:`AutofitError` when it does not parse."""
-        from autofit.core.units import parse_bytes
 
         return parse_bytes(self.memory) if self.memory is not None else None
 
@@ -232,7 +242,6 @@ class Setup:
     @property
     def loaded_workload(self) -> Workload:
         """ENTRY's workload, loaded; an :class:`AutofitError` in script mode, which has none."""
-        from autofit.trace.source_cache import SourcePlannedWorkload
 
         workload = self.planning_workload
         return workload.workload if isinstance(workload, SourcePlannedWorkload) else workload
@@ -245,7 +254,6 @@ class Setup:
 
     def plan(self) -> Plan:
         """Trace the workload and enumerate the space's candidates (:meth:`autofit.planning.plan.Plan.make`)."""
-        from autofit.planning.plan import Plan
 
         return Plan.make(self.entry_point, self.planning_workload, self.hardware, self.space,
                          world_size=self.world_size, global_batch=self.global_batch, fixed=self.fixed,
@@ -261,15 +269,6 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
 
     ``workload``: a :class:`Workload` object to use instead of loading ``target.entry`` (the Python API's, which
     then names it with :func:`autofit.workload.entry.in_process_entry`; nothing but this process can load it)."""
-    from autofit.core.config import parse_set
-    from autofit.core.hardware import default_gpus
-    from autofit.core.recipe import parse_hyperparameters, recipe_for
-    from autofit.core.space import load_space
-    from autofit.ds.recipe_from import read_recipe
-    from autofit.machine.device import cuda_devices_here, get_hardware
-    from autofit.probe.nodes import check_host_count, read_hosts
-    from autofit.trace.source_cache import planned_workload
-    from autofit.workload.hf import with_hf_options
 
     if target.entry is not None:  # the hf: options travel inside the entry string, to the probes too
         target = dataclasses.replace(target, entry=with_hf_options(
@@ -301,7 +300,6 @@ def machine_software(nvme_path: str | None) -> Software:
     """This machine's software (:func:`autofit.machine.software.detect_software`), with ``nvme_path`` checked and put in
     where given, with its filesystem's free space (NVMe candidates whose swap files outgrow it are rejected): the
     rules, the DeepSpeed JSONs and the probes get it from the setup, not the environment."""
-    from autofit.machine.software import check_nvme_path, detect_software
 
     software = detect_software()
     if nvme_path is None:

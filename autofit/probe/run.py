@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autofit.core.boundary import STATUSES, OomOn, Status
+from autofit.core.boundary import OomOn, Status
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware

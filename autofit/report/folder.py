@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit.core.config import Config
+from autofit.core.recipe import recipe_line
 from autofit.core.units import format_bytes
+from autofit.ds.emit import write_text_atomic
+from autofit.probe.snapshot import fragmentation_advice
+from autofit.report.ladder import ladder_chart, ladder_section, search_ladder
 from autofit.report.plots import pyplot as _pyplot
 
 if TYPE_CHECKING:
@@ -52,7 +56,6 @@ def write_report(result: SearchResult, report_dir: str | os.PathLike[str], ladde
     _timeline(result, folder / "timeline.png")
     sections = report_sections(result) + ([snapshot_section(snapshot)] if snapshot is not None else [])
     last = _ladder_part(result, ladder, folder)
-    from autofit.ds.emit import write_text_atomic  # a reader (a browser, CI) never sees half a page
 
     write_text_atomic(folder / "report.md", _markdown(sections) + (_markdown([last], LADDER_PICTURE) if last else ""))
     index = folder / "index.html"
@@ -67,7 +70,6 @@ def _ladder_part(result: SearchResult, ladder: Ladder | None, folder: Path) -> t
     """The ladder's section, its chart drawn into ``folder``; None without a ladder."""
     if ladder is None:
         return None
-    from autofit.report.ladder import ladder_chart, ladder_section, search_ladder
 
     ladder_chart(search_ladder(ladder, result), folder / "ladder.png",
                  winner=(result.config.label(), result.predicted, result.measured.to_json()))
@@ -110,7 +112,6 @@ def recipe_text(section: dict[str, Any]) -> str:
     recipe = section.get("recipe")
     if not isinstance(recipe, dict):
         return "The JSON states no recipe."
-    from autofit.core.recipe import recipe_line
 
     differs = section.get("differs_from_recipe") or []
     kept = ("The winner trains the recipe exactly: only what computes the same training was searched."
@@ -120,7 +121,6 @@ def recipe_text(section: dict[str, Any]) -> str:
 
 def snapshot_section(snapshot: ProbeResult) -> tuple[str, str, list[str], list[list[str]]]:
     """The winner's CUDA memory snapshot: where it is, the allocator's peaks, and the fragmentation advice."""
-    from autofit.probe.snapshot import fragmentation_advice
 
     memory = snapshot.device_memory
     advice = fragmentation_advice(memory) or "reserved is close to allocated: no sign of fragmentation."

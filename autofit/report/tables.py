@@ -7,7 +7,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from autofit.core.recipe import recipe_line
+from autofit.core.space import describe_rejections
 from autofit.core.units import format_bytes
+from autofit.report.ladder import ladder_rows, ladder_title
 
 MAX_ROWS = 25
 
@@ -31,7 +34,6 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
         )
     console.print(table)
     if result.recipe is not None:
-        from autofit.core.recipe import recipe_line
 
         console.print(recipe_line(result.recipe.to_dict()), markup=False)
     if len(result.candidates) > max_rows:
@@ -40,7 +42,6 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
     for kernel, how in traces.items():
         console.print(f"{kernel} attention is predicted from a trace through the {how}", markup=False)
     if result.rejected:
-        from autofit.core.space import describe_rejections
 
         console.print("Pruned by the space's rules before pricing:")
         for line in describe_rejections(result.rejected):
@@ -64,7 +65,6 @@ def print_probe(document: dict[str, Any]) -> None:
 
 def print_ladder(ladder: Any) -> None:
     """The ladder (:class:`autofit.planning.ladder.Ladder`): one row a rung, measured columns where it was probed."""
-    from autofit.report.ladder import ladder_rows, ladder_title
 
     console = Console(width=None if Console().is_terminal else 200)
     header, rows = ladder_rows(ladder)

@@ -12,12 +12,15 @@ was told and what it found, so each is tested with real-looking inputs.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import PRESETS, preset_for_device
+from autofit.machine.nvml import nvml_records
+from autofit.workload.hf import HfEntry
 
 GIB = 2**30
 ENTRY_ROOTS_ENV = "AUTOFIT_ENTRY_ROOTS"
@@ -61,7 +64,6 @@ def check_nodes(kind: str, nodes: int) -> None:
 def detected_devices() -> list[tuple[str, int]]:
     """``(name, total memory)`` of every GPU here: NVML's, else torch's (``torch.cuda.get_device_properties``);
     empty without CUDA."""
-    from autofit.machine.nvml import nvml_records
 
     records = nvml_records()
     if records:
@@ -101,10 +103,8 @@ def _entry_location(entry: str) -> tuple[Path | None, str | None]:
     """``(the file or folder that importing entry would run, why it is not here)``, found without importing
     anything: a path as written, a package through ``importlib.util.find_spec`` of its top-level name (which
     reads the file system, runs nothing); ``(None, None)`` for a Hub model (its code is not local)."""
-    import importlib.util
 
     if entry.startswith("hf:"):
-        from autofit.workload.hf import HfEntry
 
         source = HfEntry.parse(entry).source
         folder = Path(source).expanduser()

@@ -35,10 +35,11 @@ from typing import Any
 from sqlalchemy import func
 
 from autofit.core.errors import AutofitError
+from autofit.core.hashing import digest
 from autofit.core.storage_url import redact_url, scrub
 from autofit.machine.fingerprint import MachineFingerprint
 from autofit.schedule.store import FINISHED, engine, optuna_storage, server_epoch, tables
-from autofit.workload.sources import digest, request_hash
+from autofit.workload.sources import request_hash
 
 DEFAULT_LEASE_S = 60.0
 DEFAULT_MAX_CLAIMS = 3

@@ -14,7 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+from autofit.core.config import Config
 from autofit.core.errors import AutofitError
+from autofit.core.hardware import PRESETS
+from autofit.core.units import format_bytes
+from autofit.ds.emit import write_text_atomic
 from autofit.probe.result import ProbeResult
 from autofit.schedule import queue
 from autofit.schedule.store import FINISHED, optuna_storage
@@ -23,7 +30,6 @@ from autofit.schedule.store import FINISHED, optuna_storage
 def parse_prices(pairs: tuple[str, ...] | list[str]) -> dict[str, float]:
     """``("h100-80gb=3.5", ...)`` -> ``{"h100-80gb": 3.5}`` (US dollars per device-hour); a name that is no
     preset nor ``cpu`` is an error (a typo would silently price nothing)."""
-    from autofit.core.hardware import PRESETS
 
     known = (*PRESETS, "cpu")
     prices = {}
@@ -114,8 +120,6 @@ def compare(url: str, prices: dict[str, float] | None = None, entry: str | None 
 
 
 def print_results(rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     table = Table(title="autofit results")
     for column in ("entry", "hardware", "source", "config", "samples/s", "tokens/s", "headroom", "$/h", "$/M"):
@@ -126,8 +130,6 @@ def print_results(rows: list[dict[str, Any]]) -> None:
 
 
 def _cells(r: dict[str, Any]) -> list[str]:
-    from autofit.core.config import Config
-    from autofit.core.units import format_bytes
 
     per_million = r["usd_per_million_tokens"] if r["usd_per_million_tokens"] is not None else r["usd_per_million_samples"]
     unit = " tok" if r["usd_per_million_tokens"] is not None else " samples"
@@ -147,7 +149,6 @@ def write_results_report(rows: list[dict[str, Any]], report_dir: str | os.PathLi
     """``results.json``, ``results.md`` (the table) and ``results.png`` (throughput and cost by device), each
     written to a temporary file beside it and renamed into place (:func:`autofit.ds.emit.write_text_atomic`): a
     reader never sees half a report, a failure leaves the old one."""
-    from autofit.ds.emit import write_text_atomic
 
     folder = Path(report_dir)
     folder.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+from autofit.core.config import Config
 from autofit.core.storage_url import scrub
+from autofit.core.units import format_bytes
 from autofit.probe.result import ProbeResult
 from autofit.schedule import queue
 from autofit.schedule.store import optuna_storage
@@ -59,10 +64,7 @@ def search_summaries(url: str) -> list[dict[str, Any]]:
 
 def print_searches(searches: list[dict[str, Any]]) -> None:
     """A rich table of :func:`search_summaries` on stdout."""
-    from rich.console import Console
-    from rich.table import Table
 
-    from autofit.core.units import format_bytes
 
     table = Table(title="autofit searches")
     for column in ("id", "entry", "hardware", "state", "trials", "worker", "best"):
@@ -78,6 +80,5 @@ def print_searches(searches: list[dict[str, Any]]) -> None:
 
 
 def _label(config: dict[str, Any]) -> str:
-    from autofit.core.config import Config
 
     return Config.from_dict(config).label()

@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from autofit.machine.fingerprint import check_device_name, device_name
+from autofit.planning.estimate import estimate
 from autofit.schedule import queue
+from autofit.workload.hf import HfEntry, is_hf_entry
 from autofit.workload.sources import workload_fingerprint
 
 
 def absolute_entry(entry: str) -> str:
     """``path.py:fn`` with the path made absolute (workers start elsewhere), an ``hf:`` entry's local folder too;
     ``package.module:fn`` and a Hub name as they are."""
-    from autofit.workload.hf import HfEntry, is_hf_entry
 
     if is_hf_entry(entry):
         return HfEntry.parse(entry).absolute().to_entry()
@@ -43,7 +44,6 @@ def make_request(entry: str, hardware: Any, *, gpus: int, nodes: int, global_bat
 
 def planned(plan: Any) -> dict[str, Any] | None:
     """The cost model's fastest candidate predicted to fit (prior coefficients), None when none does."""
-    from autofit.planning.estimate import estimate
 
     fitting = estimate(plan).fitting
     if not fitting:

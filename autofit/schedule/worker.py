@@ -37,12 +37,18 @@ from typing import TYPE_CHECKING, Any
 
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
+from autofit.core.recipe import Recipe
+from autofit.core.space import space_from_dict
 from autofit.core.storage_url import redact_url, scrub
 from autofit.machine.fingerprint import MachineFingerprint
+from autofit.planning.plan import Plan
 from autofit.schedule import queue
 from autofit.schedule.checks import entry_refusal
+from autofit.schedule.store import optuna_storage
+from autofit.tuner import SearchSettings, run_search
 from autofit.tuner.storage import database_errors, transient
 from autofit.tuner.storage import short_error as _short
+from autofit.workload.entry import load_workload
 from autofit.workload.sources import workload_fingerprint
 
 if TYPE_CHECKING:
@@ -202,7 +208,6 @@ class Worker:
     def _attempt(self, search_id: str, lease: Lease) -> tuple[str | None, str | None, dict[str, Any] | None]:
         """``(state, message, winner)``; state None when the lease was lost, ``given back`` when told to stop,
         ``database error`` when the store failed (the search resumes in its study at the next claim)."""
-        from autofit.tuner import SearchSettings, run_search
 
         try:
             self._in_search = True
@@ -321,10 +326,6 @@ class Worker:
 
 def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
     """The search's :class:`~autofit.planning.plan.Plan` on this worker's device; the workload must be the one queued."""
-    from autofit.core.recipe import Recipe
-    from autofit.core.space import space_from_dict
-    from autofit.planning.plan import Plan
-    from autofit.workload.entry import load_workload
 
     request = attrs[queue.REQUEST_ATTR]
     workload = load_workload(request["entry"])
@@ -359,7 +360,6 @@ def store_winner(url: str, search_id: str, winner: dict[str, Any]) -> None:
     the claim) has stored it in the search's row: only the holder that closed the search gets here."""
     import optuna
 
-    from autofit.schedule.store import optuna_storage
 
     study = optuna.load_study(study_name=queue.study_name(search_id), storage=optuna_storage(url))
     study.set_user_attr(queue.RESULT_ATTR, winner)

@@ -18,6 +18,7 @@ the gradients (the trace's ``peak_with_grads``, at most). No layers: the checkpo
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,6 @@ def profile_config(candidates: list[Config] | tuple[Config, ...], dtype: str) ->
 
 def _run(command: ScriptCommand, ds: dict[str, Any], workdir: Path, name: str, world_size: int, hardware: Hardware,
          timeout_s: float) -> None:
-    import json
 
     config_path = workdir / f"{name}.json"
     config_path.write_text(json.dumps(ds, indent=2))

@@ -12,6 +12,7 @@ a 0 in the measurement. Field names are DeepSpeed's keys.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,6 @@ class ModelInfo:
 
 def read_deepspeed_file(path: Path, what: str) -> dict[str, Any] | None:
     """The JSON object DeepSpeed wrote at ``path``; None when there is no such file (the run ended before it)."""
-    import json
 
     try:
         text = path.read_text()

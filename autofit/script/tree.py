@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from autofit.machine.nvml import open_handle, visible_device
 from autofit.probe.launch import MMAP_THRESHOLD_BYTES
 from autofit.probe.rank.memory import read_status_bytes
 
@@ -88,7 +89,6 @@ def rank_device_bytes(tree_bytes: int | None, device_used_bytes: int, baseline: 
 
 def device_baselines(pynvml: Any, n_ranks: int, cuda_visible_devices: str | None) -> list[DeviceBaseline | None]:
     """Each rank's device (``LOCAL_RANK`` = rank, through ``CUDA_VISIBLE_DEVICES``) before the script starts."""
-    from autofit.machine.nvml import open_handle
 
     baselines: list[DeviceBaseline | None] = []
     for rank in range(n_ranks):
@@ -117,7 +117,6 @@ def read_device_baselines(n_ranks: int) -> list[DeviceBaseline | None]:
 
 def visible_entry(rank: int) -> str:
     """The ``CUDA_VISIBLE_DEVICES`` entry of a rank's device (its index where unset), for messages."""
-    from autofit.machine.nvml import visible_device
 
     try:
         return visible_device(os.environ.get("CUDA_VISIBLE_DEVICES"), rank)
@@ -219,7 +218,6 @@ class TreeMeter:
         device = visible_entry(rank)
         used = 0
         if tree_bytes is None and baseline is not None:
-            from autofit.machine.nvml import open_handle
 
             if rank not in self._handles:
                 self._handles[rank] = open_handle(self._nvml, None, os.environ.get("CUDA_VISIBLE_DEVICES"), rank)

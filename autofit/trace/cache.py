@@ -41,6 +41,7 @@ from typing import Any
 
 from autofit.core.errors import AutofitError
 from autofit.cost_model.facts import ModelFacts
+from autofit.ds.emit import write_text_atomic
 from autofit.workload.types import Workload
 
 #: environment variable naming the cache directory
@@ -145,7 +146,6 @@ def write_entry(name: str, document: dict[str, Any]) -> None:
     """``document`` with its ``key`` (``name``) as JSON in the cache directory, whole or not at all: written to a
     temporary file beside the entry and renamed over it (:func:`autofit.ds.emit.write_text_atomic`). The cache off
     keeps nothing; a directory that cannot be written leaves it unkept."""
-    from autofit.ds.emit import write_text_atomic
 
     directory = cache_dir()
     if directory is None:

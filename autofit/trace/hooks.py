@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from types import ModuleType
 from typing import Any, Literal
+from unittest import mock
 
 
 def counting_multi_grad_hooks(tracker_module: ModuleType) -> Any:
     """A patch (a context manager, or ``start()`` / ``stop()``) under which ``tracker_module`` (a tracker's
     module, which imports ``register_multi_grad_hook`` by name) registers :func:`counting_multi_grad_hook`."""
-    from unittest import mock
 
     return mock.patch.object(tracker_module, "register_multi_grad_hook", counting_multi_grad_hook)
 

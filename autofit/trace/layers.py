@@ -24,6 +24,7 @@ at every layer boundary: what is counted is what is still referenced.
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 from collections.abc import Iterator
@@ -139,7 +140,6 @@ def _arguments_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def _copied(model: Any) -> Any:
     """A deep copy of a meta-device model (tied weights still tied), or None where the copy fails."""
-    import copy
 
     try:
         return copy.deepcopy(model)

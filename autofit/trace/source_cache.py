@@ -34,7 +34,10 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from autofit.trace import cache
+from autofit.trace import cache, trace_workload
+from autofit.trace.parallel import trace_workers_setting
+from autofit.workload.entry import is_loadable, load_workload
+from autofit.workload.sources import entry_source, import_root, local_sources
 
 if TYPE_CHECKING:
     from autofit.cost_model.facts import ModelFacts
@@ -49,8 +52,6 @@ WORKLOAD_FIELDS = ("name", "tokens_per_sample", "searches_attention")
 def source_key(entry: str) -> str | None:
     """The key of ``entry``'s sources and software, or None: the cache off, an in-process workload, or an entry
     with no local source file (a Hub name, a module not found)."""
-    from autofit.workload.entry import is_loadable
-    from autofit.workload.sources import entry_source, import_root, local_sources
 
     if cache.cache_dir() is None or not is_loadable(entry):
         return None
@@ -109,7 +110,6 @@ class SourcePlannedWorkload:
     def workload(self) -> Workload:
         """The real workload, loaded once (:func:`autofit.workload.entry.load_workload`)."""
         if self._loaded is None:
-            from autofit.workload.entry import load_workload
 
             self._loaded = load_workload(self.entry)
         return self._loaded
@@ -139,8 +139,6 @@ class SourcePlannedWorkload:
     def facts(self, request: dict[str, Any]) -> ModelFacts:
         """The trace for ``request`` (:func:`autofit.trace.trace_workload`'s arguments): the one recorded, else
         the real workload's (the trace cache's, or traced), then recorded with the workload's answers."""
-        from autofit.trace import trace_workload
-        from autofit.trace.tracer import trace_workers_setting
 
         trace_workers_setting()  # a bad setting is an error on a recorded plan too, as on one that traces
         started = time.perf_counter()
@@ -161,7 +159,6 @@ def planned_workload(entry: str) -> Workload | SourcePlannedWorkload:
     """What a plan of ``entry`` reads its workload from: a :class:`SourcePlannedWorkload` where ``entry`` has a
     :func:`source_key` (on a miss its workload is loaded at once, as without the record, so a bad entry fails
     here), else the workload itself (:func:`autofit.workload.entry.load_workload`)."""
-    from autofit.workload.entry import load_workload
 
     key = source_key(entry)
     if key is None:

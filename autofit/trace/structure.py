@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 from autofit.ds.buckets import persistence_threshold
+from autofit.ds.fp8 import convertible_linear
 from autofit.trace.layers import layers_alike
 from autofit.workload.types import Workload
 
@@ -88,7 +89,6 @@ def fp8_linears(model: Any) -> list[tuple[str, Any]]:
     """``(name, module)`` of the Linear layers fp8 training converts (:func:`autofit.ds.fp8.convertible_linear`)."""
     import torch
 
-    from autofit.ds.fp8 import convertible_linear
 
     return [
         (name, m) for name, m in model.named_modules()

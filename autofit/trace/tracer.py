@@ -5,27 +5,23 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from autofit.core.config import Config, trace_dtype_of
 from autofit.core.errors import AutofitError
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
+from autofit.ds.optim import adam_mini_state_numel
+from autofit.trace import step
 from autofit.trace.attention import SDPA_FLASH, flash_attn_installed, flash_trace_plan, kernel_context
-from autofit.trace.layers import SegmentMarks, cut_workload
+from autofit.trace.cache import cached_trace
+from autofit.trace.layers import cut_workload
+from autofit.trace.parallel import trace_in_parallel, trace_workers_setting
 from autofit.trace.scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, scaled_point
-from autofit.trace.structure import fp8_linear_flops, model_structure
+from autofit.trace.structure import model_structure
 from autofit.trace.tensors import (
-    batch_tensors,
-    cast_batch,
     first_line,
-    flop_counter,
-    kernel_workspace_bytes,
-    to_dtype,
 )
-from autofit.trace.traffic import Traffic, storage_key
 from autofit.workload.types import Workload
 
 #: the micro-batches every profile is traced at; a space with larger ones adds its largest
@@ -62,7 +58,6 @@ def trace_workload(
     """
     import torch
 
-    from autofit.trace.cache import cached_trace
 
     trace_workers_setting()  # a bad setting is an error whether or not this trace forks (or is cached)
     started = time.perf_counter()
@@ -89,7 +84,7 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
     granularities = tuple(checkpoint_granularities) if n_layers else ()
     scaled = None
     if structure["layers_alike"] and n_layers >= SCALE_MIN_LAYERS:
-        with contextlib.suppress(CannotScale, _NeedsRealTensors):
+        with contextlib.suppress(CannotScale, step.NeedsRealTensors):
             scaled = _scaled_profiles(workload, structure, (dtype_names, attention_names), granularities, n_middle,
                                       micro_batches)
     if scaled is None:
@@ -117,7 +112,7 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     ``kinds``: the dtypes and attention kernels to trace."""
     n_layers = structure["n_layers"]
     tracers = {k: _Tracer(cut_workload(workload, k), structure, cut_layers=k) for cut in CUT_LAYERS.values() for k in cut}
-    _trace_in_parallel(tracers, kinds, granularities, micro_batches)
+    trace_in_parallel(tracers, kinds, granularities, micro_batches)
     profiles: dict[str, ActivationProfile] = {}
     for dtype_name in kinds[0]:
         for attention in kinds[1]:
@@ -142,137 +137,6 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     return profiles, dict(tracers[CUT_LAYERS["full"][0]].attention_traces)
 
 
-#: environment variable: how many processes trace the cut models at once, a positive integer (unset or empty:
-#: :func:`trace_workers` decides). On the
-#: quiet 2-core development machine, LLaMA-2-70B's cold plan took 12.7 s in one process and 9.7-9.8 s with 2
-#: workers; with its other core busy, 2 workers took 8.5-9.4 s to trace against 8.0-8.2 s in one process (each
-#: worker pays its own fake-tensor caches): set it to 1 on a loaded machine
-TRACE_WORKERS_ENV = "AUTOFIT_TRACE_WORKERS"
-#: the most forked tracers by default (36 steps for LLaMA-2-70B's default space)
-MAX_TRACE_WORKERS = 8
-
-#: one step of a cut trace: (its run's index in :func:`_parallel_runs`, the micro-batch)
-_StepKey = tuple[int, int]
-#: a run: the tracer, dtype, attention kernel and checkpointing (ratio, granularity) it traces at each micro-batch
-_Run = tuple["_Tracer", str, str, tuple[float, str]]
-#: a step's result: its point and per-segment peaks (what :meth:`_Tracer.hand_over` takes)
-_StepResult = tuple[PeakPoint, dict[tuple[str, int], tuple[int, int]]]
-#: the runs the forked workers trace (set before the fork, read in the children by :data:`_StepKey`)
-_FORKED_RUNS: list[_Run] = []
-
-
-def trace_workers_setting() -> int | None:
-    """:data:`TRACE_WORKERS_ENV` as a number of processes, or None where it is unset or empty. A value that is not a
-    positive integer is an error, not ignored: one set to limit the load must not fork one tracer per core."""
-    import os
-
-    value = os.environ.get(TRACE_WORKERS_ENV, "")
-    word = value.strip()
-    if not word:
-        return None
-    if not (word.isascii() and word.isdigit()) or int(word) < 1:
-        raise AutofitError(f"{TRACE_WORKERS_ENV}={value!r} is not a positive integer: set it to how many processes "
-                           "trace at once (1: all in this one), or unset it for one per usable core")
-    return int(word)
-
-
-def trace_workers() -> int:
-    """Processes that trace at once: :func:`trace_workers_setting`; else one per usable core (up to
-    :data:`MAX_TRACE_WORKERS`) where this process runs a single Python thread (the CLI, a notebook cell): a fork
-    copies only the forking thread, so a process with others (a queue worker's lease thread) could fork a lock one
-    of them held; there 1 (no fork)."""
-    import os
-    import threading
-
-    wanted = trace_workers_setting()
-    if wanted is not None:
-        return wanted
-    if threading.active_count() > 1 or not hasattr(os, "sched_getaffinity"):
-        return 1
-    return max(1, min(MAX_TRACE_WORKERS, len(os.sched_getaffinity(0))))
-
-
-def _parallel_runs(tracers: dict[int, _Tracer], kinds: tuple[tuple[str, ...], tuple[str, ...]],
-                   granularities: tuple[str, ...]) -> list[_Run]:
-    """The runs :func:`_scaled_profiles` will ask the cut tracers for, but ``flash``'s (which kernel stands in for
-    it is decided as the tracer goes)."""
-    return [(tracers[k], dtype_name, attention, (ratio, granularity))
-            for dtype_name in kinds[0] for attention in kinds[1] if attention != "flash"
-            for ratio, granularity in [(0.0, "block"), *((1.0, g) for g in granularities)]
-            for k in CUT_LAYERS[granularity if ratio else "full"]]
-
-
-def _trace_in_parallel(tracers: dict[int, _Tracer], kinds: tuple[tuple[str, ...], tuple[str, ...]],
-                       granularities: tuple[str, ...], micro_batches: tuple[int, ...]) -> None:
-    """Run the steps of :func:`_parallel_runs` (each run at each of ``micro_batches``) in :func:`trace_workers`
-    forked processes (where more than 1), and hand each tracer the runs whose every step came back, as if it had
-    traced them itself: each step is independent of the others (a fresh model, batch and counters; 36 steps for
-    LLaMA-2-70B's default space), so the facts are those of one process. A step that fails in a worker is left to
-    the tracer, which runs it again and raises or falls back as it always does. Where forking is unavailable, or
-    fails, or a worker dies, nothing is handed over and one line on stderr says so: the tracers trace in this
-    process."""
-    import multiprocessing
-
-    runs = _parallel_runs(tracers, kinds, granularities)
-    keys = [(r, n) for r in range(len(runs)) for n in micro_batches]
-    workers = min(trace_workers(), len(keys))
-    if workers < 2:
-        return
-    if "fork" not in multiprocessing.get_all_start_methods():
-        _in_one_process(f"{workers} trace workers asked for, but this platform cannot fork")
-        return
-    # the longest first (more layers, larger micro-batches): the workers end together
-    keys.sort(key=lambda key: (-runs[key[0]][0].cut_layers, -key[1]))
-    results = _forked_results(runs, keys, workers)
-    if results is None:
-        return
-    done = {key: result for key, result in results.items() if result is not None}
-    for r, (tracer, dtype_name, attention, ckpt) in enumerate(runs):
-        if all((r, n) in done for n in micro_batches):
-            tracer.hand_over(dtype_name, attention, ckpt, micro_batches, [done[(r, n)] for n in micro_batches])
-
-
-def _forked_results(runs: list[_Run], keys: list[_StepKey], workers: int) -> dict[_StepKey, _StepResult | None] | None:
-    """Each step of ``keys`` traced in ``workers`` forked processes, in that order (:func:`_forked_step`), or None
-    where a process could not be forked or died (a notice on stderr). What else fails in the pool (a result that
-    cannot be pickled: a bug) is raised, not hidden behind a slower trace."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
-    global _FORKED_RUNS
-    _FORKED_RUNS = runs
-    try:
-        # a pool of ProcessPoolExecutor raises BrokenProcessPool where a worker dies (multiprocessing.Pool waits)
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            return dict(zip(keys, pool.map(_forked_step, keys), strict=True))
-    except (OSError, BrokenProcessPool) as exc:  # a fork refused (no memory, a process limit), a worker killed
-        _in_one_process(f"a trace worker could not start or died: {type(exc).__name__}: {first_line(exc)}")
-        return None
-    finally:
-        _FORKED_RUNS = []
-
-
-def _in_one_process(why: str) -> None:
-    """The notice that the cut traces run in this process after all (slower, the same facts)."""
-    import sys
-
-    print(f"autofit: tracing in one process ({why})", file=sys.stderr, flush=True)
-
-
-def _forked_step(key: _StepKey) -> _StepResult | None:
-    """The step ``key`` of :data:`_FORKED_RUNS`, in a worker: its point and per-segment peaks, or None where it
-    failed (the tracer, running it itself, raises or falls back as it always does)."""
-    run, n = key
-    tracer, dtype_name, attention, ckpt = _FORKED_RUNS[run]
-    segments: dict[tuple[str, int], tuple[int, int]] = {}
-    try:
-        point = _trace_step(tracer.workload, n, dtype_name, attention, ckpt, tracer.mode, segments)
-    except Exception:  # the step's own failure: reported when the tracer runs it in this process
-        return None
-    return point, segments
-
-
 def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, granularity: str, n_layers: int,
                            n_middle: int, micro_batches: tuple[int, ...]) -> dict[str, ActivationProfile]:
     """The traces with every layer, and for ``block`` with the middle ratio's first ``n_middle``, checkpointed at
@@ -294,7 +158,6 @@ def _structure(workload: Workload, optimizers: tuple[str, ...], model: Any = Non
     elements where ``optimizers`` has it."""
     structure = model_structure(workload, model)
     if "adam_mini" in optimizers:
-        from autofit.ds.optim import adam_mini_state_numel
 
         try:
             structure["adam_mini_state_numel"] = adam_mini_state_numel(workload.build_model)
@@ -318,7 +181,7 @@ def trace_micro_batches(largest: int) -> tuple[int, ...]:
 
 def parameter_facts(workload: Workload) -> ModelFacts:
     """The model's parameter facts alone (counts, largest module, persistent parameters), from a build
-    on the meta device: enough for model states (:func:`autofit.cost_model.memory.model_states`),
+    on the meta device: enough for model states (:func:`autofit.cost_model.states.model_states`),
     without the activation traces that pricing a whole config needs."""
     started = time.perf_counter()
     structure = model_structure(workload)
@@ -381,7 +244,7 @@ class _Tracer:
 
     def hand_over(self, dtype_name: str, attention: str, ckpt: tuple[float, str], micro_batches: tuple[int, ...],
                   results: list[tuple[PeakPoint, dict[tuple[str, int], tuple[int, int]]]]) -> None:
-        """The steps at each of ``micro_batches``, traced elsewhere (:func:`_trace_in_parallel`): what
+        """The steps at each of ``micro_batches``, traced elsewhere (:func:`autofit.trace.parallel.trace_in_parallel`): what
         :meth:`points` would have traced, then returns without tracing."""
         key = (dtype_name, attention, (ckpt[0], ckpt[1] if ckpt[0] else "block"), micro_batches)
         self.done[key] = tuple(point for point, _ in results)
@@ -414,7 +277,7 @@ class _Tracer:
 
     def _run(self, n: int, dtype_name: str, kernel: str, ckpt: tuple[float, str]) -> PeakPoint:
         segments: dict[tuple[str, int], tuple[int, int]] | None = {} if self.cut_layers else None
-        point = _trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode, segments)
+        point = step.trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode, segments)
         if segments is not None:
             self._recorded.append(segments)
         return point
@@ -422,7 +285,7 @@ class _Tracer:
     def _step(self, n: int, dtype_name: str, kernel: str, ckpt: tuple[float, str]) -> PeakPoint:
         try:
             return self._run(n, dtype_name, kernel, ckpt)
-        except _NeedsRealTensors as exc:
+        except step.NeedsRealTensors as exc:
             if self.cut_layers:
                 raise
             if self.structure["param_bytes_fp32"] > REAL_TRACE_LIMIT_BYTES:
@@ -462,166 +325,3 @@ def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, Ac
     )
 
 
-class _NeedsRealTensors(Exception):
-    """The model does something fake tensors cannot (a data-dependent shape, a stricter meta kernel)."""
-
-
-@contextlib.contextmanager
-def _fake_mode(mode: str) -> Iterator[Any]:
-    if mode == "real":
-        yield None
-        return
-    import logging
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # a kernel that fails on fake tensors is retried on real ones; torch's own log of it is noise here
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as fake:
-            yield fake
-    finally:
-        log.setLevel(level)
-
-
-@dataclass
-class _LiveBytes:
-    """Running count of the bytes held by storages created since tracking began."""
-
-    live: int = 0
-    grads: int = 0
-    peak_with_grads: int = 0
-    peak_without_grads: int = 0
-    tracked: set[int] = field(default_factory=set)
-    traffic: Traffic = field(default_factory=Traffic)
-    """Bytes the step's non-matmul kernels move, eager and fused (:mod:`autofit.trace.traffic`)."""
-    marks: SegmentMarks | None = None
-    """Where the step is (cut traces only): peaks are kept per segment too."""
-    segment_peaks: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
-
-    def add(self, key: int, n_bytes: int) -> None:
-        self.live += n_bytes
-        self.note()
-
-    def remove(self, key: int, n_bytes: int) -> None:
-        self.tracked.discard(key)
-        self.traffic.forget(key)
-        self.live -= n_bytes
-
-    def note(self, workspace: int = 0) -> None:
-        """A moment of the step: the live bytes, plus ``workspace`` the running kernel holds beside them."""
-        live = self.live + workspace
-        self.peak_with_grads = max(self.peak_with_grads, live)
-        self.peak_without_grads = max(self.peak_without_grads, live - self.grads)
-        if self.marks is not None:
-            key = self.marks.segment()
-            with_grads, without_grads = self.segment_peaks.get(key, (0, 0))
-            self.segment_peaks[key] = (max(with_grads, live), max(without_grads, live - self.grads))
-
-
-def _make_tracker(counter: _LiveBytes) -> Any:
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    class LiveMemoryMode(TorchDispatchMode):
-        """Counts every storage an op creates until that storage is freed."""
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            for tensor in tree_leaves(out):
-                if isinstance(tensor, torch.Tensor):
-                    self._track(tensor)
-            counter.note(kernel_workspace_bytes(func, args, out))
-            counter.traffic.record(func, args, kwargs, out)
-            return out
-
-        def _track(self, tensor: Any) -> None:
-            storage = tensor.untyped_storage()
-            key = storage._cdata
-            if key in counter.tracked:
-                return
-            n_bytes = storage.nbytes()
-            counter.tracked.add(key)
-            counter.add(key, n_bytes)
-            weakref.finalize(storage, counter.remove, key, n_bytes)
-
-    return LiveMemoryMode()
-
-
-def _trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt: tuple[float, str], mode: str,
-                segments: dict[tuple[str, int], tuple[int, int]] | None = None) -> PeakPoint:
-    """Forward + backward of one micro-batch of ``n`` samples; live bytes exclude parameters.
-    ``ckpt``: ``(checkpoint ratio, granularity)``, applied as :func:`autofit.ds.apply.apply_checkpointing` does;
-    ``segments``: filled with the peaks of each segment of the step (:class:`SegmentMarks`)."""
-    import torch
-
-    from autofit.ds.apply import apply_checkpointing
-
-    dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
-    try:
-        with _fake_mode(mode):
-            model = to_dtype(workload.build_model(attention=attention), dtype)
-            model.train()
-            layers = workload.repeated_layers(model)
-            if ckpt[0]:
-                apply_checkpointing(model, layers, ckpt[0], ckpt[1], workload.attention_of)
-            batch = cast_batch(workload.batch(n), dtype)
-            # layer marks whenever layers are cut or checkpointed: they also collect the checkpointed recompute's
-            # reference cycles as each layer ends (autofit/trace/layers.py), which a whole trace counted too
-            marked = segments is not None or bool(ckpt[0] and layers)
-            counter: _LiveBytes = _LiveBytes(marks=SegmentMarks(layers, lambda: counter.note()) if marked else None)
-            _ignore_existing(counter, [*model.parameters(), *model.buffers(), *batch_tensors(batch)])
-            params = [p for p in model.parameters() if p.requires_grad]
-            hooks = [p.register_post_accumulate_grad_hook(_grad_hook(counter)) for p in params]
-            activation_bytes_at_loss = 0
-            flops = flop_counter()
-            marking = counter.marks.tracking() if counter.marks else contextlib.nullcontext()
-            with flops, _make_tracker(counter), marking:
-                loss = workload.compute_loss(model, batch)
-                activation_bytes_at_loss = counter.live
-                if counter.marks:
-                    counter.marks.start_backward()
-                counter.traffic.start_backward()
-                loss.backward()
-            for hook in hooks:
-                hook.remove()
-            grad_bytes = counter.grads
-            fp8_flops = fp8_linear_flops(model, flops.get_flop_counts())
-            del loss, model, batch, params
-            if segments is not None:
-                segments.update(counter.segment_peaks)
-    except Exception as exc:
-        if mode == "fake":  # data-dependent shapes, or kernels whose fake (meta) versions are stricter
-            raise _NeedsRealTensors(f"{type(exc).__name__}: {first_line(exc)}") from exc
-        raise AutofitError(f"tracing {workload.name} ({dtype_name}, {attention}) failed: {type(exc).__name__}: {exc}") from exc
-    return PeakPoint(
-        micro_batch_size=n,
-        peak_with_grads_bytes=counter.peak_with_grads,
-        peak_without_grads_bytes=counter.peak_without_grads,
-        activation_bytes=activation_bytes_at_loss,
-        grad_bytes=grad_bytes,
-        flops=int(flops.get_total_flops()),
-        fp8_flops=fp8_flops,
-        memory_bound_bytes=counter.traffic.eager,
-        fused_memory_bound_bytes=counter.traffic.fused,
-    )
-
-
-def _ignore_existing(counter: _LiveBytes, tensors: list[Any]) -> None:
-    """Storages that exist before the step (parameters, buffers, the batch) and their views are not counted."""
-    for tensor in tensors:
-        counter.tracked.add(tensor.untyped_storage()._cdata)
-
-
-def _grad_hook(counter: _LiveBytes) -> Any:
-    def hook(param: Any) -> None:
-        grad = param.grad
-        if grad is not None:
-            counter.grads += grad.untyped_storage().nbytes()
-            counter.traffic.keep(storage_key(grad))  # the optimizer reads it
-            counter.note()
-
-    return hook

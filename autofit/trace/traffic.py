@@ -17,6 +17,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofit.trace.tensors import cpu_sdpa_flop_formulas
+
 
 def memory_bound_bytes(func: Any, args: Any, kwargs: Any, out: Any) -> int:
     """Bytes an op that does no matmul reads and writes: its tensor inputs and outputs (elementwise ops, norms,
@@ -123,7 +125,6 @@ def _is_matmul(func: Any) -> bool:
     """A matmul, convolution or attention kernel: FLOP-bound, and what a fused chain of the others ends at."""
     from torch.utils.flop_counter import flop_registry
 
-    from autofit.trace.tensors import cpu_sdpa_flop_formulas
 
     packet = func.overloadpacket
     return packet in flop_registry or packet in cpu_sdpa_flop_formulas()

@@ -24,6 +24,7 @@ from autofit.cost_model import Prediction
 from autofit.planning.plan import Plan
 from autofit.probe.result import ProbeResult
 from autofit.tuner.records import Phase, TrialRecord
+from autofit.tuner.storage import rdb_storage
 
 DEFAULT_STORAGE = "sqlite:///autofit.db"
 
@@ -72,7 +73,6 @@ def open_study(plan: Plan, storage: str, study_name: str, margin: float) -> Any:
     """Create the study, or load it when it exists and was started for the same search."""
     import optuna
 
-    from autofit.tuner.storage import rdb_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.core.errors import AutofitError
+from autofit.workload.hf import load_hf_entry
 from autofit.workload.types import Workload
 
 #: how an entry string names a :class:`Workload` handed over as an object (``autofit.estimate(workload)``)
@@ -46,7 +47,6 @@ def load_workload(entry: str) -> Workload:
     """Import ``ENTRY`` and call it (an ``hf:`` entry: :func:`autofit.workload.hf.load_hf_entry`). Every failure is one
     AutofitError line naming the entry."""
     if entry.startswith("hf:"):
-        from autofit.workload.hf import load_hf_entry
 
         return load_hf_entry(entry)
     function = _resolve_entry(entry)

@@ -12,24 +12,21 @@ Nothing here imports torch at module level; :func:`workload_fingerprint` does, w
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
-
-def digest(value: Any) -> str:
-    """sha256 of ``value`` as canonical JSON (sorted keys; anything else by ``str``)."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+from autofit.core.hashing import digest
+from autofit.workload.hf import HfEntry
 
 
 def entry_source(entry: str) -> Path | None:
     """The source file ``entry`` (``path.py:fn`` or ``package.module:fn``) is defined in, if it has one; an ``hf:``
     entry's ``config.json`` where it is a local folder (a Hub model's config is its structure's)."""
     if entry.startswith("hf:"):
-        from autofit.workload.hf import HfEntry
 
         config = Path(HfEntry.parse(entry).source).expanduser() / "config.json"
         return config.resolve() if config.is_file() else None
@@ -88,7 +85,6 @@ def _module_files(root: Path, dotted: str) -> list[Path]:
 def _imported_names(path: Path, root: Path) -> list[tuple[Path, str]]:
     """``(base folder, dotted module)`` of each import in ``path`` (``from m import x`` names ``m`` and ``m.x``,
     ``x`` may be a submodule); relative imports resolve from the file's own package."""
-    import ast
 
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))

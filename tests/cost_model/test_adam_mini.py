@@ -18,7 +18,7 @@ from autofit.core.rules import Context, adam_mini_installed, adam_mini_needs_zer
 from autofit.core.software import Software
 from autofit.core.space import enumerate_candidates, space_from_dict
 from autofit.cost_model import predict
-from autofit.cost_model.memory import model_states
+from autofit.cost_model.states import model_states
 from autofit.ds.emit import deepspeed_config
 from autofit.ds.optim import adam_mini_dims, make_adam_mini
 from autofit.machine.device import get_hardware
@@ -148,7 +148,7 @@ def test_an_adam_mini_step_holds_the_scratch_the_cost_model_prices() -> None:
     probe's allocator setting (RSS tracks live tensors; without it glibc may serve the update from a block the
     last step freed): from the second step on (the states exist) it holds what ``optimizer_scratch_bytes``
     prices beyond its states, the update and its negation."""
-    from autofit.cost_model.memory import optimizer_scratch_bytes
+    from autofit.cost_model.states import optimizer_scratch_bytes
     from autofit.probe.launch import free_port, rank_env
 
     rows, dim = 8192, 512

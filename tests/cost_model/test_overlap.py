@@ -14,7 +14,7 @@ from toy_facts import CPU, FACTS
 from autofit.core.config import Config
 from autofit.cost_model import Coefficients, predict
 from autofit.cost_model.comm import communication_phases
-from autofit.cost_model.memory import buckets_of
+from autofit.cost_model.states import buckets_of
 from autofit.cost_model.time import first_gather_share, micro_batch_compute_s
 from autofit.machine.device import get_hardware
 

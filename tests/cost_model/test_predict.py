@@ -10,7 +10,7 @@ import pytest
 from autofit.core.config import Config
 from autofit.cost_model import Coefficients, predict
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
-from autofit.cost_model.memory import model_states, optimizer_state_bytes
+from autofit.cost_model.states import model_states, optimizer_state_bytes
 from autofit.machine.device import get_hardware
 
 GB = 1e9

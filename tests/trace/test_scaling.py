@@ -45,11 +45,11 @@ def trace_deep(workload: Workload) -> object:
 def scaled() -> tuple[Workload, object]:
     """The deep model traced in this one process (AUTOFIT_TRACE_WORKERS=1: no fork), what the forked traces must
     give."""
-    from autofit.trace import tracer
+    from autofit.trace import parallel
 
     workload = deep_gpt()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(tracer.TRACE_WORKERS_ENV, "1")
+        patch.setenv(parallel.TRACE_WORKERS_ENV, "1")
         return workload, trace_deep(workload)
 
 
@@ -70,13 +70,13 @@ def test_a_deep_model_of_alike_layers_is_traced_cut(scaled) -> None:  # noqa: AN
 def test_cut_traces_in_forked_workers_are_the_ones_traced_in_process(scaled, monkeypatch, capsys) -> None:  # noqa: ANN001
     """AUTOFIT_TRACE_WORKERS=2: every step runs in a worker (none in this process), and the facts are those of
     AUTOFIT_TRACE_WORKERS=1, without a word on stderr."""
-    from autofit.trace import tracer
+    from autofit.trace import parallel, tracer
 
     workload, facts = scaled
     in_process: list[object] = []
     real_run = tracer._Tracer._run
     monkeypatch.setattr(tracer._Tracer, "_run", lambda self, *a: in_process.append(a) or real_run(self, *a))
-    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "2")
+    monkeypatch.setenv(parallel.TRACE_WORKERS_ENV, "2")
     forked = trace_deep(workload)
     assert in_process == []
     assert _same(forked, facts)
@@ -89,18 +89,18 @@ def test_a_worker_that_dies_leaves_the_trace_to_this_process_with_one_line(scale
     import os
     import signal
 
-    from autofit.trace import tracer
+    from autofit.trace import parallel, step
 
     workload, facts = scaled
-    parent, real_step = os.getpid(), tracer._trace_step
+    parent, real_step = os.getpid(), step.trace_step
 
     def killed_in_a_worker(*args: object) -> object:
         if os.getpid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)
         return real_step(*args)
 
-    monkeypatch.setattr(tracer, "_trace_step", killed_in_a_worker)
-    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "2")
+    monkeypatch.setattr(step, "trace_step", killed_in_a_worker)
+    monkeypatch.setenv(parallel.TRACE_WORKERS_ENV, "2")
     assert _same(trace_deep(workload), facts)
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("autofit: tracing in one process") and "BrokenProcessPool" in line
@@ -112,16 +112,16 @@ def test_a_bug_in_a_worker_is_raised_not_traced_around(monkeypatch) -> None:  # 
     import os
     import pickle
 
-    from autofit.trace import tracer
+    from autofit.trace import parallel, step
 
-    parent, real_step = os.getpid(), tracer._trace_step
+    parent, real_step = os.getpid(), step.trace_step
 
     def unpicklable_in_a_worker(*args: object) -> object:
         point = real_step(*args)
         return (lambda: point) if os.getpid() != parent else point
 
-    monkeypatch.setattr(tracer, "_trace_step", unpicklable_in_a_worker)
-    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "2")
+    monkeypatch.setattr(step, "trace_step", unpicklable_in_a_worker)
+    monkeypatch.setenv(parallel.TRACE_WORKERS_ENV, "2")
     with pytest.raises((pickle.PicklingError, AttributeError)):  # by Python version
         trace_deep(deep_gpt())
 

@@ -14,6 +14,7 @@ from autofit.cost_model import Coefficients, predict
 from autofit.ds.apply import apply_checkpointing, apply_to_model
 from autofit.ds.emit import deepspeed_config
 from autofit.machine.device import get_hardware
+from autofit.machine.software import detect_software
 from autofit.trace import trace_workload
 from autofit.workload.types import find_attention_modules
 
@@ -92,13 +93,15 @@ def test_rules_space_and_the_emitted_json() -> None:
     assert granularity_needs_checkpointing(ctx, "attention", 0.5) is None
     space = space_from_dict({"checkpoint_ratio": [0.0, 1.0], "checkpoint_granularity": ["block", "attention"]}, name="t")
     kinds = {(c.checkpoint_ratio, c.checkpoint_granularity) for c in enumerate_candidates(
-        space, hardware=get_hardware("cpu"), world_size=1, global_batch=None, fixed={}, searches_attention=False).candidates}
+        space, software=detect_software(),
+            hardware=get_hardware("cpu"), world_size=1, global_batch=None, fixed={}, searches_attention=False).candidates}
     assert kinds == {(0.0, "block"), (1.0, "block"), (1.0, "attention")}
-    without = enumerate_candidates(space, hardware=get_hardware("cpu"), world_size=1, global_batch=None, fixed={},
+    without = enumerate_candidates(space, software=detect_software(),
+                                   hardware=get_hardware("cpu"), world_size=1, global_batch=None, fixed={},
                                    searches_attention=False, checkpoints_attention=False).candidates
     assert {c.checkpoint_granularity for c in without} == {"block"}
     with pytest.raises(AutofitError, match="no attention sub-module"):
-        enumerate_candidates(space, hardware=get_hardware("cpu"), world_size=1, global_batch=None,
+        enumerate_candidates(space, software=detect_software(), hardware=get_hardware("cpu"), world_size=1, global_batch=None,
                              fixed={"checkpoint_granularity": "attention"}, searches_attention=False, checkpoints_attention=False)
 
     ds = deepspeed_config(Config(checkpoint_ratio=1.0, checkpoint_granularity="attention"), 1, "cpu")

@@ -17,8 +17,8 @@ from autofit.commands.api import estimate_target
 from autofit.core.errors import AutofitError
 from autofit.planning.target import Target, prepare
 from autofit.trace import cache, source_cache
+from autofit.trace.parallel import TRACE_WORKERS_ENV
 from autofit.trace.source_cache import SourcePlannedWorkload, source_key
-from autofit.trace.tracer import TRACE_WORKERS_ENV
 from autofit.workload.hf import with_hf_options
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from torch import nn
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.cost_model import ModelFacts
-from autofit.trace import trace_config, trace_workload, tracer
-from autofit.trace.tracer import _LiveBytes, _make_tracker
+from autofit.trace import parallel, trace_config, trace_workload
+from autofit.trace.step import LiveBytes, make_tracker
 from autofit.workload.entry import load_workload
 from autofit.workload.types import Workload
 
@@ -45,8 +45,8 @@ def tiny_facts() -> ModelFacts:
 
 
 def test_tracker_counts_each_new_storage_once_and_frees_it() -> None:
-    counter = _LiveBytes()
-    with _make_tracker(counter):
+    counter = LiveBytes()
+    with make_tracker(counter):
         a = torch.ones(1000)  # 4000 B
         b = a.view(10, 100).t()  # a view: no new storage
         assert counter.live == 4000
@@ -199,9 +199,9 @@ def test_counting_flops_keeps_no_checkpointed_recompute_alive(monkeypatch: pytes
     count the same FLOPs as torch's and leave the live bytes as they are without any counter."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    import autofit.trace.tracer as trace
+    import autofit.trace.step as trace
+    from autofit.trace.step import trace_step as _trace_step
     from autofit.trace.tensors import cpu_sdpa_flop_formulas
-    from autofit.trace.tracer import _trace_step
 
     gpt = load_workload(f"{EXAMPLES}/gpt.py:workload")
     counted = _trace_step(gpt, 4, "fp32", "sdpa", (1.0, "block"), "fake")
@@ -244,8 +244,8 @@ def test_the_trackers_hold_no_gradient_of_a_layer_whose_input_is_shared(monkeypa
     until every input has one; an input shared by all layers has its gradient only at the end of backward (T5 mb16,
     every block checkpointed: 122.7 MiB traced where 102.6 were measured). The trace's trackers count instead."""
     import autofit.trace.hooks as trace_hooks
-    import autofit.trace.tracer as trace
-    from autofit.trace.tracer import _trace_step
+    import autofit.trace.step as trace
+    from autofit.trace.step import trace_step as _trace_step
 
     shared = Workload(model=SharedInput, batch=lambda n: torch.randn(n, TOKENS, WIDTH), name="shared")
     counted = _trace_step(shared, 8, "fp32", "sdpa", (1.0, "block"), "fake")
@@ -317,7 +317,7 @@ def test_trace_workers_that_is_not_a_positive_integer_is_one_line_from_the_cli(
 
     from autofit.cli import main
 
-    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, value)
+    monkeypatch.setenv(parallel.TRACE_WORKERS_ENV, value)
     result = CliRunner().invoke(main, ["estimate", f"{EXAMPLES}/mlp.py:workload", "--hardware", "cpu", "--no-cache"])
     assert result.exit_code == 1 and result.stdout == ""
     (line,) = result.stderr.splitlines()
@@ -325,12 +325,12 @@ def test_trace_workers_that_is_not_a_positive_integer_is_one_line_from_the_cli(
 
 
 def test_trace_workers_reads_a_positive_integer_and_defaults_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, " 3 ")
-    assert tracer.trace_workers() == 3
-    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "")
-    assert tracer.trace_workers_setting() is None
-    monkeypatch.delenv(tracer.TRACE_WORKERS_ENV)
-    assert 1 <= tracer.trace_workers() <= tracer.MAX_TRACE_WORKERS
-    monkeypatch.setenv(tracer.TRACE_WORKERS_ENV, "00")
+    monkeypatch.setenv(parallel.TRACE_WORKERS_ENV, " 3 ")
+    assert parallel.trace_workers() == 3
+    monkeypatch.setenv(parallel.TRACE_WORKERS_ENV, "")
+    assert parallel.trace_workers_setting() is None
+    monkeypatch.delenv(parallel.TRACE_WORKERS_ENV)
+    assert 1 <= parallel.trace_workers() <= parallel.MAX_TRACE_WORKERS
+    monkeypatch.setenv(parallel.TRACE_WORKERS_ENV, "00")
     with pytest.raises(AutofitError, match="AUTOFIT_TRACE_WORKERS='00' is not a positive integer"):
-        tracer.trace_workers()
+        parallel.trace_workers()

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofit.ds.apply import compiles
-from autofit.probe.rank.meter import Meter
 from autofit.probe.rank import memory
+from autofit.probe.rank.meter import Meter
 
 
 @dataclass

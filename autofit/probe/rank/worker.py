@@ -106,9 +106,9 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     import torch
 
     from autofit.core.config import Config
+    from autofit.probe import snapshot
     from autofit.probe.rank.meter import Meter
     from autofit.probe.rank.steps import run_steps
-    from autofit.probe import snapshot
 
     config = Config.from_dict(spec["config"])
     ds = spec["deepspeed"]

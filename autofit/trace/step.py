@@ -1,0 +1,191 @@
+"""One traced step: a fresh model and batch under fake (or real) tensors, its forward, loss and backward with the
+live bytes counted as they are allocated and freed (:class:`LiveBytes`), its FLOPs and per-segment peaks
+(:func:`trace_step`). :mod:`autofit.trace.tracer` runs it at each micro-batch, precision, kernel and layout."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofit.core.errors import AutofitError
+from autofit.cost_model.facts import PeakPoint
+from autofit.ds.apply import apply_checkpointing
+from autofit.trace.layers import SegmentMarks
+from autofit.trace.structure import fp8_linear_flops
+from autofit.trace.tensors import (
+    batch_tensors,
+    cast_batch,
+    first_line,
+    flop_counter,
+    kernel_workspace_bytes,
+    to_dtype,
+)
+from autofit.trace.traffic import Traffic, storage_key
+from autofit.workload.types import Workload
+
+
+class NeedsRealTensors(Exception):
+    """The model does something fake tensors cannot (a data-dependent shape, a stricter meta kernel)."""
+
+
+@contextlib.contextmanager
+def fake_mode(mode: str) -> Iterator[Any]:
+    if mode == "real":
+        yield None
+        return
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # a kernel that fails on fake tensors is retried on real ones; torch's own log of it is noise here
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+            yield fake
+    finally:
+        log.setLevel(level)
+
+
+@dataclass
+class LiveBytes:
+    """Running count of the bytes held by storages created since tracking began."""
+
+    live: int = 0
+    grads: int = 0
+    peak_with_grads: int = 0
+    peak_without_grads: int = 0
+    tracked: set[int] = field(default_factory=set)
+    traffic: Traffic = field(default_factory=Traffic)
+    """Bytes the step's non-matmul kernels move, eager and fused (:mod:`autofit.trace.traffic`)."""
+    marks: SegmentMarks | None = None
+    """Where the step is (cut traces only): peaks are kept per segment too."""
+    segment_peaks: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+
+    def add(self, key: int, n_bytes: int) -> None:
+        self.live += n_bytes
+        self.note()
+
+    def remove(self, key: int, n_bytes: int) -> None:
+        self.tracked.discard(key)
+        self.traffic.forget(key)
+        self.live -= n_bytes
+
+    def note(self, workspace: int = 0) -> None:
+        """A moment of the step: the live bytes, plus ``workspace`` the running kernel holds beside them."""
+        live = self.live + workspace
+        self.peak_with_grads = max(self.peak_with_grads, live)
+        self.peak_without_grads = max(self.peak_without_grads, live - self.grads)
+        if self.marks is not None:
+            key = self.marks.segment()
+            with_grads, without_grads = self.segment_peaks.get(key, (0, 0))
+            self.segment_peaks[key] = (max(with_grads, live), max(without_grads, live - self.grads))
+
+
+def make_tracker(counter: LiveBytes) -> Any:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class LiveMemoryMode(TorchDispatchMode):
+        """Counts every storage an op creates until that storage is freed."""
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for tensor in tree_leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    self._track(tensor)
+            counter.note(kernel_workspace_bytes(func, args, out))
+            counter.traffic.record(func, args, kwargs, out)
+            return out
+
+        def _track(self, tensor: Any) -> None:
+            storage = tensor.untyped_storage()
+            key = storage._cdata
+            if key in counter.tracked:
+                return
+            n_bytes = storage.nbytes()
+            counter.tracked.add(key)
+            counter.add(key, n_bytes)
+            weakref.finalize(storage, counter.remove, key, n_bytes)
+
+    return LiveMemoryMode()
+
+
+def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt: tuple[float, str], mode: str,
+                segments: dict[tuple[str, int], tuple[int, int]] | None = None) -> PeakPoint:
+    """Forward + backward of one micro-batch of ``n`` samples; live bytes exclude parameters.
+    ``ckpt``: ``(checkpoint ratio, granularity)``, applied as :func:`autofit.ds.apply.apply_checkpointing` does;
+    ``segments``: filled with the peaks of each segment of the step (:class:`SegmentMarks`)."""
+    import torch
+
+
+    dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
+    try:
+        with fake_mode(mode):
+            model = to_dtype(workload.build_model(attention=attention), dtype)
+            model.train()
+            layers = workload.repeated_layers(model)
+            if ckpt[0]:
+                apply_checkpointing(model, layers, ckpt[0], ckpt[1], workload.attention_of)
+            batch = cast_batch(workload.batch(n), dtype)
+            # layer marks whenever layers are cut or checkpointed: they also collect the checkpointed recompute's
+            # reference cycles as each layer ends (autofit/trace/layers.py), which a whole trace counted too
+            marked = segments is not None or bool(ckpt[0] and layers)
+            counter: LiveBytes = LiveBytes(marks=SegmentMarks(layers, lambda: counter.note()) if marked else None)
+            ignore_existing(counter, [*model.parameters(), *model.buffers(), *batch_tensors(batch)])
+            params = [p for p in model.parameters() if p.requires_grad]
+            hooks = [p.register_post_accumulate_grad_hook(grad_hook(counter)) for p in params]
+            activation_bytes_at_loss = 0
+            flops = flop_counter()
+            marking = counter.marks.tracking() if counter.marks else contextlib.nullcontext()
+            with flops, make_tracker(counter), marking:
+                loss = workload.compute_loss(model, batch)
+                activation_bytes_at_loss = counter.live
+                if counter.marks:
+                    counter.marks.start_backward()
+                counter.traffic.start_backward()
+                loss.backward()
+            for hook in hooks:
+                hook.remove()
+            grad_bytes = counter.grads
+            fp8_flops = fp8_linear_flops(model, flops.get_flop_counts())
+            del loss, model, batch, params
+            if segments is not None:
+                segments.update(counter.segment_peaks)
+    except Exception as exc:
+        if mode == "fake":  # data-dependent shapes, or kernels whose fake (meta) versions are stricter
+            raise NeedsRealTensors(f"{type(exc).__name__}: {first_line(exc)}") from exc
+        raise AutofitError(f"tracing {workload.name} ({dtype_name}, {attention}) failed: {type(exc).__name__}: {exc}") from exc
+    return PeakPoint(
+        micro_batch_size=n,
+        peak_with_grads_bytes=counter.peak_with_grads,
+        peak_without_grads_bytes=counter.peak_without_grads,
+        activation_bytes=activation_bytes_at_loss,
+        grad_bytes=grad_bytes,
+        flops=int(flops.get_total_flops()),
+        fp8_flops=fp8_flops,
+        memory_bound_bytes=counter.traffic.eager,
+        fused_memory_bound_bytes=counter.traffic.fused,
+    )
+
+
+def ignore_existing(counter: LiveBytes, tensors: list[Any]) -> None:
+    """Storages that exist before the step (parameters, buffers, the batch) and their views are not counted."""
+    for tensor in tensors:
+        counter.tracked.add(tensor.untyped_storage()._cdata)
+
+
+def grad_hook(counter: LiveBytes) -> Any:
+    def hook(param: Any) -> None:
+        grad = param.grad
+        if grad is not None:
+            counter.grads += grad.untyped_storage().nbytes()
+            counter.traffic.keep(storage_key(grad))  # the optimizer reads it
+            counter.note()
+
+    return hook

@@ -1,0 +1,146 @@
+"""The house rules of docs/design.md ("Architecture", "Conventions"), checked on autofit's own source: the layers in
+the folders import only downwards and never in a circle, imports sit at the module top (but the heavy optional
+packages, imported where used so that ``import autofit`` stays light), no function over 60 lines, no module over
+500."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "autofit"
+
+#: the layers from the bottom up (docs/design.md, "Architecture"): a module imports only from its own layer or below
+LAYERS = ("core", "machine", "workload", "ds", "cost_model", "trace", "probe", "planning", "tuner", "script", "schedule",
+          "report", "commands", "cli", "__init__")
+
+#: packages imported inside the functions that use them: optional (extras) and heavy to import, so that
+#: ``import autofit`` and the pure cost model stay light (docs/design.md, "Conventions" 1)
+LAZY_PACKAGES = frozenset({
+    "torch", "deepspeed", "transformers", "accelerate", "optuna", "sqlalchemy", "pynvml", "numpy", "matplotlib",
+    "psutil", "bitsandbytes", "torchao", "adam_mini", "flash_attn", "lightning", "huggingface_hub", "triton",
+    "resource",  # POSIX only
+})
+
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 500
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement of a module but those under ``if TYPE_CHECKING``, with whether it is in a function."""
+    def walk(body: list[ast.stmt], in_function: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+        for node in body:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                yield node, in_function
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from walk(node.orelse, in_function)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                yield from walk(node.body, True)
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    inner = getattr(node, field, None)
+                    if isinstance(inner, list):
+                        yield from walk([n for n in inner if isinstance(n, ast.stmt | ast.ExceptHandler)], in_function)
+            if isinstance(node, ast.ExceptHandler):
+                yield from walk(node.body, in_function)
+    yield from walk(tree.body, False)
+
+
+def _targets(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        edges = graph.setdefault(name, set())
+        for node, _ in _imports(ast.parse(path.read_text())):
+            for target in _targets(node):
+                found = _resolve(target) if target.split(".")[0] == "autofit" else None
+                if found and found != name:
+                    edges.add(found)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                out.append(sorted([v, *component]))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.index(parts[1] if len(parts) > 1 else "__init__")
+
+
+def test_no_import_cycle() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_every_module_sits_in_a_layer_and_imports_none_above_it() -> None:
+    upward = [(module, target) for module, targets in _graph().items() for target in targets
+              if _layer(target) > _layer(module)]
+    assert upward == []
+
+
+def test_imports_sit_at_the_module_top_but_the_heavy_optional_packages() -> None:
+    inside = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {ast.unparse(node)}"
+              for path in MODULES.values() for node, in_function in _imports(ast.parse(path.read_text()))
+              if in_function and not all(t.split(".")[0] in LAZY_PACKAGES for t in _targets(node))]
+    assert inside == []
+
+
+@pytest.mark.parametrize("path", list(MODULES.values()), ids=list(MODULES))
+def test_small_modules_and_functions(path: Path) -> None:
+    source = path.read_text()
+    assert len(source.splitlines()) <= MAX_MODULE_LINES
+    long = [(node.name, node.end_lineno - (node.decorator_list[0].lineno if node.decorator_list else node.lineno) + 1)
+            for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+    assert [(name, n) for name, n in long if n > MAX_FUNCTION_LINES] == []
