@@ -52,8 +52,6 @@ import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from autofit.machine.software import detect_software
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -62,6 +60,7 @@ from autofit.core.errors import AutofitError  # noqa: E402
 from autofit.core.space import enumerate_candidates, load_space, space_from_dict  # noqa: E402
 from autofit.ds.emit import write_json_atomic  # noqa: E402
 from autofit.machine.device import get_hardware  # noqa: E402
+from autofit.machine.software import detect_software  # noqa: E402
 from autofit.planning.plan import Plan  # noqa: E402
 from autofit.probe.result import ProbeResult  # noqa: E402
 from autofit.probe.run import run_probe  # noqa: E402
