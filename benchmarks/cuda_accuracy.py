@@ -62,17 +62,19 @@ def configs_for(micro_batch: int, quick: bool) -> list[Any]:
     ]
 
 
-def runnable(configs: list[Any], hardware: Any, world_size: int) -> tuple[list[Any], list[str]]:
-    """The configs the space's rules let run here, and one line per pruned group (fp8 below sm89 ...)."""
+def runnable(configs: list[Any], hardware: Any, world_size: int, software: Any = None) -> tuple[list[Any], list[str]]:
+    """The configs the space's rules let run on ``software`` (default: this machine's), and one line per pruned group
+    (fp8 below sm89 ...)."""
     from autofit.core.space import SearchSpace, enumerate_candidates
     from autofit.machine.software import detect_software
 
+    software = software if software is not None else detect_software()
     keep, reasons = [], []
     for config in configs:
         values = {k: (v,) for k, v in config.to_dict().items() if k != "grad_accum_steps"}
         space = SearchSpace(name="cuda_accuracy", description="one config", values=values)
         try:
-            enumerate_candidates(space, software=detect_software(),
+            enumerate_candidates(space, software=software,
                                  hardware=hardware, world_size=world_size, global_batch=None, fixed={},
                                  searches_attention=True)
             keep.append(config)

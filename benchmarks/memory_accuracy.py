@@ -69,7 +69,7 @@ MODELS = [
 HELD_OUT_DIR = "benchmarks/models/"
 HF_CONFIGS = "examples/hf_configs"
 #: each shipped config (as the ``hf:`` entry's options) -> its hand-written twin, the same model and batch
-#: (tests/test_hf.py checks their estimates agree); None: no hand-written entry of that model exists
+#: (tests/workload/test_hf.py checks their estimates agree); None: no hand-written entry of that model exists
 HF_TWINS: dict[str, tuple[str, str | None]] = {
     "llama_gqa": ("seq_len=128", "benchmarks/models/gqa_llama.py:workload"),
     "mixtral_moe": ("seq_len=128", "benchmarks/models/moe.py:workload"),

@@ -3,7 +3,7 @@
     python benchmarks/queue_soak.py [--searches 60] [--workers 4] [--probe-s 1] [--lease 8] [--chaos-s 10] [--seed 0]
 
 A throwaway PostgreSQL cluster on loopback (tests/schedule/pgserver.py: ``initdb`` + ``pg_ctl``; as root it runs as
-the ``postgres`` user), the tiny model of tests/search/tiny.py queued ``--searches`` times (a distinct global batch
+the ``postgres`` user), the tiny model of tests/tuner/tiny.py queued ``--searches`` times (a distinct global batch
 each, micro-batches 1/2/4/8, 3 search probes, fp32 SGD on this CPU). ``--workers`` worker processes run the
 product's worker loop (:meth:`autofit.schedule.worker.Worker.serve`: claims, leases, signals, database retries;
 tests/schedule/sleepy_worker.py), each probe answered by the cost model after ``--probe-s`` seconds instead of

@@ -1,7 +1,7 @@
 """DeepSpeed's NVMe swap buffers: their size in the emitted JSON and the pinned host memory they take.
 
 Dependency-free (no DeepSpeed import) so that :mod:`autofit.ds.emit` and :mod:`autofit.cost_model.host`
-share one set of numbers; ``tests/test_swap_buffers.py`` checks the constants against DeepSpeed's.
+share one set of numbers; ``tests/ds/test_swap_buffers.py`` checks the constants against DeepSpeed's.
 
 **Parameter swapper** (deepspeed/runtime/swap_tensor/partitioned_param_swapper.py,
 ``AsyncPartitionedParameterSwapper``): ``_configure_aio`` allocates ``buffer_count`` buffers of

@@ -206,7 +206,7 @@ def test_the_cli_reads_the_recipe_from_a_file_and_says_so(tmp_path: Path) -> Non
 
     from autofit.cli import main
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "search"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tuner"))
     from tiny import ENTRY
 
     ds = tmp_path / "ds_config.json"

@@ -11,14 +11,14 @@ import pytest
 from click.testing import CliRunner
 
 from autofit.cli import main
+from autofit.core.boundary import STATUSES
 from autofit.core.config import Config
 from autofit.machine.device import get_hardware
 from autofit.planning.ladder import BASELINE, ladder_plan, measure_ladder, price_ladder, rung_configs, rungs
 from autofit.planning.plan import Plan
-from autofit.probe.run import STATUSES
 from autofit.workload.entry import load_workload
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = f"{ROOT}/examples/seed_build_along.py:workload_tiny"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "search"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tuner"))
 from tiny import ENTRY, tiny_workload  # noqa: E402
 
 from autofit.core.config import Config
@@ -22,7 +22,7 @@ from autofit.planning.estimate import estimate
 from autofit.planning.ladder import ladder_plan, price_ladder
 from autofit.planning.plan import Plan, default_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H100 = get_hardware("h100-80gb")
 
 

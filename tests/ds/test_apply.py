@@ -129,7 +129,7 @@ def test_a_json_that_says_compile_trains_a_tiny_model_compiled_on_the_cpu(tmp_pa
     import sys
     from pathlib import Path
 
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     out = tmp_path / "result.json"
     env = os.environ | {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
                         "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",

@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 stage_1_and_2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
 stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPUS, NODES = 8, 8
 
 

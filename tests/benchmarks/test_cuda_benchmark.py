@@ -12,7 +12,7 @@ from autofit.core.hardware import PRESETS
 from autofit.core.software import Software
 
 torch = pytest.importorskip("torch")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cuda_accuracy  # noqa: E402
@@ -28,15 +28,14 @@ def test_without_cuda_it_exits_with_one_line():
     ]
 
 
-def test_the_grid_is_bf16_and_fp8_by_every_zero_stage_and_fp8_is_pruned_below_sm89(monkeypatch):
+def test_the_grid_is_bf16_and_fp8_by_every_zero_stage_and_fp8_is_pruned_below_sm89():
     configs = cuda_accuracy.configs_for(4, quick=False)
     assert {(c.precision, c.zero_stage) for c in configs} == {(p, z) for p in ("bf16", "fp8") for z in range(4)}
-    monkeypatch.setattr("autofit.core.space.detect_software", lambda: Software())  # not this machine's libraries
-    kept, reasons = cuda_accuracy.runnable(configs, PRESETS["h100-80gb"], 8)
+    kept, reasons = cuda_accuracy.runnable(configs, PRESETS["h100-80gb"], 8, Software())
     # fp8 with ZeRO-3 is pruned by the space's own rule (rules.fp8_not_with_zero3), with torchao's reason
     assert kept == [c for c in configs if (c.precision, c.zero_stage) != ("fp8", 3)]
     assert reasons and all("Float8Linear" in r for r in reasons)
-    kept, reasons = cuda_accuracy.runnable(configs, PRESETS["a100-80gb"], 8)
+    kept, reasons = cuda_accuracy.runnable(configs, PRESETS["a100-80gb"], 8, Software())
     assert {c.precision for c in kept} == {"bf16"} and all("no fp8 support" in r for r in reasons)
 
 

@@ -10,7 +10,7 @@ import pytest
 from autofit.core.errors import AutofitError
 from autofit.planning.target import Target, prepare
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MLP = f"{ROOT}/examples/mlp.py:workload"
 
 

@@ -14,7 +14,7 @@ from autofit import AutofitError
 from autofit.workload.entry import load_workload
 from autofit.workload.hf import HfEntry, HfOptions, attention_blocks, hf_workload, load_config, task_from_config, with_hf_options
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _memory_accuracy():  # noqa: ANN202

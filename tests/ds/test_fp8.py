@@ -58,7 +58,7 @@ def gpt_facts():
     from autofit.trace import trace_workload
     from autofit.workload.entry import load_workload
 
-    entry = f"{Path(__file__).resolve().parent.parent / 'examples' / 'gpt.py'}:workload"
+    entry = f"{Path(__file__).resolve().parents[2] / 'examples' / 'gpt.py'}:workload"
     # eager attention: its matmuls are counted (FlopCounterMode counts none for the CPU's SDPA kernel)
     return trace_workload(load_workload(entry), precisions=("bf16", "fp8"), attentions=("eager",))
 

@@ -20,8 +20,8 @@ from autofit.planning.target import Target, cli_fields
 from autofit.workload.entry import load_workload
 from autofit.workload.types import Workload
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = f"{ROOT}/tests/search/tiny.py:tiny_workload"
+ROOT = Path(__file__).resolve().parents[2]
+TINY = f"{ROOT}/tests/tuner/tiny.py:tiny_workload"
 #: every dimension fixed: one candidate, one trace (a GPU plan measures no CPU kernel footprint: quick)
 FIXED: dict[str, Any] = {
     "micro_batch_size": 2, "checkpoint_ratio": 0.5, "precision": "bf16", "optimizer": "adamw", "zero_stage": 2,

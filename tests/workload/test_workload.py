@@ -66,7 +66,7 @@ def test_load_from_module_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_load_a_shipped_example_by_relative_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     assert load_workload("examples/mlp.py:workload").name == "residual-mlp"
 
 

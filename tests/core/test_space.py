@@ -16,7 +16,7 @@ from autofit.core.software import Software
 from autofit.core.space import SPACE_KEYS, SearchSpace, enumerate_candidates, load_space, search_space_dirs, shipped_spaces
 from autofit.machine.device import get_hardware
 
-REPO_SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
+REPO_SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 SHIPPED = sorted(p.stem for p in REPO_SPACES.glob("*.yaml"))
 
 CPU = Hardware(name="cpu", kind="cpu", memory_bytes=8 * 2**30, peak_flops={"fp32": 1e12, "bf16": 1e12, "fp16": 1e12})

@@ -15,7 +15,7 @@ from autofit.core.software import Software
 from autofit.ds import swap_buffers
 from autofit.ds.emit import check_with_deepspeed, deepspeed_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRESETS_H100 = PRESETS["h100-80gb"]
 #: LLaMA-1 7B's embedding (examples/llama_7b.py: vocabulary 32000 x hidden 4096), its largest parameter
 LLAMA_7B_EMBEDDING = 32000 * 4096
