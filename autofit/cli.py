@@ -201,13 +201,13 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
                            warmup_steps=warmup, memory_snapshot=snapshot_path)
     measured = run_probe(spec, timeout_s=timeout_s, hosts=setup.hosts)
     _say_fragmentation(measured)
-    document = measured.to_json() | {"predicted": chosen.prediction.to_dict()}
+    measured = measured.with_predicted(chosen.prediction.record())
     if shared.as_json:
-        click.echo(json.dumps(document, indent=1))
+        click.echo(json.dumps(measured.to_json(), indent=1))
     else:
         from autofit.report.tables import print_probe
 
-        print_probe(document)
+        print_probe(measured)
     if measured.status != "ok":
         sys.exit(2)
 

@@ -27,7 +27,9 @@ from autofit.core.boundary import OOM_ON, STATUSES, OomOn, Status, read_record
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
-from autofit.probe.result import MODES
+
+MODES = ("real", "fake")
+"""How a probe runs: ``real`` DeepSpeed steps, or ``fake`` (the model on fake tensors at full size, memory only)."""
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ class _Search:
         return SearchResult(
             config=winner.config,
             measured=winner.measured,
-            predicted=usable.predict(winner.config, self.calibration).to_dict(),
+            predicted=usable.predict(winner.config, self.calibration).record(),
             deepspeed=ds,
             trials=sorted(self.records, key=lambda r: r.number),
             pruned=pruned_entries(ranked, searched, winner, plan.rejected, usable.hardware.memory_bytes),

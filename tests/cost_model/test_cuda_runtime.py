@@ -109,7 +109,7 @@ def test_a_search_record_hands_calibration_the_offset() -> None:
     measured = ProbeResult(config=SMALL, status="ok", peak_bytes=9 * GIB, step_time_s=1.0, samples_per_s=8.0,
                            tokens_per_s=None, message=None, overhead_s=1.0,
                            device_memory={"nvml_peak_bytes": 9 * GIB, "max_memory_reserved_bytes": 8 * GIB})
-    record = TrialRecord(number=0, config=SMALL, phase="search", status="ok", measured=measured, predicted={})
+    record = TrialRecord(number=0, config=SMALL, phase="search", status="ok", measured=measured, predicted=None)
     assert record.observation(80 * GIB).outside_allocator_bytes == GIB
 
 

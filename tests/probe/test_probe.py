@@ -17,6 +17,8 @@ import pytest
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.machine.device import get_hardware
+from autofit.cost_model.memory import MemoryBreakdown
+from autofit.cost_model.prediction import PredictionRecord
 from autofit.probe.result import ProbeResult
 from autofit.probe.run import run_probe
 from autofit.probe.spec import probe_spec
@@ -26,6 +28,11 @@ HERE = Path(__file__).resolve().parent
 ENTRY = f"{HERE / 'probe_workloads.py'}"
 CPU = get_hardware("cpu")
 START_S = 300.0  # generous: the first DeepSpeed start on a fresh machine builds an op
+
+
+#: a prediction as a probe's result carries it
+PREDICTED = PredictionRecord(peak_bytes=9, host_peak_bytes=20, breakdown=MemoryBreakdown(5, 1, 1, 1, 1), step_time_s=0.5,
+                             samples_per_s=2.0, tokens_per_s=None, time_breakdown={"compute": 0.5})
 
 
 def entry(name: str) -> str:
@@ -44,7 +51,7 @@ def test_probe_result_json_has_the_design_keys() -> None:
         overhead_s=1.0,
         per_rank_peak_bytes=[10],
     )
-    out = result.with_predicted({"peak_bytes": 9}).to_json()
+    out = result.with_predicted(PREDICTED).to_json()
     for key in (
         "config",
         "status",
@@ -57,7 +64,9 @@ def test_probe_result_json_has_the_design_keys() -> None:
     ):
         assert key in out
     assert out["config"]["micro_batch_size"] == 1
-    assert out["predicted"] == {"peak_bytes": 9}
+    assert out["predicted"] == PREDICTED.to_json()
+    assert list(out["predicted"]) == ["peak_bytes", "host_peak_bytes", "breakdown", "step_time_s", "samples_per_s",
+                                      "tokens_per_s", "time_breakdown"]  # docs/design.md, "JSON output"
     assert result.to_json()["predicted"] == {}
 
 
@@ -65,7 +74,7 @@ def _full_result() -> ProbeResult:
     return ProbeResult(
         config=Config(micro_batch_size=2, zero_stage=2), status="oom", peak_bytes=10, step_time_s=0.0, samples_per_s=0.0,
         tokens_per_s=None, message="past the budget", overhead_s=1.5, per_rank_peak_bytes=[10, 9],
-        phases_s={"imports_s": 1.0}, world_size=2, wall_s=3.0, predicted={"peak_bytes": 9}, oom_on="host",
+        phases_s={"imports_s": 1.0}, world_size=2, wall_s=3.0, predicted=PREDICTED, oom_on="host",
         device_memory={"nvml_peak_bytes": None, "context_bytes": 5}, per_rank_build_bytes=[1, 2],
     )
 
