@@ -1,6 +1,7 @@
 """One probe rank, in its own process: ``python -m autofit.probe.rank.worker SPEC.json``.
 
-The parent (:mod:`autofit.probe.launch`) writes SPEC.json and sets RANK,
+The parent (:mod:`autofit.probe.launch`) writes SPEC.json (a :class:`~autofit.probe.records.ProbeSpec`, read back
+here with :meth:`~autofit.probe.records.ProbeSpec.from_json`) and sets RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. This process loads the
 workload, builds the model, runs warm-up and measured DeepSpeed steps, and writes
 ``rank<R>.json`` (status, peak, step times, phase times) into the spec's
@@ -106,22 +107,12 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -
     import torch
 
     from autofit.probe import snapshot
-    from autofit.probe.rank.meter import Meter
     from autofit.probe.rank.steps import run_steps
 
     config, ds = spec.config, spec.deepspeed
     workload = import_workload(spec.entry, config.attention, torch)
     phases["imports_s"] = time.time() - t0
-
-    def on_exceeded(used: int) -> None:
-        message = f"rank {rank}: resident memory {used} B passed the budget {spec.budget_bytes()} B"
-        write_rank_result(out, RankResult(rank=rank, status="oom", oom_on="device", peak_bytes=used, phases_s=phases,
-                                          message=message))
-        os._exit(0)
-
-    meter = Meter(torch, spec.hardware.kind, spec.budget_bytes(), on_exceeded,
-                  device_budget_bytes=spec.hardware.memory_bytes, later_outside_bytes=spec.nccl_bytes)
-    _METERS.append(meter)
+    meter = _meter(torch, spec, rank, phases, out)
     snapshot_path = spec.memory_snapshot if meter.cuda and rank == 0 else None
     if snapshot_path:
         snapshot.start_recording(torch)
@@ -132,16 +123,13 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -
 
     t0 = time.time()
     engine = _initialize(deepspeed, model, ds)
-    from autofit.ds.apply import compile_engine
-
-    compile_engine(engine, ds)  # lazy: the first step builds the graph (run_steps times it as compile_s)
     phases["initialize_s"] = time.time() - t0
     initialize_peak_bytes = meter.peak_bytes(final=False)
 
     dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
     batch = to_device(workload.batch(config.micro_batch_size), meter.device, dtype)
     t_steps = time.time()
-    times = run_steps(engine, lambda: workload.compute_loss(engine, batch), config.grad_accum_steps, meter, spec.deepspeed,
+    times = run_steps(engine, lambda: workload.compute_loss(engine, batch), config.grad_accum_steps, meter, ds,
                       spec.warmup_steps, spec.steps)
     phases["steps_s"] = time.time() - t_steps
     if times.compile_s is not None:
@@ -168,6 +156,23 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -
         initialize_peak_bytes=initialize_peak_bytes,
         param_elements=param_elements,
     )
+
+
+def _meter(torch: Any, spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -> Any:
+    """The rank's :class:`~autofit.probe.rank.meter.Meter`, its baseline taken now (after the imports); past a CPU
+    budget it writes this rank's ``oom`` result and ends the process."""
+    from autofit.probe.rank.meter import Meter
+
+    def on_exceeded(used: int) -> None:
+        message = f"rank {rank}: resident memory {used} B passed the budget {spec.budget_bytes()} B"
+        write_rank_result(out, RankResult(rank=rank, status="oom", oom_on="device", peak_bytes=used, phases_s=phases,
+                                          message=message))
+        os._exit(0)
+
+    meter = Meter(torch, spec.hardware.kind, spec.budget_bytes(), on_exceeded,
+                  device_budget_bytes=spec.hardware.memory_bytes, later_outside_bytes=spec.nccl_bytes)
+    _METERS.append(meter)
+    return meter
 
 
 def untrained_message(loss: float) -> str:
@@ -214,12 +219,15 @@ def held_param_elements(model: Any) -> int:
 
 
 def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> Any:
-    """``deepspeed.initialize`` with the candidate's JSON and its client optimizer, if any."""
-    from autofit.ds.apply import client_optimizer
+    """``deepspeed.initialize`` with the candidate's JSON and its client optimizer, if any; compiled where the JSON
+    says (lazily: the first step builds the graph, and :func:`autofit.probe.rank.steps.run_steps` times it as
+    ``compile_s``)."""
+    from autofit.ds.apply import client_optimizer, compile_engine
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = client_optimizer(model, ds)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds)
+    compile_engine(engine, ds)
     return engine
 
 
