@@ -16,9 +16,9 @@ import pytest
 
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
-from autofit.machine.device import get_hardware
 from autofit.cost_model.memory import MemoryBreakdown
 from autofit.cost_model.prediction import PredictionRecord
+from autofit.machine.device import get_hardware
 from autofit.probe.result import ProbeResult
 from autofit.probe.run import run_probe
 from autofit.probe.spec import probe_spec
