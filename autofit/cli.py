@@ -185,29 +185,29 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
     from autofit.commands.api import check_nodes
     from autofit.planning.estimate import estimate as run_estimate
     from autofit.probe.run import run_probe
+    from autofit.probe.spec import plan_probe_spec
 
     setup = prepare(shared.target)
     if mode == "real":
         check_nodes(setup)  # nodes that cannot be placed: one line before the trace and the ops
-    result = run_estimate(setup.plan())
+    plan = setup.plan()
+    result = run_estimate(plan)
     chosen = (result.fitting or result.candidates)[0]
     software = setup.software
     if mode == "real":
         software = _prepare_ops([chosen.config], setup)
     say(f"probing {chosen.config.label()} ({mode})")
-    measured = run_probe(setup.entry_point, chosen.config, setup.hardware, setup.world_size, mode=mode, steps=steps,
-                         warmup_steps=warmup, timeout_s=timeout_s, memory_snapshot=snapshot_path,
-                         software=software, hosts=setup.hosts,
-                         hidden_size=result.facts.hidden_size if result.facts else 0,
-                         largest_param_numel=result.facts.largest_param_numel if result.facts else 0)
+    spec = plan_probe_spec(dataclasses.replace(plan, software=software), chosen.config, mode=mode, steps=steps,
+                           warmup_steps=warmup, memory_snapshot=snapshot_path)
+    measured = run_probe(spec, timeout_s=timeout_s, hosts=setup.hosts)
     _say_fragmentation(measured)
-    document = measured.to_json() | {"predicted": chosen.prediction.to_dict()}
+    measured = measured.with_predicted(chosen.prediction.record())
     if shared.as_json:
-        click.echo(json.dumps(document, indent=1))
+        click.echo(json.dumps(measured.to_json(), indent=1))
     else:
         from autofit.report.tables import print_probe
 
-        print_probe(document)
+        print_probe(measured)
     if measured.status != "ok":
         sys.exit(2)
 

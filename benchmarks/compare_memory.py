@@ -44,6 +44,7 @@ from autofit.cost_model import predict
 from autofit.machine.device import get_hardware
 from autofit.planning.plan import trace_for
 from autofit.probe.run import run_probe
+from autofit.probe.spec import probe_spec
 from autofit.workload.entry import load_workload
 from autofit.workload.types import Workload
 
@@ -78,7 +79,7 @@ def measure(model: str, entry: str, config: Config, cache: cc.JsonCache) -> dict
     hardware = get_hardware("cpu")
 
     def probe() -> dict[str, Any]:
-        r = run_probe(entry, config, hardware, 1, steps=1, warmup_steps=1, timeout_s=900)
+        r = run_probe(probe_spec(entry, config, hardware, 1, steps=1, warmup_steps=1), timeout_s=900)
         print(f"  probe {model} {config.label()}: {r.status} {r.peak_bytes / cc.MIB:.1f} MiB ({r.wall_s:.0f} s)", flush=True)
         return {"status": r.status, "peak_bytes": r.peak_bytes, "message": r.message, "wall_s": r.wall_s}
 

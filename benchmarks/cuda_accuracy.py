@@ -86,10 +86,11 @@ def runnable(configs: list[Any], hardware: Any, world_size: int, software: Any =
 def measure(entry: str, config: Any, facts: Any, hardware: Any, world_size: int, timeout_s: float) -> dict[str, Any]:
     from autofit.cost_model import Coefficients, predict
     from autofit.probe.run import run_probe
+    from autofit.probe.spec import probe_spec
 
     predicted = predict(config, facts, hardware, world_size, Coefficients.for_hardware(hardware))
-    result = run_probe(entry, config, hardware, world_size, steps=5, warmup_steps=2, timeout_s=timeout_s,
-                       hidden_size=facts.hidden_size)
+    spec = probe_spec(entry, config, hardware, world_size, steps=5, warmup_steps=2, facts=facts)
+    result = run_probe(spec, timeout_s=timeout_s)
     memory = result.device_memory
     allocator = (memory.get("max_memory_reserved_bytes") or 0) + (memory.get("context_bytes") or 0)
     return {

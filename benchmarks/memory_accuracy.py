@@ -54,6 +54,7 @@ from autofit.machine.device import get_hardware  # noqa: E402
 from autofit.planning.plan import trace_for, with_kernel_footprints  # noqa: E402
 from autofit.probe.ops import prepare_ops  # noqa: E402
 from autofit.probe.run import run_probe  # noqa: E402
+from autofit.probe.spec import probe_spec  # noqa: E402
 from autofit.workload.entry import load_workload  # noqa: E402
 from autofit.workload.hf import HfEntry, is_hf_entry  # noqa: E402
 
@@ -221,8 +222,8 @@ def measure(entry: str, configs: list[Config], timeout_s: float) -> list[dict[st
     rows = []
     for config in configs:
         started = time.time()
-        measured = run_probe(entry, config, hardware, 1, steps=1, warmup_steps=1, timeout_s=timeout_s,
-                             hidden_size=facts.hidden_size)
+        measured = run_probe(probe_spec(entry, config, hardware, 1, steps=1, warmup_steps=1, facts=facts),
+                             timeout_s=timeout_s)
         if measured.status != "ok":
             print(f"| {workload.name} | {config.label()} | - | - | {measured.status}: {measured.message[:120]} |", flush=True)
             continue

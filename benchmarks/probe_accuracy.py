@@ -5,7 +5,7 @@
 For each model of benchmarks/probe_models.py (fp32, AdamW, CPU, world size 1):
 
 * the probe: ``autofit.probe.run.run_probe`` (VmHWM - VmRSS after imports, median step time);
-* fake mode: ``run_probe(mode="fake")`` (FakeTensorMode simulation, memory only);
+* fake mode: ``run_probe(probe_spec(..., mode="fake"))`` (FakeTensorMode simulation, memory only);
 * independent: this file run as a plain script (``--independent``) that trains the
   same steps with the same DeepSpeed JSON but shares no measuring code: memory is
   the child's ``ru_maxrss`` from ``os.wait4`` minus the ``ru_maxrss`` of a second
@@ -111,6 +111,7 @@ def main() -> None:
     from autofit.core.units import format_bytes
     from autofit.machine.device import get_hardware
     from autofit.probe.run import run_probe
+    from autofit.probe.spec import probe_spec
 
     cpu = get_hardware("cpu")
     print(
@@ -123,7 +124,7 @@ def main() -> None:
         config = Config(micro_batch_size=micro, zero_stage=args.zero)
         probe_peak, probe_tput, ind_peak, ind_tput, fake_peak = [], [], [], [], []
         for _ in range(args.repeats):
-            r = run_probe(f"{MODELS_FILE}:{name}", config, cpu, steps=STEPS, warmup_steps=WARMUP, timeout_s=900)
+            r = run_probe(probe_spec(f"{MODELS_FILE}:{name}", config, cpu, steps=STEPS, warmup_steps=WARMUP), timeout_s=900)
             if r.status != "ok":
                 raise SystemExit(f"{name}: probe {r.status}: {r.message}")
             probe_peak.append(r.peak_bytes)
@@ -134,7 +135,7 @@ def main() -> None:
             ind_peak.append(full - base)
             ind_tput.append(json.loads(out.strip().splitlines()[-1])["samples_per_s"])
             if not args.no_fake:
-                f = run_probe(f"{MODELS_FILE}:{name}", config, cpu, mode="fake", timeout_s=900)
+                f = run_probe(probe_spec(f"{MODELS_FILE}:{name}", config, cpu, mode="fake"), timeout_s=900)
                 fake_peak.append(f.peak_bytes if f.status == "ok" else 0)
         pp, ip, pt, it = (statistics.median(v) for v in (probe_peak, ind_peak, probe_tput, ind_tput))
         fp = statistics.median(fake_peak) if fake_peak else 0

@@ -65,18 +65,13 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["AUTOFIT_BENCH_SEQ"] = str(args.seq)
     from autofit.probe.run import run_probe
+    from autofit.probe.spec import probe_spec
 
     values = {"precision": "bf16", "checkpoint_ratio": 1.0, "attention": "sdpa"} | parse_set(args.set)
     config = Config.from_dict(values | {"micro_batch_size": args.micro})
     t0 = time.time()
-    result = run_probe(
-        f"{Path(__file__).resolve()}:llama7b",
-        config,
-        get_hardware(args.hardware),
-        args.gpus,
-        mode="fake",
-        timeout_s=1800,
-    )
+    spec = probe_spec(f"{Path(__file__).resolve()}:llama7b", config, get_hardware(args.hardware), args.gpus, mode="fake")
+    result = run_probe(spec, timeout_s=1800)
     wall = time.time() - t0
     print("| config | world | status | peak | breakdown | wall s | simulate s |")
     print("|---|---|---|---|---|---|---|")

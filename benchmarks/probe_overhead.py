@@ -21,6 +21,7 @@ from autofit.core.config import Config  # noqa: E402
 from autofit.core.units import format_bytes  # noqa: E402
 from autofit.machine.device import get_hardware  # noqa: E402
 from autofit.probe.run import run_probe  # noqa: E402
+from autofit.probe.spec import probe_spec  # noqa: E402
 
 MODELS_FILE = Path(__file__).resolve().parent / "probe_models.py"
 
@@ -38,7 +39,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         config = Config(micro_batch_size=MODELS[name], zero_stage=args.zero)
-        r = run_probe(f"{MODELS_FILE}:{name}", config, get_hardware("cpu"), steps=args.steps, timeout_s=600)
+        r = run_probe(probe_spec(f"{MODELS_FILE}:{name}", config, get_hardware("cpu"), steps=args.steps), timeout_s=600)
         p = r.phases_s
         if r.status != "ok":
             print(f"| {name} | {r.status}: {r.message} |")

@@ -64,6 +64,7 @@ from autofit.machine.software import detect_software  # noqa: E402
 from autofit.planning.plan import Plan  # noqa: E402
 from autofit.probe.result import ProbeResult  # noqa: E402
 from autofit.probe.run import run_probe  # noqa: E402
+from autofit.probe.spec import probe_spec  # noqa: E402
 from autofit.tuner import Prober, SearchSettings, run_search  # noqa: E402
 from autofit.workload.entry import load_workload  # noqa: E402
 
@@ -134,7 +135,7 @@ def _configs(entry: str, hardware, scenario: Scenario = FP32) -> list[Config]:  
 
 
 def _probe(entry: str, config: Config, hardware) -> object:  # noqa: ANN001
-    return run_probe(entry, config, hardware, 1, steps=STEPS, timeout_s=300)
+    return run_probe(probe_spec(entry, config, hardware, 1, steps=STEPS), timeout_s=300)
 
 
 def _remeasure(entry: str, configs: list[Config], hardware) -> dict:  # noqa: ANN001

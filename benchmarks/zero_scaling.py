@@ -21,6 +21,7 @@ from autofit.cost_model import predict  # noqa: E402
 from autofit.machine.device import get_hardware  # noqa: E402
 from autofit.planning.plan import trace_for  # noqa: E402
 from autofit.probe.run import run_probe  # noqa: E402
+from autofit.probe.spec import probe_spec  # noqa: E402
 from autofit.workload.entry import load_workload  # noqa: E402
 
 
@@ -39,7 +40,8 @@ def main() -> None:
     print("|---|---:|---:|---|---:|")
     for world_size in (1, 2):
         for config in configs:
-            measured = run_probe(args.model, config, hardware, world_size, steps=1, warmup_steps=1, timeout_s=900)
+            spec = probe_spec(args.model, config, hardware, world_size, steps=1, warmup_steps=1)
+            measured = run_probe(spec, timeout_s=900)
             if measured.status != "ok":
                 print(f"| {config.zero_stage} | {world_size} | - | {measured.status}: {measured.message} | - |")
                 continue

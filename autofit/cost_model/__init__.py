@@ -18,6 +18,7 @@ from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.cost_model.host import host_peak_bytes
 from autofit.cost_model.memory import MemoryBreakdown, predict_memory
+from autofit.cost_model.prediction import PredictionRecord
 from autofit.cost_model.time import predict_step_time
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "ModelFacts",
     "PeakPoint",
     "Prediction",
+    "PredictionRecord",
     "predict",
 ]
 
@@ -55,16 +57,21 @@ class Prediction:
     """Most host (CPU RAM) bytes one node needs: its ranks' processes, builds and offloaded states
     (:mod:`autofit.cost_model.host`)."""
 
+    def record(self) -> PredictionRecord:
+        """What travels of it (JSON, a study, a probe's result): memory and time, not the verdict."""
+        return PredictionRecord(
+            peak_bytes=self.peak_bytes,
+            host_peak_bytes=self.host_peak_bytes,
+            breakdown=self.breakdown,
+            step_time_s=self.step_time_s,
+            samples_per_s=self.samples_per_s,
+            tokens_per_s=self.tokens_per_s,
+            time_breakdown=self.time_breakdown,
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "peak_bytes": self.peak_bytes,
-            "host_peak_bytes": self.host_peak_bytes,
-            "breakdown": asdict(self.breakdown),
-            "step_time_s": self.step_time_s,
-            "samples_per_s": self.samples_per_s,
-            "tokens_per_s": self.tokens_per_s,
-            "time_breakdown": self.time_breakdown,
-        }
+        """The ``predicted`` JSON of docs/design.md ("JSON output"): :meth:`PredictionRecord.to_json`."""
+        return self.record().to_json()
 
 
 def predict(

@@ -238,10 +238,10 @@ class Ladder:
     world_size: int
     global_batch: int
     rows: tuple[LadderRow, ...]
-    hidden_size: int = 0
-    """The model's hidden size, which the probed rungs' ZeRO buckets are derived from (:mod:`autofit.ds.buckets`)."""
-    largest_param_numel: int = 0
-    """The model's largest parameter, which sizes a probed rung's NVMe swap buffers (:func:`autofit.probe.run.run_probe`)."""
+    facts: ModelFacts | None = None
+    """The traced model the rungs were priced with: a probed rung's DeepSpeed JSON is derived from it as the cost
+    model priced it (ZeRO buckets from its hidden size, NVMe swap buffers from its largest parameter;
+    :func:`autofit.probe.spec.probe_spec`)."""
 
     def with_measured(self, measured: dict[int, dict[str, Any]]) -> Ladder:
         """The same ladder with the probes' JSON (by rung index) added."""
@@ -269,8 +269,7 @@ def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
         for i, (rung, config) in enumerate(zip(ladder, rung_configs(base, ladder), strict=True))
     )
     return Ladder(name=plan.name, n_params=plan.facts.n_params, hardware=plan.hardware, world_size=plan.world_size,
-                  global_batch=first.samples_per_step(plan.world_size), rows=rows, hidden_size=plan.facts.hidden_size,
-                  largest_param_numel=plan.facts.largest_param_numel)
+                  global_batch=first.samples_per_step(plan.world_size), rows=rows, facts=plan.facts)
 
 
 def _quiet(line: str) -> None:
@@ -289,6 +288,7 @@ def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: flo
     from autofit.machine.software import detect_software
     from autofit.probe.ops import prepare_ops
     from autofit.probe.run import run_probe
+    from autofit.probe.spec import probe_spec
 
     check_can_measure(ladder.hardware)
     fitting = [row for row in ladder.rows if row.fits]
@@ -302,9 +302,9 @@ def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: flo
     measured = {}
     for row in fitting:
         say(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}")
-        probed = run_probe(entry, row.config, ladder.hardware, ladder.world_size, steps=steps, timeout_s=timeout_s,
-                           software=software, hidden_size=ladder.hidden_size,
-                           largest_param_numel=ladder.largest_param_numel)
+        spec = probe_spec(entry, row.config, ladder.hardware, ladder.world_size, steps=steps, software=software,
+                          facts=ladder.facts)
+        probed = run_probe(spec, timeout_s=timeout_s)
         measured[row.index] = probed.to_json()
     return ladder.with_measured(measured)
 

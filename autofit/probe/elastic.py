@@ -28,7 +28,7 @@ from typing import Any
 from autofit.core.errors import AutofitError
 from autofit.probe.launch import RankOutcome, _tail, kill_group, wait_for_ranks, with_package_root
 from autofit.probe.nodes import NodeLaunch, plan_nodes
-from autofit.probe.records import RankResult
+from autofit.probe.records import ProbeSpec, RankResult
 
 
 def check_devices(kind: str, ranks_per_node: int, visible: int | None) -> None:
@@ -90,10 +90,10 @@ def _rank_result(data: dict[str, Any], rank: int) -> RankResult:
         return RankResult(rank=max(rank, 0), status="error", message=f"rank {rank} sent an unreadable result: {exc}"[:500])
 
 
-def launch_agents(spec: dict[str, Any], workdir: Path, launch: NodeLaunch, world_size: int,
+def launch_agents(spec: ProbeSpec, workdir: Path, launch: NodeLaunch, world_size: int,
                   timeout_s: float) -> tuple[list[RankOutcome], bool]:
     """Run the probe through ``launch``'s agents; each rank's outcome and whether the deadline passed."""
-    line = (json.dumps(dict(spec, spawn_time=time.time())) + "\n").encode()
+    line = (json.dumps(spec.launched().to_json()) + "\n").encode()
     agents: list[_Agent] = []
     try:
         for index, command in enumerate(launch.commands):

@@ -20,11 +20,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from autofit.probe.failure import classify_exit, ended_by_sigkill, read_kernel_log
 from autofit.probe.oom_killer import oom_kills
-from autofit.probe.records import RankResult, read_rank_result
+from autofit.probe.records import ProbeSpec, RankResult, read_rank_result
 
 #: seconds the other ranks get to report once one rank has finished with a failure
 FAILURE_GRACE_S = 5.0
@@ -130,12 +129,12 @@ def with_package_root(pythonpath: str | None) -> str:
     return os.pathsep.join([package_root, *rest])
 
 
-def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: float) -> tuple[list[RankOutcome], bool]:
+def launch(spec: ProbeSpec, workdir: Path, world_size: int, timeout_s: float) -> tuple[list[RankOutcome], bool]:
     """Run ``world_size`` worker ranks of ``spec``; returns each rank's outcome and whether the deadline passed."""
     spec_path = workdir / "spec.json"
     port = free_port()
-    spec = dict(spec, result_dir=str(workdir), spawn_time=time.time())
-    spec_path.write_text(json.dumps(spec))
+    spec = spec.launched(result_dir=str(workdir))
+    spec_path.write_text(json.dumps(spec.to_json()))
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     oom_kills_before = oom_kills()
@@ -147,7 +146,7 @@ def launch(spec: dict[str, Any], workdir: Path, world_size: int, timeout_s: floa
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "autofit.probe.rank.worker", str(spec_path)],
-                    env=rank_env(dict(os.environ), rank, world_size, port, spec["kind"]),
+                    env=rank_env(dict(os.environ), rank, world_size, port, spec.hardware.kind),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -1,5 +1,11 @@
-"""What one probe rank reports: :class:`RankResult`, written by the rank as ``rank<R>.json``, read by the probe.
+"""The hand-offs between the probe and its ranks, one record each way.
 
+:class:`ProbeSpec`: what the probe asks of its ranks, written by the parent (:func:`autofit.probe.spec.probe_spec`
+builds it; :func:`autofit.probe.launch.launch` writes it as ``spec.json``, :func:`autofit.probe.elastic.launch_agents`
+as one line on each agent's stdin) and read back by each rank (:mod:`autofit.probe.rank.worker`) with
+:meth:`ProbeSpec.from_json`.
+
+:class:`RankResult`: what one probe rank reports, written by the rank as ``rank<R>.json``, read by the probe.
 The rank (:mod:`autofit.probe.rank.worker`, or :mod:`autofit.probe.rank.fake`) writes every field, whatever it
 measured; the probe (:func:`autofit.probe.run.run_probe`, through :func:`read_rank_result`) reads it back
 strictly (:func:`autofit.core.boundary.read_record`), and a file it cannot read as this record makes that
@@ -12,12 +18,99 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autofit.core.boundary import OOM_ON, STATUSES, OomOn, Status, read_record
+from autofit.core.config import Config
 from autofit.core.errors import AutofitError
+from autofit.core.hardware import Hardware
+
+MODES = ("real", "fake")
+"""How a probe runs: ``real`` DeepSpeed steps, or ``fake`` (the model on fake tensors at full size, memory only)."""
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """One probe, as its ranks run it (``spec.json``): the workload, the candidate and its DeepSpeed JSON, the
+    device, the steps. Built in the parent (:func:`autofit.probe.spec.probe_spec`), so that every value a rank
+    needs is decided once, where the plan is."""
+
+    entry: str
+    """The workload's entry point (``path.py:function``, ``package.module:function`` or ``hf:…``), which each
+    rank loads (:func:`autofit.workload.entry.load_workload`)."""
+    config: Config
+    """The candidate that runs."""
+    hardware: Hardware
+    """The device: ``hardware.kind`` picks the backend and the meter; ``memory_bytes`` is the budget."""
+    deepspeed: dict[str, Any]
+    """The candidate's DeepSpeed JSON (:func:`autofit.ds.emit.deepspeed_config`), as ``deepspeed.initialize``
+    gets it, its ``autofit`` section included."""
+    nccl_bytes: int = 0
+    """CUDA: what NCCL will hold outside the allocator once it connects
+    (:func:`autofit.cost_model.cuda_runtime.nccl_buffer_bytes`); the allocator's cap leaves room for it. 0 on
+    the CPU."""
+    world_size: int = 1
+    """Data-parallel ranks the probe runs (fake mode: simulated by one process)."""
+    mode: str = "real"
+    """``real`` (DeepSpeed steps) or ``fake`` (the model on fake tensors at full size, memory only)."""
+    steps: int = 3
+    """Measured optimizer steps, >= 1."""
+    warmup_steps: int = 1
+    """Untimed optimizer steps before them, >= 0."""
+    memory_snapshot: str | None = None
+    """CUDA: the absolute path rank 0 writes the allocator's history to (:mod:`autofit.probe.snapshot`); None:
+    none recorded."""
+    result_dir: str = ""
+    """Where each rank writes ``rank<R>.json``: set by the launcher (:meth:`launched`), not by the builder."""
+    spawn_time: float = 0.0
+    """Seconds since the epoch the launcher started the ranks (their ``process_start_s`` counts from it)."""
+
+    def __post_init__(self) -> None:
+        self.check(self.mode, self.world_size, self.steps, self.warmup_steps)
+        if self.nccl_bytes < 0:
+            raise AutofitError(f"probe spec nccl_bytes must be >= 0, but got {self.nccl_bytes!r}")
+
+    @staticmethod
+    def check(mode: str, world_size: int, steps: int, warmup_steps: int) -> None:
+        """An :class:`AutofitError` naming the first of these a probe cannot run with."""
+        if mode not in MODES:
+            raise AutofitError(f"probe mode must be real or fake, but got {mode!r}")
+        if world_size < 1:
+            raise AutofitError(f"world_size must be >= 1, but got {world_size!r}")
+        if steps < 1 or warmup_steps < 0:
+            raise AutofitError(f"probe needs steps >= 1 and warmup_steps >= 0, but got {steps=}, {warmup_steps=}")
+
+    def budget_bytes(self) -> int | None:
+        """The memory watchdog's limit: a CPU device's ``memory_bytes`` in real mode (docs/design.md, "Memory,
+        measured"); None where nothing watches (CUDA caps its allocator instead; fake mode allocates nothing)."""
+        return self.hardware.memory_bytes if self.hardware.kind == "cpu" and self.mode == "real" else None
+
+    def launched(self, result_dir: str | None = None) -> ProbeSpec:
+        """This spec as a launcher hands it on now: ``spawn_time`` now, and ``result_dir`` where given."""
+        return replace(self, spawn_time=time.time(), result_dir=self.result_dir if result_dir is None else result_dir)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field by its name; ``config`` as its dict, ``hardware`` as its fields (what :meth:`from_json`
+        reads)."""
+        return asdict(self) | {"config": self.config.to_dict(), "hardware": asdict(self.hardware)}
+
+    @classmethod
+    def from_json(cls, data: object) -> ProbeSpec:
+        """The spec :meth:`to_json` wrote; an :class:`AutofitError` names a missing, unknown or mistyped key."""
+        return read_record(cls, data, "a probe's spec", {"config": _config_of, "hardware": _hardware_of})
+
+
+def _config_of(data: object) -> Config:
+    if not isinstance(data, dict):
+        raise AutofitError(f"a probe's spec: config must be a JSON object, but got {data!r}")
+    return Config.from_dict(data)
+
+
+def _hardware_of(data: object) -> Hardware:
+    return read_record(Hardware, data, "a probe's spec: hardware")
 
 
 @dataclass(frozen=True)

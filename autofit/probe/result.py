@@ -4,18 +4,16 @@ JSON of ``autofit probe --json`` and of a search's trials.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from autofit.core.boundary import OOM_ON, STATUSES, OomOn, Status, read_record
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
+from autofit.cost_model.prediction import PredictionRecord
+from autofit.probe.records import MODES
 
-if TYPE_CHECKING:
-    pass
-
-
-MODES = ("real", "fake")
+__all__ = ["MODES", "ProbeResult"]
 
 
 #: a failure status wins over a rank's ``ok``; ``oom`` wins over the errors it causes in its peers
@@ -58,8 +56,8 @@ class ProbeResult:
     """``real`` (DeepSpeed steps) or ``fake`` (FakeTensorMode, memory only)."""
     wall_s: float = 0.0
     """Seconds the whole probe took, seen from the caller."""
-    predicted: dict[str, Any] | None = None
-    """The cost model's prediction for this config, filled in by the caller."""
+    predicted: PredictionRecord | None = None
+    """The cost model's prediction for this config, filled in by the caller (:meth:`with_predicted`)."""
     step_times_s: list[float] = field(default_factory=list)
     """Every timed step of the slowest rank, in order (their median is ``step_time_s``)."""
     optimizer_time_s: float = 0.0
@@ -98,14 +96,14 @@ class ProbeResult:
     def fits(self) -> bool:
         return self.status == "ok"
 
-    def with_predicted(self, predicted: dict[str, Any] | None) -> ProbeResult:
-        return _replace(self, predicted=predicted)
+    def with_predicted(self, predicted: PredictionRecord | None) -> ProbeResult:
+        return replace(self, predicted=predicted)
 
     def to_json(self) -> dict[str, Any]:
-        """Every field by its name; ``config`` as its dict, ``predicted`` as ``{}`` when there is none."""
+        """Every field by its name; ``config`` as its dict, ``predicted`` as its JSON, ``{}`` when there is none."""
         out = asdict(self)
         out["config"] = self.config.to_dict()
-        out["predicted"] = self.predicted if self.predicted is not None else {}
+        out["predicted"] = self.predicted.to_json() if self.predicted is not None else {}
         return out
 
     @classmethod
@@ -121,13 +119,7 @@ def _config_of(data: object) -> Config:
     return Config.from_dict(data)
 
 
-def _predicted_of(data: object) -> dict[str, Any] | None:
+def _predicted_of(data: object) -> PredictionRecord | None:
     if not isinstance(data, dict):
         raise AutofitError(f"a probe result: predicted must be a JSON object, but got {data!r}")
-    return dict(data) or None
-
-
-def _replace(result: ProbeResult, **changes: Any) -> ProbeResult:
-    from dataclasses import replace
-
-    return replace(result, **changes)
+    return PredictionRecord.from_json(data, "a probe result: predicted") if data else None

@@ -15,77 +15,41 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from autofit.core.boundary import OomOn, Status
 from autofit.core.config import Config
-from autofit.core.errors import AutofitError
-from autofit.core.hardware import Hardware
-from autofit.core.software import Software
 from autofit.machine.nvml import visible_cuda_devices
-from autofit.probe.result import _STATUS_RANK, MODES, ProbeResult
+from autofit.probe.elastic import check_devices, launch_agents, node_launch
+from autofit.probe.failure import classify_log_tail
+from autofit.probe.launch import RankOutcome, launch
+from autofit.probe.ops import clear_stale_locks
+from autofit.probe.records import ProbeSpec, RankResult
+from autofit.probe.result import _STATUS_RANK, ProbeResult
+from autofit.workload.entry import check_loadable
 
-if TYPE_CHECKING:
-    from autofit.probe.launch import RankOutcome
-    from autofit.probe.records import RankResult
+__all__ = ["ProbeSpec", "run_probe"]
 
 
-def run_probe(
-    entry: str,
-    config: Config,
-    hardware: Hardware,
-    world_size: int = 1,
-    *,
-    mode: str = "real",
-    steps: int = 3,
-    warmup_steps: int = 1,
-    timeout_s: float = 300.0,
-    memory_snapshot: str | None = None,
-    software: Software | None = None,
-    hosts: tuple[str, ...] = (),
-    hidden_size: int = 0,
-    largest_param_numel: int = 0,
-) -> ProbeResult:
-    """Run ``config`` of the workload at ``entry`` on ``world_size`` ranks of ``hardware`` and measure it.
+def run_probe(spec: ProbeSpec, *, timeout_s: float = 300.0, hosts: tuple[str, ...] = ()) -> ProbeResult:
+    """Run ``spec`` (built by :func:`autofit.probe.spec.probe_spec` or :func:`~autofit.probe.spec.plan_probe_spec`):
+    its config of its workload on its ``world_size`` ranks of its hardware, and measure it.
 
-    ``hardware.kind`` picks the backend: ``cpu`` (gloo on loopback, ``DS_ACCELERATOR=cpu``,
+    ``spec.hardware.kind`` picks the backend: ``cpu`` (gloo on loopback, ``DS_ACCELERATOR=cpu``,
     a memory watchdog at ``hardware.memory_bytes`` per rank) or ``cuda`` (NCCL, one GPU
     per rank). ``timeout_s`` bounds the whole probe, start-up included (the first
     DeepSpeed start on a machine JIT-builds an op: allow ~2 minutes for it).
-    ``memory_snapshot``: on CUDA, rank 0 records the allocator's history from the model build through the
-    steps and writes it to this path (:mod:`autofit.probe.snapshot`); ignored on the CPU.
     More ranks than ``hardware.devices_per_node`` span nodes, one agent each (:mod:`autofit.probe.elastic`): on
     ``hosts`` (``--hosts``), else on the Slurm allocation, else simulated here (on CUDA each with its own GPUs);
     where none can run them, an :class:`AutofitError` line before anything starts (:mod:`autofit.probe.nodes`).
-    ``hidden_size``: the model's (:attr:`autofit.cost_model.facts.ModelFacts.hidden_size`), which the JSON's ZeRO
-    bucket sizes are derived from (:mod:`autofit.ds.buckets`), as the cost model priced them;
-    ``largest_param_numel``: its largest parameter, which sizes NVMe parameter offload's swap buffers
-    (:func:`autofit.ds.emit.with_param_swap_buffers`; 0: DeepSpeed's default, which a 7B's embedding overflows).
     Never raises for what happens inside the probe: that is the result's ``status``.
     """
-    from autofit.probe.elastic import check_devices, launch_agents, node_launch
-    from autofit.probe.launch import launch
-    from autofit.workload.entry import check_loadable
-
-    check_loadable(entry, "a probe")
-    if mode not in MODES:
-        raise AutofitError(f"probe mode must be real or fake, but got {mode!r}")
-    if world_size < 1:
-        raise AutofitError(f"world_size must be >= 1, but got {world_size!r}")
-    if steps < 1 or warmup_steps < 0:
-        raise AutofitError(f"probe needs steps >= 1 and warmup_steps >= 0, but got {steps=}, {warmup_steps=}")
-    spec = _spec(entry, config, hardware, world_size, mode, steps, warmup_steps, software, hidden_size,
-                 largest_param_numel)
-    if memory_snapshot is not None:
-        spec["memory_snapshot"] = str(Path(memory_snapshot).resolve())
+    check_loadable(spec.entry, "a probe")
+    hardware, world_size, mode = spec.hardware, spec.world_size, spec.mode
     ranks_per_node, n_nodes = hardware.ranks_on_a_node(world_size), hardware.n_nodes(world_size)
     nodes = node_launch(hardware.kind, n_nodes, ranks_per_node, hosts) if mode == "real" and n_nodes > 1 else None
     if mode == "real" and nodes is None:
         check_devices(hardware.kind, ranks_per_node, visible_cuda_devices() if hardware.kind == "cuda" else None)
-        from autofit.probe.ops import clear_stale_locks
-
         clear_stale_locks()  # before every probe: one killed at its timeout mid-build leaves a lock for the next
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="autofit-probe-") as tmp:
@@ -93,35 +57,8 @@ def run_probe(
             outcomes, timed_out = launch_agents(spec, Path(tmp), nodes, world_size, timeout_s)
         else:  # fake mode simulates every rank in one process
             outcomes, timed_out = launch(spec, Path(tmp), 1 if mode == "fake" else world_size, timeout_s)
-    return _combine(config, outcomes, timed_out, world_size, mode, timeout_s, time.monotonic() - t0,
+    return _combine(spec.config, outcomes, timed_out, world_size, mode, timeout_s, time.monotonic() - t0,
                     launcher="direct" if nodes is None else "torch.distributed.run")
-
-
-def _spec(
-    entry: str, config: Config, hardware: Hardware, world_size: int, mode: str, steps: int, warmup_steps: int,
-    software: Software | None = None, hidden_size: int = 0, largest_param_numel: int = 0,
-) -> dict[str, Any]:
-    """What the worker reads: the workload, the config and its DeepSpeed JSON, the steps and the device."""
-    from autofit.cost_model.cuda_runtime import nccl_buffer_bytes
-    from autofit.ds.emit import deepspeed_config
-
-    return {
-        "entry": entry,
-        "config": config.to_dict(),
-        "deepspeed": deepspeed_config(config, world_size, hardware.kind, software, hidden_size=hidden_size,
-                                      largest_param_numel=largest_param_numel or None),
-        "world_size": world_size,
-        "mode": mode,
-        "steps": steps,
-        "warmup_steps": warmup_steps,
-        "kind": hardware.kind,
-        "budget_bytes": hardware.memory_bytes if hardware.kind == "cpu" and mode == "real" else None,
-        "memory_bytes": hardware.memory_bytes,
-        "context_bytes": hardware.context_bytes,
-        # what NCCL will hold outside the allocator once it connects: --memory's cap leaves room for it
-        "nccl_bytes": nccl_buffer_bytes(world_size) if hardware.kind == "cuda" else 0,
-        "hardware": {k: v for k, v in asdict(hardware).items()},
-    }
 
 
 def _combine(
@@ -130,9 +67,6 @@ def _combine(
 ) -> ProbeResult:
     """One result from the ranks' own: the worst status, the largest peak, the slowest rank's step. A rank that
     wrote none but logged an out-of-memory line (DeepSpeed's failed mlock) is that ``oom``."""
-    from autofit.probe.failure import classify_log_tail
-    from autofit.probe.records import RankResult
-
     for outcome in outcomes:
         verdict = classify_log_tail(outcome.log_tail) if outcome.result is None and not outcome.killed_by_us else None
         if verdict is not None:

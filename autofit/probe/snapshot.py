@@ -4,7 +4,7 @@ Seed 001 ("Memory Debugging") records the allocator's history with
 ``torch.cuda.memory._record_memory_history()`` and saves it with
 ``torch.cuda.memory._dump_snapshot("memory.pickle")``; the pickle opens in PyTorch's viewer
 (https://pytorch.org/memory_viz: every allocation over time, with the stack that made it). A probe
-asked for a snapshot (``run_probe(..., memory_snapshot=PATH)``) records from just before the model is
+asked for a snapshot (``probe_spec(..., memory_snapshot=PATH)``) records from just before the model is
 built through the measured steps, so the picture covers docs/design.md's measured span.
 
 Fragmentation (seeds 001 and 003) shows as memory the caching allocator reserved but no tensor
@@ -81,13 +81,13 @@ def winner_snapshot(entry: str, result: SearchResult, report_dir: str | Path, *,
     the fragmentation advice (:func:`fragmentation_advice`) among them. On a CPU device nothing is recorded
     (``run_probe`` ignores the snapshot there): callers ask for it on CUDA only."""
     from autofit.probe.run import run_probe
+    from autofit.probe.spec import probe_spec
 
     path = Path(report_dir) / SNAPSHOT_NAME
     say(f"autofit: recording the winner's CUDA memory snapshot into {path}")
-    measured = run_probe(entry, result.config, result.hardware, result.world_size, steps=1,
-                         memory_snapshot=str(path), software=software,
-                         hidden_size=result.facts.hidden_size if result.facts is not None else 0,
-                         largest_param_numel=result.facts.largest_param_numel if result.facts is not None else 0)
+    spec = probe_spec(entry, result.config, result.hardware, result.world_size, steps=1, software=software,
+                      facts=result.facts, memory_snapshot=path)
+    measured = run_probe(spec, timeout_s=300.0)
     advice = fragmentation_advice(measured.device_memory)
     if advice:
         say(f"autofit: {advice}")

@@ -163,7 +163,7 @@ def _calibration_rows(result: SearchResult) -> list[list[str]]:
 
 
 def _pvm_row(t: TrialRecord) -> list[str]:
-    pred_peak = int(t.predicted.get("peak_bytes") or 0)
+    pred_peak = t.predicted.peak_bytes if t.predicted is not None else 0
     ratio = f"{t.peak_bytes / pred_peak:.2f}" if pred_peak and t.peak_bytes else "-"
     return [
         str(t.number),
@@ -173,7 +173,7 @@ def _pvm_row(t: TrialRecord) -> list[str]:
         format_bytes(pred_peak) if pred_peak else "-",
         format_bytes(t.peak_bytes) if t.peak_bytes else "-",
         ratio,
-        _num(t.predicted.get("samples_per_s")),
+        _num(t.predicted.samples_per_s if t.predicted is not None else None),
         _num(t.samples_per_s) if t.status == "ok" else "-",
         _compile_cell(t),
         f"{t.wall_s:.1f}",

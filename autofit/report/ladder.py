@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.core.config import Config
 from autofit.core.recipe import differences
 from autofit.core.units import format_bytes
+from autofit.cost_model.prediction import PredictionRecord
 from autofit.planning.ladder import Ladder, LadderRow, recipe_label, recipe_of
 from autofit.report.plots import pyplot
 
@@ -101,28 +102,29 @@ def ladder_section(ladder: Ladder, result: SearchResult) -> tuple[str, str, list
         rows = [cells + _measured_cells(None) for cells in rows]
     predicted = result.predicted
     rows.append(["*", "winner", "the search's verified pick", result.config.label(), winner_recipe_label(result),
-                 format_bytes(int(predicted.get("peak_bytes") or 0)), f"{predicted.get('samples_per_s', 0):.3g}", "yes",
+                 format_bytes(predicted.peak_bytes), f"{predicted.samples_per_s:.3g}", "yes",
                  "", *_measured_cells(result.measured.to_json())])
     text = (f"The build-along table of memory techniques for this model: {ladder_title(ladder)}. Each rung adds one "
             "memory technique to the rung before; predictions are the search's calibrated ones, measurements the "
             "search's own probes of that config where it made one. "
-            f"{winner_place(ladder, result.config, predicted.get('samples_per_s', 0.0))}")
+            f"{winner_place(ladder, result.config, predicted.samples_per_s)}")
     return "Ladder", text, HEADER + MEASURED_HEADER, rows
 
 
-def ladder_chart(ladder: Ladder, path: str | Path, winner: tuple[str, dict[str, Any], dict[str, Any]] | None = None) -> None:
+def ladder_chart(ladder: Ladder, path: str | Path,
+                 winner: tuple[str, PredictionRecord, dict[str, Any]] | None = None) -> None:
     """Predicted peak against the device memory and predicted samples/s, one bar a rung, a black tick where it was
     measured; ``winner``: ``(label, predicted, measured)`` of the search's winner, drawn as the last bar."""
     plt = pyplot()
     scale, unit = (2**30, "GiB") if ladder.hardware.memory_bytes >= 4 * 2**30 else (2**20, "MiB")
     bars = [(f"{row.index} {row.rung.name}", COLORS["fits" if row.fits else "cannot run" if row.rule else "too big"],
-             row.prediction.to_dict(), row.measured) for row in ladder.rows]
+             row.prediction.record(), row.measured) for row in ladder.rows]
     if winner:
         bars.append((f"winner: {winner[0]}", COLORS["winner"], winner[1], winner[2]))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(bars) + 1.6), sharey=True)
     for i, (_, color, predicted, measured) in enumerate(bars):
-        left.barh(i, predicted["peak_bytes"] / scale, color=color)
-        right.barh(i, predicted["samples_per_s"], color=color)
+        left.barh(i, predicted.peak_bytes / scale, color=color)
+        right.barh(i, predicted.samples_per_s, color=color)
         if measured and measured.get("status") == "ok":
             left.plot([measured["peak_bytes"] / scale] * 2, [i - 0.4, i + 0.4], color="black", lw=2)
             right.plot([measured["samples_per_s"]] * 2, [i - 0.4, i + 0.4], color="black", lw=2)

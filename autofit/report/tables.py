@@ -10,6 +10,7 @@ from rich.table import Table
 from autofit.core.recipe import recipe_line
 from autofit.core.space import describe_rejections
 from autofit.core.units import format_bytes
+from autofit.probe.result import ProbeResult
 from autofit.report.ladder import ladder_rows, ladder_title
 
 MAX_ROWS = 25
@@ -48,19 +49,20 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
             console.print(f"  {line}", markup=False)  # a reason may name an extra: pip install -e '.[fp8]'
 
 
-def print_probe(document: dict[str, Any]) -> None:
+def print_probe(measured: ProbeResult) -> None:
+    """``autofit probe``'s table: what the probe measured beside what was predicted for it (0 where nothing was)."""
     console = Console(width=None if Console().is_terminal else 180)
-    table = Table(title=f"probe: {document['status']}")
+    table = Table(title=f"probe: {measured.status}")
     table.add_column("")
     table.add_column("measured", justify="right")
     table.add_column("predicted", justify="right")
-    predicted = document.get("predicted") or {}
-    table.add_row("peak memory", format_bytes(document["peak_bytes"]), format_bytes(predicted.get("peak_bytes", 0)))
-    table.add_row("step time s", f"{document['step_time_s']:.4g}", f"{predicted.get('step_time_s', 0):.4g}")
-    table.add_row("samples/s", f"{document['samples_per_s']:.4g}", f"{predicted.get('samples_per_s', 0):.4g}")
+    predicted = measured.predicted
+    table.add_row("peak memory", format_bytes(measured.peak_bytes), format_bytes(predicted.peak_bytes if predicted else 0))
+    table.add_row("step time s", f"{measured.step_time_s:.4g}", f"{predicted.step_time_s if predicted else 0:.4g}")
+    table.add_row("samples/s", f"{measured.samples_per_s:.4g}", f"{predicted.samples_per_s if predicted else 0:.4g}")
     console.print(table)
-    if document.get("message"):
-        console.print(document["message"])
+    if measured.message:
+        console.print(measured.message)
 
 
 def print_ladder(ladder: Any) -> None:

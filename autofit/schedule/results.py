@@ -21,6 +21,7 @@ from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import PRESETS
 from autofit.core.units import format_bytes
+from autofit.cost_model.prediction import PredictionRecord
 from autofit.ds.emit import write_text_atomic
 from autofit.probe.result import ProbeResult
 from autofit.schedule import queue
@@ -70,10 +71,10 @@ def _row(search: Any, attrs: dict[str, Any] | None) -> dict[str, Any] | None:
     planned = attrs.get(queue.PLANNED_ATTR)
     if search.state in FINISHED or not planned:
         return None  # nothing fits: no winner to compare
-    predicted = planned["predicted"]
+    predicted = PredictionRecord.from_json(planned["predicted"], "a search's planned winner: predicted")
     return base | {"source": "predicted", "config": planned["config"], "memory_bytes": planned["memory_bytes"],
-                   "samples_per_s": predicted["samples_per_s"], "tokens_per_s": predicted.get("tokens_per_s"),
-                   "peak_bytes": predicted["peak_bytes"], "machine": None}
+                   "samples_per_s": predicted.samples_per_s, "tokens_per_s": predicted.tokens_per_s,
+                   "peak_bytes": predicted.peak_bytes, "machine": None}
 
 
 def priced(row: dict[str, Any], prices: dict[str, float]) -> dict[str, Any]:

@@ -344,7 +344,8 @@ def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
 def winner_record(result: SearchResult, machine: MachineFingerprint, plan: Any) -> dict[str, Any]:
     """The winner as stored: what ``schedule add`` returns cached, ``results`` compares."""
     return {
-        "best": {"config": result.config.to_dict(), "measured": result.measured.to_json(), "predicted": result.predicted},
+        "best": {"config": result.config.to_dict(), "measured": result.measured.to_json(),
+                 "predicted": result.predicted.to_json()},
         "deepspeed": result.deepspeed,
         "hardware": plan.hardware.name,
         "memory_bytes": plan.hardware.memory_bytes,

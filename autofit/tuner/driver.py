@@ -63,14 +63,13 @@ def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None
     or more) is then neither in a probe's timing nor in its timeout (``prepare=False``: done already,
     :func:`with_ops_prepared`)."""
     from autofit.probe.run import run_probe
+    from autofit.probe.spec import plan_probe_spec
 
     if prepare:
         plan = with_ops_prepared(plan, on_event, trials)
 
     def probe(config: Config, steps: int, timeout_s: float) -> Any:
-        return run_probe(plan.entry, config, plan.hardware, plan.world_size, steps=steps, timeout_s=timeout_s,
-                         software=plan.software, hosts=plan.hosts, hidden_size=plan.facts.hidden_size,
-                         largest_param_numel=plan.facts.largest_param_numel)
+        return run_probe(plan_probe_spec(plan, config, steps=steps), timeout_s=timeout_s, hosts=plan.hosts)
 
     return probe
 
@@ -165,7 +164,7 @@ class _Search:
         return SearchResult(
             config=winner.config,
             measured=winner.measured,
-            predicted=usable.predict(winner.config, self.calibration).to_dict(),
+            predicted=usable.predict(winner.config, self.calibration).record(),
             deepspeed=ds,
             trials=sorted(self.records, key=lambda r: r.number),
             pruned=pruned_entries(ranked, searched, winner, plan.rejected, usable.hardware.memory_bytes),

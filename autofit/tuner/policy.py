@@ -259,7 +259,7 @@ def is_outlier(record: TrialRecord, records: list[TrialRecord], factor: float,
     their time, and an uncalibrated first probe 2.4x off then made every well-predicted later probe look 2x off
     (a Qwen2 search re-measured two probes that ran as predicted)."""
     def ratio(r: TrialRecord) -> float:
-        stored = float(r.predicted.get("samples_per_s") or 0.0)
+        stored = r.predicted.samples_per_s if r.predicted is not None else 0.0
         predicted = stored if predicted_samples is None or r is record else predicted_samples(r.config)
         return r.samples_per_s / predicted if predicted > 0 and r.samples_per_s > 0 else 0.0
 

@@ -15,6 +15,7 @@ from autofit.core.units import format_bytes
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration, Observation
 from autofit.cost_model.cuda_runtime import measured_outside_allocator_bytes
+from autofit.cost_model.prediction import PredictionRecord
 from autofit.probe.result import ProbeResult
 
 Phase = Literal["search", "repeat", "verify"]
@@ -36,8 +37,8 @@ class TrialRecord:
     """``ok``, ``oom``, ``timeout`` or ``error``."""
     measured: ProbeResult
     """What the probe measured (stored as ``autofit probe``'s JSON, :meth:`ProbeResult.to_json`)."""
-    predicted: dict[str, Any]
-    """The calibrated prediction the search held when it chose this probe."""
+    predicted: PredictionRecord | None
+    """The calibrated prediction the search held when it chose this probe (None: none; ``{}`` in its JSON)."""
     within_margin: bool = False
     """ok and measured peak <= the usable budget."""
     started_s: float = 0.0
@@ -57,7 +58,7 @@ class TrialRecord:
             "status": self.status,
             "within_margin": self.within_margin,
             "measured": self.measured.to_json(),
-            "predicted": self.predicted,
+            "predicted": self.predicted.to_json() if self.predicted is not None else {},
             "started_s": self.started_s,
             "wall_s": self.wall_s,
             "resumed": self.resumed,
@@ -144,7 +145,7 @@ class SearchResult:
     """The verified winner."""
     measured: ProbeResult
     """Its verification probe."""
-    predicted: dict[str, Any]
+    predicted: PredictionRecord
     """The final calibrated prediction for it."""
     deepspeed: dict[str, Any]
     """The winner's DeepSpeed JSON, as written to ``out_path``."""
@@ -196,7 +197,7 @@ class SearchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "best": {"config": self.config.to_dict(), "measured": self.measured.to_json(), "predicted": self.predicted,
+            "best": {"config": self.config.to_dict(), "measured": self.measured.to_json(), "predicted": self.predicted.to_json(),
                      "differs_from_recipe": self.deepspeed.get("autofit", {}).get("differs_from_recipe", [])},
             "trials": [t.to_dict() for t in self.trials],
             "pruned": self.pruned,

@@ -20,7 +20,7 @@ from autofit.core.boundary import as_status
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.core.storage_url import redact_url
-from autofit.cost_model import Prediction
+from autofit.cost_model import Prediction, PredictionRecord
 from autofit.planning.plan import Plan
 from autofit.probe.result import ProbeResult
 from autofit.tuner.records import Phase, TrialRecord
@@ -148,7 +148,7 @@ def record_probe(
         phase=phase,
         status=result.status,
         measured=result,
-        predicted=predicted.to_dict(),
+        predicted=predicted.record(),
         within_margin=within,
         started_s=started_s,
         wall_s=result.wall_s,
@@ -191,7 +191,7 @@ def _record(number: int, attrs: dict[str, Any]) -> TrialRecord:
             phase=_phase(attrs["phase"]),
             status=as_status(attrs["status"]),
             measured=measured,
-            predicted=dict(attrs["predicted"]),
+            predicted=PredictionRecord.from_json(attrs["predicted"]) if attrs["predicted"] else None,
             within_margin=bool(attrs["within_margin"]),
             started_s=float(attrs["started_s"]),
             wall_s=measured.wall_s,

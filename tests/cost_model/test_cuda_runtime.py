@@ -109,15 +109,15 @@ def test_a_search_record_hands_calibration_the_offset() -> None:
     measured = ProbeResult(config=SMALL, status="ok", peak_bytes=9 * GIB, step_time_s=1.0, samples_per_s=8.0,
                            tokens_per_s=None, message=None, overhead_s=1.0,
                            device_memory={"nvml_peak_bytes": 9 * GIB, "max_memory_reserved_bytes": 8 * GIB})
-    record = TrialRecord(number=0, config=SMALL, phase="search", status="ok", measured=measured, predicted={})
+    record = TrialRecord(number=0, config=SMALL, phase="search", status="ok", measured=measured, predicted=None)
     assert record.observation(80 * GIB).outside_allocator_bytes == GIB
 
 
 def test_the_probes_allocator_cap_leaves_room_for_nccl() -> None:
     """--memory caps the allocator at the budget less the context measured before NCCL starts and less what
     NCCL will add (the spec carries it to the worker's Meter)."""
-    from autofit.probe.run import _spec
+    from autofit.probe.spec import probe_spec
 
-    spec = _spec("examples/mlp.py:workload", SMALL, H100, 8, "real", 1, 0)
-    assert spec["nccl_bytes"] == nccl_buffer_bytes(8)
-    assert _spec("examples/mlp.py:workload", SMALL, CPU, 2, "real", 1, 0)["nccl_bytes"] == 0
+    spec = probe_spec("examples/mlp.py:workload", SMALL, H100, 8, steps=1, warmup_steps=0)
+    assert spec.nccl_bytes == nccl_buffer_bytes(8)
+    assert probe_spec("examples/mlp.py:workload", SMALL, CPU, 2, steps=1, warmup_steps=0).nccl_bytes == 0

@@ -168,12 +168,13 @@ def test_a_zero3_candidate_on_eight_gpus_passes_deepspeeds_parser() -> None:
 def test_a_probes_json_sizes_the_buffers_from_the_traced_largest_parameter(tmp_path: Path) -> None:
     """The probe's spec carries the planner's largest parameter: its JSON sizes the swap buffers as the emitted
     one does, and DeepSpeed's own buffer check takes it."""
-    from autofit.probe.run import _spec
+    from autofit.probe.spec import probe_spec
+    from tests.toy_facts import FACTS
 
     hardware = replace(PRESETS["h100-80gb"], devices_per_node=2)
-    spec = _spec("m.py:w", NVME, hardware, 2, "real", 3, 1, Software(nvme_path=str(tmp_path)),
-                 largest_param_numel=3000 * 700)
-    ds = spec["deepspeed"]
+    spec = probe_spec("m.py:w", NVME, hardware, 2, software=Software(nvme_path=str(tmp_path)),
+                      facts=replace(FACTS, largest_param_numel=3000 * 700))
+    ds = spec.deepspeed
     assert ds["zero_optimization"]["offload_param"]["buffer_size"] == swap_buffers.io_aligned(3000 * 700 // 2, 2)
     swapper_get_buffer(ds, torch.bfloat16, zero3_partition_numel(3000 * 700, 2))
 

@@ -11,6 +11,7 @@ import pytest
 
 from autofit.core.config import Config
 from autofit.machine.device import get_hardware
+from autofit.probe.spec import probe_spec
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -26,7 +27,7 @@ def test_cuda_probe_reports_nvml_peak_with_reserved_and_context_beside_it() -> N
     from autofit.probe.run import run_probe
 
     hardware = get_hardware("auto")
-    result = run_probe(f"{HERE / 'probe_workloads.py'}:medium", Config(micro_batch_size=2), hardware, timeout_s=600)
+    result = run_probe(probe_spec(f"{HERE / 'probe_workloads.py'}:medium", Config(micro_batch_size=2), hardware), timeout_s=600)
     assert result.status == "ok", result.message
     memory = result.device_memory
     assert memory["context_bytes"] > 0 and memory["max_memory_reserved_bytes"] > 0
@@ -43,9 +44,9 @@ def test_memory_budget_is_enforced_on_cuda() -> None:
     hardware = get_hardware("auto")
     config = Config(micro_batch_size=64)
     entry = f"{ROOT / 'examples' / 'gpt.py'}:workload"
-    free = run_probe(entry, config, hardware, timeout_s=600)
+    free = run_probe(probe_spec(entry, config, hardware), timeout_s=600)
     assert free.status == "ok", free.message
-    tight = run_probe(entry, config, hardware.with_memory(free.peak_bytes // 2), timeout_s=600)
+    tight = run_probe(probe_spec(entry, config, hardware.with_memory(free.peak_bytes // 2)), timeout_s=600)
     assert (tight.status, tight.oom_on) == ("oom", "device"), tight.message
 
 
@@ -57,7 +58,7 @@ def test_cuda_fp8_probe_runs_through_torchao() -> None:
     if not hardware.supports_precision("fp8"):
         pytest.skip("fp8 needs sm89 or newer")
     config = Config(micro_batch_size=8, precision="fp8")
-    result = run_probe(f"{ROOT / 'examples' / 'gpt.py'}:workload", config, hardware, timeout_s=600)
+    result = run_probe(probe_spec(f"{ROOT / 'examples' / 'gpt.py'}:workload", config, hardware), timeout_s=600)
     assert result.status == "ok", result.message
 
 
@@ -67,7 +68,7 @@ def test_cuda_flash_probe_runs_where_flash_attn_is_installed() -> None:
 
     hardware = get_hardware("auto")
     config = Config(micro_batch_size=8, precision="bf16", attention="flash")
-    result = run_probe(f"{ROOT / 'examples' / 'gpt.py'}:workload", config, hardware, timeout_s=600)
+    result = run_probe(probe_spec(f"{ROOT / 'examples' / 'gpt.py'}:workload", config, hardware), timeout_s=600)
     assert result.status == "ok", result.message
 
 
@@ -95,7 +96,7 @@ def test_cuda_probe_past_the_device_is_oom() -> None:
 
     hardware = get_hardware("auto")
     config = Config(micro_batch_size=4096)
-    result = run_probe(f"{ROOT / 'examples' / 'gpt.py'}:workload", config, hardware, timeout_s=600)
+    result = run_probe(probe_spec(f"{ROOT / 'examples' / 'gpt.py'}:workload", config, hardware), timeout_s=600)
     assert result.status == "oom", result.message
 
 
@@ -104,8 +105,8 @@ def test_cuda_16_bit_probe_runs(precision: str) -> None:
     from autofit.probe.run import run_probe
 
     hardware = get_hardware("auto")
-    result = run_probe(f"{ROOT / 'examples' / 'gpt.py'}:workload", Config(micro_batch_size=8, precision=precision),
-                       hardware, timeout_s=600)
+    config = Config(micro_batch_size=8, precision=precision)
+    result = run_probe(probe_spec(f"{ROOT / 'examples' / 'gpt.py'}:workload", config, hardware), timeout_s=600)
     assert result.status == "ok", result.message
 
 
@@ -115,8 +116,9 @@ def test_cuda_probe_records_the_allocator_history_into_a_snapshot(tmp_path: Path
     from autofit.probe.run import run_probe
 
     path = tmp_path / "memory_snapshot.pickle"
-    result = run_probe(f"{HERE / 'probe_workloads.py'}:medium", Config(micro_batch_size=2), get_hardware("auto"),
-                       steps=1, timeout_s=600, memory_snapshot=str(path))
+    spec = probe_spec(f"{HERE / 'probe_workloads.py'}:medium", Config(micro_batch_size=2), get_hardware("auto"), steps=1,
+                      memory_snapshot=path)
+    result = run_probe(spec, timeout_s=600)
     assert result.status == "ok", result.message
     snapshot = pickle.loads(path.read_bytes())
     assert snapshot["segments"] and snapshot["device_traces"]  # torch.cuda.memory._snapshot()'s layout

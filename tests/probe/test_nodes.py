@@ -25,10 +25,13 @@ from autofit.probe.nodes import NodeCommand, NodeLaunch, device_slices, expand_n
 from autofit.probe.rank.agent import RESULT_MARK, exit_records, parse_args, parse_record
 from autofit.probe.records import RankResult
 from autofit.probe.run import run_probe
+from autofit.probe.spec import probe_spec
 
 ENTRY = str(Path(__file__).with_name("probe_workloads.py"))
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-[07-08]", "SLURM_NNODES": "2", "PATH": "/usr/bin"}
 EIGHT = [str(i) for i in range(8)]
+#: what the fake agents read (one line on their stdin) and ignore
+SPEC = probe_spec(f"{ENTRY}:tiny", Config(), get_hardware("cpu"), 2)
 
 
 def _plan(kind: str = "cuda", n_nodes: int = 2, ranks_per_node: int = 8, *, environ: dict[str, str] | None = None,
@@ -142,7 +145,7 @@ def test_run_probe_refuses_before_anything_starts(monkeypatch: pytest.MonkeyPatc
         monkeypatch.delenv(key, raising=False)
     h100 = dataclasses.replace(get_hardware("h100-80gb"), devices_per_node=1)
     with pytest.raises(AutofitError, match="2 GPUs \\(1 visible\\)"):
-        run_probe(f"{ENTRY}:tiny", Config(), h100, world_size=2, steps=1, timeout_s=5)
+        run_probe(probe_spec(f"{ENTRY}:tiny", Config(), h100, world_size=2, steps=1), timeout_s=5)
 
 
 def test_slurm_host_lists_and_hostfiles(tmp_path: Path) -> None:
@@ -201,11 +204,11 @@ def _fake_agent(record: RankResult | None, then: str) -> NodeCommand:
 
 def test_agents_that_finish_are_read_and_ones_past_the_deadline_are_stopped(tmp_path: Path) -> None:
     done = NodeLaunch("local", (_fake_agent(RankResult(0, "ok"), "exit"), _fake_agent(RankResult(1, "ok"), "exit")), "")
-    outcomes, timed_out = launch_agents({"kind": "cpu"}, tmp_path, done, 2, timeout_s=60)
+    outcomes, timed_out = launch_agents(SPEC, tmp_path, done, 2, timeout_s=60)
     assert not timed_out and [o.result.status if o.result else None for o in outcomes] == ["ok", "ok"]
     stuck = NodeLaunch("local", (_fake_agent(None, "wait"), _fake_agent(None, "wait")), "")
     t0 = time.monotonic()
-    outcomes, timed_out = launch_agents({"kind": "cpu"}, tmp_path, stuck, 2, timeout_s=0.5)
+    outcomes, timed_out = launch_agents(SPEC, tmp_path, stuck, 2, timeout_s=0.5)
     assert timed_out and [o.result for o in outcomes] == [None, None] and time.monotonic() - t0 < FAILURE_GRACE_S
 
 
@@ -216,7 +219,7 @@ def test_a_rank_that_failed_on_one_agent_ends_the_probe_after_the_grace_not_the_
     failing = RankResult(1, "error", message="boom")
     launch = NodeLaunch("local", (_fake_agent(None, "wait"), _fake_agent(failing, "wait")), "")
     t0 = time.monotonic()
-    outcomes, timed_out = launch_agents({"kind": "cpu"}, tmp_path, launch, 2, timeout_s=120)
+    outcomes, timed_out = launch_agents(SPEC, tmp_path, launch, 2, timeout_s=120)
     took = time.monotonic() - t0
     assert not timed_out and FAILURE_GRACE_S <= took < FAILURE_GRACE_S + 10
     assert outcomes[1].result == failing and outcomes[0].result is None
@@ -274,7 +277,7 @@ def test_two_simulated_nodes_mark_the_rank_the_oom_killer_ended(monkeypatch: pyt
     cpu = dataclasses.replace(get_hardware("cpu"), devices_per_node=1)
     config = Config(zero_stage=2, optimizer="adamw", precision="fp32", micro_batch_size=2)
     try:
-        result = run_probe(f"{ENTRY}:host_hog", config, cpu, world_size=2, steps=1, warmup_steps=0, timeout_s=240)
+        result = run_probe(probe_spec(f"{ENTRY}:host_hog", config, cpu, world_size=2, steps=1, warmup_steps=0), timeout_s=240)
     finally:
         group.rmdir()
     assert (result.status, result.oom_on) == ("oom", "host"), result.message

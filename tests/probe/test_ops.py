@@ -12,6 +12,7 @@ import pytest
 from autofit.core.config import Config
 from autofit.core.software import Software, ops_needed
 from autofit.probe.ops import busy_build_dirs, clear_stale_locks, prepare_ops, stale_locks
+from autofit.probe.spec import probe_spec
 
 NO_NVCC = Software(cuda_toolkit=False)
 
@@ -106,6 +107,6 @@ def test_every_probe_clears_stale_locks_first(tmp_path, monkeypatch):
     old = time.time() - 120
     os.utime(lock, (old, old))
     missing = f"{tmp_path / 'no_such_workload.py'}:workload"  # the probe fails at once, after clearing
-    result = run_probe(missing, Config(optimizer="sgd"), get_hardware("cpu"), 1, steps=1, warmup_steps=0, timeout_s=120)
+    result = run_probe(probe_spec(missing, Config(optimizer="sgd"), get_hardware("cpu"), 1, steps=1, warmup_steps=0), timeout_s=120)
     assert result.status == "error"
     assert not lock.exists()

@@ -16,14 +16,23 @@ import pytest
 
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
+from autofit.cost_model.memory import MemoryBreakdown
+from autofit.cost_model.prediction import PredictionRecord
 from autofit.machine.device import get_hardware
 from autofit.probe.result import ProbeResult
 from autofit.probe.run import run_probe
+from autofit.probe.spec import probe_spec
+from tests.toy_facts import FACTS
 
 HERE = Path(__file__).resolve().parent
 ENTRY = f"{HERE / 'probe_workloads.py'}"
 CPU = get_hardware("cpu")
 START_S = 300.0  # generous: the first DeepSpeed start on a fresh machine builds an op
+
+
+#: a prediction as a probe's result carries it
+PREDICTED = PredictionRecord(peak_bytes=9, host_peak_bytes=20, breakdown=MemoryBreakdown(5, 1, 1, 1, 1), step_time_s=0.5,
+                             samples_per_s=2.0, tokens_per_s=None, time_breakdown={"compute": 0.5})
 
 
 def entry(name: str) -> str:
@@ -42,7 +51,7 @@ def test_probe_result_json_has_the_design_keys() -> None:
         overhead_s=1.0,
         per_rank_peak_bytes=[10],
     )
-    out = result.with_predicted({"peak_bytes": 9}).to_json()
+    out = result.with_predicted(PREDICTED).to_json()
     for key in (
         "config",
         "status",
@@ -55,7 +64,9 @@ def test_probe_result_json_has_the_design_keys() -> None:
     ):
         assert key in out
     assert out["config"]["micro_batch_size"] == 1
-    assert out["predicted"] == {"peak_bytes": 9}
+    assert out["predicted"] == PREDICTED.to_json()
+    assert list(out["predicted"]) == ["peak_bytes", "host_peak_bytes", "breakdown", "step_time_s", "samples_per_s",
+                                      "tokens_per_s", "time_breakdown"]  # docs/design.md, "JSON output"
     assert result.to_json()["predicted"] == {}
 
 
@@ -63,7 +74,7 @@ def _full_result() -> ProbeResult:
     return ProbeResult(
         config=Config(micro_batch_size=2, zero_stage=2), status="oom", peak_bytes=10, step_time_s=0.0, samples_per_s=0.0,
         tokens_per_s=None, message="past the budget", overhead_s=1.5, per_rank_peak_bytes=[10, 9],
-        phases_s={"imports_s": 1.0}, world_size=2, wall_s=3.0, predicted={"peak_bytes": 9}, oom_on="host",
+        phases_s={"imports_s": 1.0}, world_size=2, wall_s=3.0, predicted=PREDICTED, oom_on="host",
         device_memory={"nvml_peak_bytes": None, "context_bytes": 5}, per_rank_build_bytes=[1, 2],
     )
 
@@ -89,7 +100,7 @@ def test_probe_result_json_with_a_missing_or_unknown_key_is_refused_naming_it() 
 @pytest.mark.slow
 def test_real_probe_of_a_tiny_model_is_ok() -> None:
     config = Config(micro_batch_size=4, grad_accum_steps=2, checkpoint_ratio=0.5)
-    result = run_probe(entry("tiny"), config, CPU, steps=2, warmup_steps=1, timeout_s=START_S)
+    result = run_probe(probe_spec(entry("tiny"), config, CPU, steps=2, warmup_steps=1), timeout_s=START_S)
     assert result.status == "ok", result.message
     assert result.peak_bytes > 0
     assert result.per_rank_peak_bytes == [result.peak_bytes]
@@ -108,7 +119,7 @@ def test_real_probe_of_a_tiny_model_is_ok() -> None:
 def test_probe_past_the_memory_budget_is_oom_quickly() -> None:
     hardware = get_hardware("cpu", memory_bytes=256 * 2**20)
     t0 = time.monotonic()
-    result = run_probe(entry("hog"), Config(), hardware, timeout_s=START_S)
+    result = run_probe(probe_spec(entry("hog"), Config(), hardware), timeout_s=START_S)
     elapsed = time.monotonic() - t0
     assert result.status == "oom", result.message
     assert 256 * 2**20 < result.peak_bytes < 2 * 2**30  # stopped on the way to 2 GiB
@@ -119,7 +130,7 @@ def test_probe_past_the_memory_budget_is_oom_quickly() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "text"), [("broken", "broken on purpose"), ("broken_loss", "loss exploded")])
 def test_an_entry_that_raises_is_error_with_its_message(name: str, text: str) -> None:
-    result = run_probe(entry(name), Config(), CPU, timeout_s=START_S)
+    result = run_probe(probe_spec(entry(name), Config(), CPU), timeout_s=START_S)
     assert result.status == "error"
     assert text in (result.message or "")
     assert "\n" not in (result.message or "")
@@ -128,7 +139,7 @@ def test_an_entry_that_raises_is_error_with_its_message(name: str, text: str) ->
 
 @pytest.mark.slow
 def test_a_probe_whose_loss_is_nan_is_an_error_not_a_measurement() -> None:
-    result = run_probe(entry("nan_loss"), Config(), CPU, steps=1, timeout_s=START_S)
+    result = run_probe(probe_spec(entry("nan_loss"), Config(), CPU, steps=1), timeout_s=START_S)
     assert result.status == "error"
     assert "does not train" in result.message and "nan" in result.message
 
@@ -140,7 +151,7 @@ def test_a_transformers_model_built_under_zero3_is_initialised_and_trains() -> N
     transformers' HfDeepSpeedConfig too, so ``from_config`` initialises them gathered."""
     pytest.importorskip("transformers")
     config = Config(precision="bf16", zero_stage=3, optimizer="adamw", micro_batch_size=2, checkpoint_ratio=0.0)
-    result = run_probe(entry("mixtral"), config, CPU, steps=2, timeout_s=START_S)
+    result = run_probe(probe_spec(entry("mixtral"), config, CPU, steps=2), timeout_s=START_S)
     assert result.status == "ok", result.message
 
 
@@ -159,7 +170,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("AUTOFIT_TEST_PIDFILE", str(pidfile))
     t0 = time.monotonic()
     # fake mode reaches the entry point fastest (no DeepSpeed import first)
-    result = run_probe(entry("sleeper"), Config(), CPU, mode="fake", timeout_s=8.0)
+    result = run_probe(probe_spec(entry("sleeper"), Config(), CPU, mode="fake"), timeout_s=8.0)
     assert result.status == "timeout"
     assert time.monotonic() - t0 < 20
     assert "8 s" in (result.message or "")
@@ -173,7 +184,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path, monkeypatch: pyte
 @pytest.mark.parametrize("stage", [2, 3])
 def test_world_size_two_zero(stage: int) -> None:
     config = Config(micro_batch_size=2, zero_stage=stage)
-    result = run_probe(entry("tiny"), config, CPU, world_size=2, steps=2, timeout_s=START_S)
+    result = run_probe(probe_spec(entry("tiny"), config, CPU, world_size=2, steps=2), timeout_s=START_S)
     assert result.status == "ok", result.message
     assert len(result.per_rank_peak_bytes) == 2
     assert all(b > 0 for b in result.per_rank_peak_bytes)
@@ -184,8 +195,8 @@ def test_world_size_two_zero(stage: int) -> None:
 @pytest.mark.slow
 def test_fake_mode_peak_is_close_to_a_real_probe() -> None:
     config = Config(micro_batch_size=4)
-    real = run_probe(entry("medium"), config, CPU, steps=2, timeout_s=START_S)
-    fake = run_probe(entry("medium"), config, CPU, mode="fake", timeout_s=START_S)
+    real = run_probe(probe_spec(entry("medium"), config, CPU, steps=2), timeout_s=START_S)
+    fake = run_probe(probe_spec(entry("medium"), config, CPU, mode="fake"), timeout_s=START_S)
     assert real.status == fake.status == "ok", (real.message, fake.message)
     assert fake.peak_bytes == pytest.approx(real.peak_bytes, rel=0.05)
     assert set(fake.breakdown) == {"params", "grads", "optimizer", "activations", "other"}
@@ -204,8 +215,8 @@ def _alive(pid: int) -> bool:
 def test_zero3_builds_under_zero_init_with_half_the_parameters_per_rank() -> None:
     """World size 2: under ZeRO-3 each rank holds about half the parameters from the start (zero.Init);
     under ZeRO-2 each rank builds a whole copy."""
-    whole = run_probe(entry("medium"), Config(zero_stage=2), CPU, world_size=2, steps=1, warmup_steps=0, timeout_s=START_S)
-    split = run_probe(entry("medium"), Config(zero_stage=3), CPU, world_size=2, steps=1, warmup_steps=0, timeout_s=START_S)
+    whole = run_probe(probe_spec(entry("medium"), Config(zero_stage=2), CPU, 2, steps=1, warmup_steps=0), timeout_s=START_S)
+    split = run_probe(probe_spec(entry("medium"), Config(zero_stage=3), CPU, 2, steps=1, warmup_steps=0), timeout_s=START_S)
     assert whole.status == split.status == "ok", (whole.message, split.message)
     n_params = whole.per_rank_param_elements[0]
     assert whole.per_rank_param_elements == [n_params, n_params]
@@ -259,7 +270,7 @@ def test_sixteen_bit_zero0_initialize_is_priced_with_its_first_optimizer_step() 
     from autofit.workload.entry import load_workload
 
     config = Config(precision="bf16", zero_stage=0, optimizer="sgd", micro_batch_size=1, checkpoint_ratio=0.0)
-    result = run_probe(entry("medium"), config, CPU, 1, steps=1, warmup_steps=0, timeout_s=START_S)
+    result = run_probe(probe_spec(entry("medium"), config, CPU, 1, steps=1, warmup_steps=0), timeout_s=START_S)
     assert result.status == "ok", result.message
     facts = trace_for(load_workload(entry("medium")), [config])
     phases = memory_phases(config, facts, CPU, 1, Coefficients.for_hardware(CPU))
@@ -280,7 +291,7 @@ def test_zero3_reduces_its_last_gradient_bucket_through_a_flat_copy_after_backwa
     config = Config(precision="fp32", zero_stage=3, optimizer="adamw", micro_batch_size=1, checkpoint_ratio=0.0)
     # buckets larger than the model (autofit's when the hidden size is unknown, hidden_size=0), so the last holds
     # every gradient; the model's own (1024^2 elements) would reduce it in many small ones
-    result = run_probe(entry("medium"), config, CPU, 1, steps=1, warmup_steps=1, timeout_s=START_S, hidden_size=0)
+    result = run_probe(probe_spec(entry("medium"), config, CPU, 1, steps=1, warmup_steps=1), timeout_s=START_S)
     assert result.status == "ok", result.message
     facts = replace(trace_for(load_workload(entry("medium")), [config]), hidden_size=0)
     phases = memory_phases(config, facts, CPU, 1, Coefficients.for_hardware(CPU))
@@ -295,7 +306,7 @@ def test_a_compiled_probe_times_its_compile_apart_from_its_steps() -> None:
     """compile=on runs engine.compile() (inductor, the C++ compiler on the CPU): the step that compiles is timed
     apart as compile_s (start-up, in the wall time), never among the timed steps samples/s is made of."""
     config = Config(micro_batch_size=4, checkpoint_ratio=0.5, compile="on")
-    result = run_probe(entry("tiny"), config, CPU, steps=3, warmup_steps=1, timeout_s=START_S)
+    result = run_probe(probe_spec(entry("tiny"), config, CPU, steps=3, warmup_steps=1), timeout_s=START_S)
     assert result.status == "ok", result.message
     compile_s = result.phases_s["compile_s"]
     assert len(result.step_times_s) == 3
@@ -310,13 +321,13 @@ def test_a_compiled_probe_times_its_compile_apart_from_its_steps() -> None:
 def test_a_compile_that_fails_is_an_error_naming_compile() -> None:
     """A model whose forward torch.compile cannot trace (it trains eagerly): the first step raises, and the
     candidate is an error that says compile failed and why, not a measurement; the same model eager trains."""
-    result = run_probe(entry("uncompilable"), Config(compile="on"), CPU, steps=1, warmup_steps=0, timeout_s=START_S)
+    result = run_probe(probe_spec(entry("uncompilable"), Config(compile="on"), CPU, steps=1, warmup_steps=0), timeout_s=START_S)
     assert result.status == "error"
     message = result.message or ""
     assert message.startswith("CompileError: torch.compile failed in the first step"), message
     assert "TorchRuntimeError" in message and "\n" not in message, message  # dynamo's own error, one line
     assert result.step_time_s == 0.0
-    eager = run_probe(entry("uncompilable"), Config(), CPU, steps=1, warmup_steps=0, timeout_s=START_S)
+    eager = run_probe(probe_spec(entry("uncompilable"), Config(), CPU, steps=1, warmup_steps=0), timeout_s=START_S)
     assert eager.status == "ok", eager.message
 
 
@@ -326,6 +337,7 @@ def test_overlap_comm_and_model_derived_buckets_train_through_real_deepspeed(sta
     """overlap_comm on, buckets 4x the tiny model's width (128) squared, so its gradients fill several buckets, on two
     gloo ranks: DeepSpeed takes the JSON and the steps run with a finite loss."""
     config = Config(micro_batch_size=2, grad_accum_steps=2, zero_stage=stage, overlap_comm=True, bucket_scale=4)
-    result = run_probe(entry("tiny"), config, CPU, world_size=2, steps=2, timeout_s=START_S, hidden_size=128)
+    facts = replace(FACTS, hidden_size=128)  # the bucket sizes come from the hidden size alone
+    result = run_probe(probe_spec(entry("tiny"), config, CPU, world_size=2, steps=2, facts=facts), timeout_s=START_S)
     assert result.status == "ok", result.message
     assert result.step_time_s > 0

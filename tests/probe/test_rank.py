@@ -13,7 +13,8 @@ from autofit.core.errors import AutofitError
 from autofit.machine.device import get_hardware
 from autofit.probe.launch import RankOutcome, launch
 from autofit.probe.records import RankResult, read_rank_result, write_rank_result
-from autofit.probe.run import _combine, _spec
+from autofit.probe.run import _combine
+from autofit.probe.spec import probe_spec
 
 HERE = Path(__file__).resolve().parent
 ENTRY = f"{HERE / 'probe_workloads.py'}:tiny"
@@ -77,7 +78,7 @@ def test_a_renamed_key_in_a_real_rank_output_makes_the_probe_an_error(tmp_path: 
     """A fake-mode rank (the real worker process, no DeepSpeed step) writes its file; renamed, the probe reads an
     error that names the key, not a rank that measured 0 bytes."""
     config = Config(micro_batch_size=2)
-    spec = _spec(ENTRY, config, CPU, 1, "fake", 1, 0)
+    spec = probe_spec(ENTRY, config, CPU, 1, mode="fake", steps=1, warmup_steps=0)
     outcomes, timed_out = launch(spec, tmp_path, 1, timeout_s=300.0)
     assert outcomes[0].result is not None and outcomes[0].result.status == "ok", outcomes[0].log_tail
     path = tmp_path / "rank0.json"

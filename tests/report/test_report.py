@@ -32,7 +32,7 @@ def _result(tmp_path: Path) -> SearchResult:
                                p.samples_per_s / 2 if status == "ok" else 0.0, None, None, 0.0)
         trials.append(
             TrialRecord(
-                i, config, "search", status, measured, p.to_dict(), status == "ok", 1000.0 + 10 * i, 8.0, resumed=i == 0
+                i, config, "search", status, measured, p.record(), status == "ok", 1000.0 + 10 * i, 8.0, resumed=i == 0
             )
         )
     winner = trials[0]

@@ -49,7 +49,7 @@ def _record(config: Config, status: Status, samples_per_s: float = 0.0, message:
         phase="search",
         status=status,
         measured=ProbeResult(config, status, 0, 0.0, samples_per_s, None, message, 0.0),
-        predicted={},
+        predicted=None,
         within_margin=status == "ok",
     )
 
@@ -214,7 +214,7 @@ def test_a_probe_far_from_the_model_and_its_neighbours_is_an_outlier_and_its_rep
     def probed(config: Config, measured: float, predicted: float, phase: str = "search") -> TrialRecord:
         record = _record(config, "ok", measured)
         record.phase = phase
-        record.predicted = {"samples_per_s": predicted}
+        record.predicted = replace(_prediction(8 / predicted, 0.0).record(), samples_per_s=predicted)
         return record
 
     neighbours = [probed(ADAMW, 2.0, 2.2), probed(SGD, 1.8, 2.0)]

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from autofit import AutofitError
+from autofit.probe.spec import probe_spec
 from autofit.workload.entry import load_workload
 from autofit.workload.hf import HfEntry, HfOptions, attention_blocks, hf_workload, load_config, task_from_config, with_hf_options
 
@@ -302,7 +303,7 @@ def test_an_hf_entry_probes_under_zero3_with_the_searched_kernel() -> None:
 
     entry = f"hf:{CONFIGS / 'mixtral_moe'}?seq_len=32"
     config = Config(precision="bf16", zero_stage=3, micro_batch_size=2, checkpoint_ratio=0.5, attention="eager")
-    result = run_probe(entry, config, get_hardware("cpu"), world_size=2, steps=1, timeout_s=300)
+    result = run_probe(probe_spec(entry, config, get_hardware("cpu"), world_size=2, steps=1), timeout_s=300)
     assert result.status == "ok", result.message
     assert result.tokens_per_s == pytest.approx(32 * result.samples_per_s)
     # ZeRO-3: each of the two ranks holds half the 9.4 M parameters

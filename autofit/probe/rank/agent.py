@@ -24,9 +24,10 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
+
+from autofit.probe.records import ProbeSpec
 
 RESULT_MARK = "autofit-rank-result "
 EXIT_MARK = "autofit-rank-exit "
@@ -133,7 +134,7 @@ def main(argv: list[str]) -> int:
     from autofit.probe.oom_killer import oom_kills
 
     args = parse_args(argv)
-    spec = json.loads(sys.stdin.readline())
+    spec = ProbeSpec.from_json(json.loads(sys.stdin.readline()))
     threading.Thread(target=_exit_when_stdin_closes, name="autofit-agent-stdin", daemon=True).start()
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -141,8 +142,8 @@ def main(argv: list[str]) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="autofit-agent-"))
     spec_path = workdir / "spec.json"
-    spec_path.write_text(json.dumps(dict(spec, result_dir=str(workdir), spawn_time=time.time())))
-    os.environ.update(training_env(dict(os.environ), spec["kind"], args.ranks_on_host, available_cores()))
+    spec_path.write_text(json.dumps(spec.launched(result_dir=str(workdir)).to_json()))
+    os.environ.update(training_env(dict(os.environ), spec.hardware.kind, args.ranks_on_host, available_cores()))
     os.environ.pop("AUTOFIT_PARENT_PID", None)  # the ranks' parent is this agent (autofit.probe.rank.worker)
     config = LaunchConfig(
         min_nodes=args.nnodes, max_nodes=args.nnodes, nproc_per_node=args.nproc_per_node, run_id=args.rdzv_id,

@@ -15,25 +15,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from typing import Any
 
-from autofit.probe.records import RankResult
+from autofit.probe.records import ProbeSpec, RankResult
 
 
-def run_fake(spec: dict[str, Any], rank: int, phases: dict[str, float]) -> RankResult:
+def run_fake(spec: ProbeSpec, rank: int, phases: dict[str, float]) -> RankResult:
     """Simulate one rank of ``spec``'s config on ``world_size`` ranks; returns the worker's result."""
     t0 = time.time()
-    from autofit.core.config import Config
-    from autofit.core.hardware import Hardware
     from autofit.cost_model import Coefficients
     from autofit.cost_model.memory import predict_memory
     from autofit.trace import trace_config
     from autofit.workload.entry import load_workload
 
-    config = Config.from_dict(spec["config"])
-    workload = load_workload(spec["entry"])
-    hardware = Hardware(**spec["hardware"])
-    n_ranks = int(spec["world_size"])
+    config, hardware, n_ranks = spec.config, spec.hardware, spec.world_size
+    workload = load_workload(spec.entry)
     phases["imports_s"] = time.time() - t0
 
     t0 = time.time()

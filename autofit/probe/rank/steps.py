@@ -54,8 +54,10 @@ def train_step(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: i
     return time.perf_counter() - t0, optimizer_s, loss
 
 
-def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: int, meter: Meter, spec: dict) -> StepTimes:
+def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: int, meter: Meter, ds: dict[str, Any],
+              warmup_steps: int, steps: int) -> StepTimes:
     """``warmup_steps`` steps, then ``steps`` timed ones; the peak is read as docs/design.md ("Memory, measured") says.
+    ``ds``: the candidate's DeepSpeed JSON (whether it compiles: the compiling step comes first).
 
     CPU: one more step after warm-up runs under the probe's allocator setting and the peak is
     read after it; then glibc goes back to reusing freed blocks and one more step refills its heap
@@ -67,8 +69,8 @@ def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: in
 
     # the compiling step comes before the warm-up ones, which then run the compiled graph (a recompile a guard
     # triggers in the second step lands in warm-up, not in the timed steps)
-    compile_s = compile_step(step) if compiles(spec.get("deepspeed", {})) else None
-    for _ in range(spec["warmup_steps"]):
+    compile_s = compile_step(step) if compiles(ds) else None
+    for _ in range(warmup_steps):
         step()
     peak = 0
     if not meter.cuda:
@@ -78,7 +80,7 @@ def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: in
         if memory.use_default_allocator():
             step()
     times = StepTimes(peak_bytes=peak, compile_s=compile_s)
-    for _ in range(spec["steps"]):
+    for _ in range(steps):
         step_s, optimizer_s, loss = step()
         times.step_times_s.append(step_s)
         times.optimizer_times_s.append(optimizer_s)

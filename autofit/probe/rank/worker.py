@@ -1,6 +1,7 @@
 """One probe rank, in its own process: ``python -m autofit.probe.rank.worker SPEC.json``.
 
-The parent (:mod:`autofit.probe.launch`) writes SPEC.json and sets RANK,
+The parent (:mod:`autofit.probe.launch`) writes SPEC.json (a :class:`~autofit.probe.records.ProbeSpec`, read back
+here with :meth:`~autofit.probe.records.ProbeSpec.from_json`) and sets RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. This process loads the
 workload, builds the model, runs warm-up and measured DeepSpeed steps, and writes
 ``rank<R>.json`` (status, peak, step times, phase times) into the spec's
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.probe.failure import classify_exception
-from autofit.probe.records import RankResult, write_rank_result
+from autofit.probe.records import ProbeSpec, RankResult, write_rank_result
 
 _T_MAIN = time.time()  # before any heavy import: the end of "process start"
 _PPID_AT_START = os.getppid()
@@ -30,13 +31,13 @@ _PPID_AT_START = os.getppid()
 
 def main(argv: list[str]) -> int:
     _die_with_parent()
-    spec = json.loads(Path(argv[1]).read_text())
+    spec = ProbeSpec.from_json(json.loads(Path(argv[1]).read_text()))
     rank = int(os.environ.get("RANK", "0"))
-    out = Path(spec["result_dir"]) / f"rank{rank}.json"
-    phases: dict[str, float] = {"process_start_s": max(0.0, _T_MAIN - float(spec["spawn_time"]))}
+    out = Path(spec.result_dir) / f"rank{rank}.json"
+    phases: dict[str, float] = {"process_start_s": max(0.0, _T_MAIN - spec.spawn_time)}
     result: RankResult
     try:
-        if spec["mode"] == "fake":
+        if spec.mode == "fake":
             from autofit.probe.rank.fake import run_fake
 
             result = run_fake(spec, rank, phases)
@@ -99,32 +100,20 @@ def expected_parent_pid(env: dict[str, str], ppid_at_start: int) -> int:
     return int(env["AUTOFIT_PARENT_PID"])
 
 
-def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Path) -> RankResult:
+def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -> RankResult:
     """Import, meter, build, initialize, step: the probe of one rank (docs/design.md, "Memory, measured")."""
     t0 = time.time()
     import deepspeed
     import torch
 
-    from autofit.core.config import Config
     from autofit.probe import snapshot
-    from autofit.probe.rank.meter import Meter
     from autofit.probe.rank.steps import run_steps
 
-    config = Config.from_dict(spec["config"])
-    ds = spec["deepspeed"]
-    workload = import_workload(spec["entry"], config.attention, torch)
+    config, ds = spec.config, spec.deepspeed
+    workload = import_workload(spec.entry, config.attention, torch)
     phases["imports_s"] = time.time() - t0
-
-    def on_exceeded(used: int) -> None:
-        message = f"rank {rank}: resident memory {used} B passed the budget {spec.get('budget_bytes')} B"
-        write_rank_result(out, RankResult(rank=rank, status="oom", oom_on="device", peak_bytes=used, phases_s=phases,
-                                          message=message))
-        os._exit(0)
-
-    meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded, device_budget_bytes=spec.get("memory_bytes"),
-                  later_outside_bytes=int(spec.get("nccl_bytes") or 0))
-    _METERS.append(meter)
-    snapshot_path = spec.get("memory_snapshot") if meter.cuda and rank == 0 else None
+    meter = _meter(torch, spec, rank, phases, out)
+    snapshot_path = spec.memory_snapshot if meter.cuda and rank == 0 else None
     if snapshot_path:
         snapshot.start_recording(torch)
     t0 = time.time()
@@ -134,16 +123,14 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
 
     t0 = time.time()
     engine = _initialize(deepspeed, model, ds)
-    from autofit.ds.apply import compile_engine
-
-    compile_engine(engine, ds)  # lazy: the first step builds the graph (run_steps times it as compile_s)
     phases["initialize_s"] = time.time() - t0
     initialize_peak_bytes = meter.peak_bytes(final=False)
 
     dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
     batch = to_device(workload.batch(config.micro_batch_size), meter.device, dtype)
     t_steps = time.time()
-    times = run_steps(engine, lambda: workload.compute_loss(engine, batch), config.grad_accum_steps, meter, spec)
+    times = run_steps(engine, lambda: workload.compute_loss(engine, batch), config.grad_accum_steps, meter, ds,
+                      spec.warmup_steps, spec.steps)
     phases["steps_s"] = time.time() - t_steps
     if times.compile_s is not None:
         phases["compile_s"] = times.compile_s
@@ -169,6 +156,23 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
         initialize_peak_bytes=initialize_peak_bytes,
         param_elements=param_elements,
     )
+
+
+def _meter(torch: Any, spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -> Any:
+    """The rank's :class:`~autofit.probe.rank.meter.Meter`, its baseline taken now (after the imports); past a CPU
+    budget it writes this rank's ``oom`` result and ends the process."""
+    from autofit.probe.rank.meter import Meter
+
+    def on_exceeded(used: int) -> None:
+        message = f"rank {rank}: resident memory {used} B passed the budget {spec.budget_bytes()} B"
+        write_rank_result(out, RankResult(rank=rank, status="oom", oom_on="device", peak_bytes=used, phases_s=phases,
+                                          message=message))
+        os._exit(0)
+
+    meter = Meter(torch, spec.hardware.kind, spec.budget_bytes(), on_exceeded,
+                  device_budget_bytes=spec.hardware.memory_bytes, later_outside_bytes=spec.nccl_bytes)
+    _METERS.append(meter)
+    return meter
 
 
 def untrained_message(loss: float) -> str:
@@ -215,12 +219,15 @@ def held_param_elements(model: Any) -> int:
 
 
 def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> Any:
-    """``deepspeed.initialize`` with the candidate's JSON and its client optimizer, if any."""
-    from autofit.ds.apply import client_optimizer
+    """``deepspeed.initialize`` with the candidate's JSON and its client optimizer, if any; compiled where the JSON
+    says (lazily: the first step builds the graph, and :func:`autofit.probe.rank.steps.run_steps` times it as
+    ``compile_s``)."""
+    from autofit.ds.apply import client_optimizer, compile_engine
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = client_optimizer(model, ds)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds)
+    compile_engine(engine, ds)
     return engine
 
 
