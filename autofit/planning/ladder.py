@@ -39,7 +39,11 @@ from autofit.core.space import DEFAULT_ATTENTION, SPACE_KEYS, SearchSpace
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration
 from autofit.machine.device import cuda_devices_here
+from autofit.machine.software import detect_software
 from autofit.planning.plan import Plan
+from autofit.probe.ops import prepare_ops
+from autofit.probe.run import run_probe
+from autofit.probe.spec import probe_spec
 from autofit.workload.types import Workload
 
 if TYPE_CHECKING:
@@ -285,10 +289,6 @@ def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: flo
     (:func:`autofit.probe.ops.prepare_ops`), so a JIT build is in no probe's time. ``entry``: the workload's
     entry point, what each probe loads; ``software``: what the machine runs (``--nvme-path``), this one's by
     default; ``say``: one progress line at a time (the CLI prints them on stderr)."""
-    from autofit.machine.software import detect_software
-    from autofit.probe.ops import prepare_ops
-    from autofit.probe.run import run_probe
-    from autofit.probe.spec import probe_spec
 
     check_can_measure(ladder.hardware)
     fitting = [row for row in ladder.rows if row.fits]

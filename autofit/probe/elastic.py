@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -26,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from autofit.core.errors import AutofitError
-from autofit.probe.launch import RankOutcome, _tail, kill_group, wait_for_ranks, with_package_root
+from autofit.machine.nvml import visible_cuda_device_list
+from autofit.probe.launch import RankOutcome, _tail, free_port, kill_group, wait_for_ranks, with_package_root
 from autofit.probe.nodes import NodeLaunch, plan_nodes
+from autofit.probe.rank.agent import parse_record
 from autofit.probe.records import ProbeSpec, RankResult
 
 
@@ -39,11 +43,7 @@ def check_devices(kind: str, ranks_per_node: int, visible: int | None) -> None:
 
 def node_launch(kind: str, n_nodes: int, ranks_per_node: int, hosts: tuple[str, ...] = ()) -> NodeLaunch:
     """:func:`autofit.probe.nodes.plan_nodes` for this machine: its environment, GPUs, host name and tools."""
-    import shutil
-    import socket
 
-    from autofit.machine.nvml import visible_cuda_device_list
-    from autofit.probe.launch import free_port
 
     environ = dict(os.environ, PYTHONPATH=with_package_root(os.environ.get("PYTHONPATH")))  # for the agents
     return plan_nodes(kind, n_nodes, ranks_per_node, environ=environ, hosts=hosts,
@@ -63,7 +63,6 @@ class _Agent:
     reader: threading.Thread | None = None
 
     def read(self) -> None:
-        from autofit.probe.rank.agent import parse_record
 
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:

@@ -31,6 +31,9 @@ from pathlib import Path
 
 from autofit.ds.emit import write_json_atomic
 from autofit.probe.launch import free_port, rank_env
+from autofit.probe.rank.memory import rss_bytes
+from autofit.probe.rank.worker import import_workload
+from autofit.trace.tensors import cast_batch, to_dtype
 
 #: forward and backward passes measured: the first touches the kernels, the second their caches' reuse
 FOOTPRINT_STEPS = 2
@@ -61,9 +64,6 @@ def measure(entry: str, precision: str, attention: str) -> int:
     import deepspeed  # noqa: F401  (a probe imports it before its baseline)
     import torch
 
-    from autofit.probe.rank.memory import rss_bytes
-    from autofit.probe.rank.worker import import_workload
-    from autofit.trace.tensors import cast_batch, to_dtype
 
     workload = import_workload(entry, attention, torch)
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16

@@ -25,6 +25,7 @@ environment, or one installed the same on each) and this autofit on its ``PYTHON
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -135,7 +136,6 @@ def check_host_count(hosts: tuple[str, ...], n_nodes: int) -> None:
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` names this machine's loopback interface, which no other machine reaches by that name."""
-    import ipaddress
 
     if host.lower() in LOOPBACK_NAMES:
         return True

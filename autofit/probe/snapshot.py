@@ -19,6 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autofit.probe.run import run_probe
+from autofit.probe.spec import probe_spec
+
 if TYPE_CHECKING:
     from autofit.core.software import Software
     from autofit.probe.result import ProbeResult
@@ -80,8 +83,6 @@ def winner_snapshot(entry: str, result: SearchResult, report_dir: str | Path, *,
     ``software``: what the machine runs (``--nvme-path``), this one's by default; ``say``: progress lines,
     the fragmentation advice (:func:`fragmentation_advice`) among them. On a CPU device nothing is recorded
     (``run_probe`` ignores the snapshot there): callers ask for it on CUDA only."""
-    from autofit.probe.run import run_probe
-    from autofit.probe.spec import probe_spec
 
     path = Path(report_dir) / SNAPSHOT_NAME
     say(f"autofit: recording the winner's CUDA memory snapshot into {path}")

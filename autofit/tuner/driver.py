@@ -30,7 +30,11 @@ from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.core.storage_url import redact_url
 from autofit.cost_model.calibrate import Calibration, calibrate
+from autofit.ds.emit import check_with_deepspeed, deepspeed_config, write_json_atomic
 from autofit.planning.plan import Plan
+from autofit.probe.ops import prepare_ops
+from autofit.probe.run import run_probe
+from autofit.probe.spec import plan_probe_spec
 from autofit.tuner.advice import nothing_fits
 from autofit.tuner.policy import is_outlier, next_probe, observe, probe_budget, shared_error, should_stop, untried_values
 from autofit.tuner.records import Phase, SearchResult, TrialRecord, best_measured, observations, pruned_entries, searched_keys
@@ -62,8 +66,6 @@ def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None
     ops the plan's candidates need are built or loaded first, once, as their own step: a JIT build (a minute
     or more) is then neither in a probe's timing nor in its timeout (``prepare=False``: done already,
     :func:`with_ops_prepared`)."""
-    from autofit.probe.run import run_probe
-    from autofit.probe.spec import plan_probe_spec
 
     if prepare:
         plan = with_ops_prepared(plan, on_event, trials)
@@ -78,7 +80,6 @@ def with_ops_prepared(plan: Plan, on_event: Callable[[SearchEvent], None] | None
     """Build or load the DeepSpeed ops ``plan``'s candidates need (:func:`autofit.probe.ops.prepare_ops`); the plan
     with the failed builds marked in its software, so that its probes and its JSON run AdamW as ``torch_adam``
     where FusedAdam failed to build."""
-    from autofit.probe.ops import prepare_ops
 
     if on_event is not None:
         on_event(SearchEvent(0, trials, "building or loading DeepSpeed ops", None))
@@ -203,7 +204,6 @@ def run_search(
     subprocess, :func:`subprocess_prober`); ``on_event`` receives progress. Raises
     :class:`AutofitError` when nothing fits; then nothing is written.
     """
-    from autofit.ds.emit import check_with_deepspeed, deepspeed_config, write_json_atomic
 
     settings = settings or SearchSettings()
     started = time.monotonic()

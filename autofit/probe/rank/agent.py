@@ -27,7 +27,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from autofit.probe.records import ProbeSpec
+from autofit.probe.failure import classify_exit, read_kernel_log
+from autofit.probe.launch import available_cores, training_env
+from autofit.probe.oom_killer import oom_kills
+from autofit.probe.records import ProbeSpec, RankResult
 
 RESULT_MARK = "autofit-rank-result "
 EXIT_MARK = "autofit-rank-exit "
@@ -58,8 +61,6 @@ def exit_records(failures: dict[int, Any], reported: set[int], kernel_log: str, 
                  oom_kills_after: int | None) -> list[dict[str, Any]]:
     """What to say of each failed rank (torch's ``ProcessFailure`` by global rank) that wrote no result: its
     exit code and pid, and a host ``oom`` result where the OOM killer ended it."""
-    from autofit.probe.failure import classify_exit
-    from autofit.probe.records import RankResult
 
     records = []
     for rank, failure in sorted(failures.items()):
@@ -129,9 +130,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    from autofit.probe.failure import read_kernel_log
-    from autofit.probe.launch import available_cores, training_env
-    from autofit.probe.oom_killer import oom_kills
 
     args = parse_args(argv)
     spec = ProbeSpec.from_json(json.loads(sys.stdin.readline()))

@@ -16,16 +16,16 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
+from autofit.cost_model import Coefficients
+from autofit.cost_model.memory import predict_memory
 from autofit.probe.records import ProbeSpec, RankResult
+from autofit.trace import trace_config
+from autofit.workload.entry import load_workload
 
 
 def run_fake(spec: ProbeSpec, rank: int, phases: dict[str, float]) -> RankResult:
     """Simulate one rank of ``spec``'s config on ``world_size`` ranks; returns the worker's result."""
     t0 = time.time()
-    from autofit.cost_model import Coefficients
-    from autofit.cost_model.memory import predict_memory
-    from autofit.trace import trace_config
-    from autofit.workload.entry import load_workload
 
     config, hardware, n_ranks = spec.config, spec.hardware, spec.world_size
     workload = load_workload(spec.entry)

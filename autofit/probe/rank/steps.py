@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofit.ds.apply import compiles
+from autofit.probe.failure import first_line, oom_location
 from autofit.probe.rank import memory
 from autofit.probe.rank.meter import Meter
 
@@ -98,7 +99,6 @@ def compile_step(step: Callable[[], tuple]) -> float:
     """Run the first step, the one that compiles (dynamo traces, inductor builds forward and backward); return its
     seconds. It counts in the probe's wall time, never in its samples/s. An error in it is a
     :class:`CompileError` naming the cause, unless it ran out of memory (that stays an out-of-memory)."""
-    from autofit.probe.failure import first_line, oom_location
 
     t0 = time.perf_counter()
     try:

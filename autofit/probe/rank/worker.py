@@ -13,17 +13,25 @@ Memory is metered by :mod:`autofit.probe.rank.meter` (docs/design.md, "Memory, m
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
+import signal
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from autofit.ds.apply import apply_to_model, build_context, client_optimizer, compile_engine, hf_deepspeed_config_class
+from autofit.probe import snapshot
 from autofit.probe.failure import classify_exception
+from autofit.probe.rank.fake import run_fake
+from autofit.probe.rank.meter import Meter
+from autofit.probe.rank.steps import run_steps
 from autofit.probe.records import ProbeSpec, RankResult, write_rank_result
+from autofit.workload.entry import load_workload
 
 _T_MAIN = time.time()  # before any heavy import: the end of "process start"
 _PPID_AT_START = os.getppid()
@@ -38,7 +46,6 @@ def main(argv: list[str]) -> int:
     result: RankResult
     try:
         if spec.mode == "fake":
-            from autofit.probe.rank.fake import run_fake
 
             result = run_fake(spec, rank, phases)
         else:
@@ -82,8 +89,6 @@ def _die_with_parent() -> None:
     autofit itself is PID 1 in a container without an init process.
     """
     try:
-        import ctypes
-        import signal
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -106,8 +111,6 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -
     import deepspeed
     import torch
 
-    from autofit.probe import snapshot
-    from autofit.probe.rank.steps import run_steps
 
     config, ds = spec.config, spec.deepspeed
     workload = import_workload(spec.entry, config.attention, torch)
@@ -161,7 +164,6 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -
 def _meter(torch: Any, spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -> Any:
     """The rank's :class:`~autofit.probe.rank.meter.Meter`, its baseline taken now (after the imports); past a CPU
     budget it writes this rank's ``oom`` result and ends the process."""
-    from autofit.probe.rank.meter import Meter
 
     def on_exceeded(used: int) -> None:
         message = f"rank {rank}: resident memory {used} B passed the budget {spec.budget_bytes()} B"
@@ -188,8 +190,6 @@ def import_workload(entry: str, attention: str, torch: Any) -> Any:
         import bitsandbytes  # noqa: F401
     except ImportError:
         pass
-    from autofit.ds.apply import hf_deepspeed_config_class
-    from autofit.workload.entry import load_workload
 
     workload = load_workload(entry)
     # building once on the meta device imports what the model's code imports lazily
@@ -206,7 +206,6 @@ def _build_model(workload: Any, config: Any, ds: dict[str, Any]) -> tuple[Any, i
     ZeRO-3 builds under ``deepspeed.zero.Init`` (:func:`autofit.ds.apply.build_context`), as a training
     script following the emitted JSON does: each rank holds its partition from the start.
     """
-    from autofit.ds.apply import apply_to_model, build_context
 
     with build_context(ds):
         model = workload.build_model(attention=config.attention)
@@ -222,7 +221,6 @@ def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> Any:
     """``deepspeed.initialize`` with the candidate's JSON and its client optimizer, if any; compiled where the JSON
     says (lazily: the first step builds the graph, and :func:`autofit.probe.rank.steps.run_steps` times it as
     ``compile_s``)."""
-    from autofit.ds.apply import client_optimizer, compile_engine
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = client_optimizer(model, ds)
