@@ -243,6 +243,15 @@ class Setup:
         measured = " and measuring what its kernels hold on this CPU" if self.hardware.kind == "cpu" else ""
         return f"tracing {self.planning_workload.name or self.entry_point}{measured}"
 
+    def check_nodes(self) -> None:
+        """Where the probes of several nodes cannot run here, one line before anything is traced or probed
+        (:func:`autofit.probe.elastic.node_launch`)."""
+        n_nodes = self.hardware.n_nodes(self.world_size)
+        if n_nodes > 1:
+            from autofit.probe.elastic import node_launch
+
+            node_launch(self.hardware.kind, n_nodes, self.hardware.ranks_on_a_node(self.world_size), self.hosts)
+
     def plan(self) -> Plan:
         """Trace the workload and enumerate the space's candidates (:meth:`autofit.planning.plan.Plan.make`)."""
         from autofit.planning.plan import Plan
