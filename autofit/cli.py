@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ from autofit.commands import schedule as schedule_command
 from autofit.core.errors import AutofitError
 from autofit.planning.target import CLI_OPTION, Target, cli_fields
 from autofit.report.tables import print_estimate, print_ladder, print_probe
+from autofit.trace import cache as trace_cache
 
 
 @dataclass(frozen=True)
@@ -84,13 +84,9 @@ def shared_options(entry_required: bool = True) -> Callable[[Callable[..., Any]]
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
-            as_json, debug = kwargs.pop("as_json"), kwargs.pop("debug")
-            if kwargs.pop("no_cache"):
-                from autofit.trace.cache import NO_CACHE_ENV
-
-                os.environ[NO_CACHE_ENV] = "1"  # read by autofit.trace.cache, here and in subprocesses
+            as_json, debug, no_cache = kwargs.pop("as_json"), kwargs.pop("debug"), kwargs.pop("no_cache")
             values = {name: kwargs.pop(name) for name in names}
-            with one_line_errors(debug):
+            with one_line_errors(debug), trace_cache.turned_off(no_cache):
                 return command(Shared(Target(**values), as_json, debug), **kwargs)
 
         params = [_click_param(f, entry_required) for f in cli_fields()] + list(ANSWER_OPTIONS)
