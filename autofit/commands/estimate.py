@@ -24,12 +24,13 @@ def estimate_target(target: Target, workload: Workload | None = None) -> Estimat
 def estimate(model: str | Workload, options: Options) -> EstimateResult:
     """Price every candidate of the space with the cost model; no training step runs (``autofit estimate``).
 
+    The options are keywords (``hardware="cpu", memory="2GiB", global_batch=16, set={"zero_stage": 2}, lr=3e-4``,
+    ...): each field of the sections of :mod:`autofit.commands.options` (``DeviceOptions``, ``SearchOptions``,
+    ``ModelOptions``, ``RecipeOptions``), with the commands' defaults; the function receives them as one
+    ``Options``.
+
     :param model: an entry point (``"path/to/file.py:function"``, ``"package.module:function"``), an ``"hf:"``
         config, or a :class:`autofit.Workload` object, priced in this process (no kernel-footprint subprocess).
-    :param options: given as keywords (``hardware="cpu", memory="2GiB", global_batch=16, set={"zero_stage": 2},
-        lr=3e-4``, ...): each field of :class:`autofit.commands.options.DeviceOptions`,
-        :class:`~autofit.commands.options.SearchOptions`, :class:`~autofit.commands.options.ModelOptions` and
-        :class:`~autofit.commands.options.RecipeOptions`, with the commands' defaults.
     :returns: every candidate with its predicted peak memory and step time, fitting first, fastest first
         (:class:`autofit.planning.estimate.EstimateResult`; ``.fitting[0].deepspeed`` is the best one's DeepSpeed
         dict).

@@ -29,11 +29,12 @@ def ladder(model: str | Workload, options: Options, *, measure: bool = False, st
     """The build-along table of memory techniques (``autofit ladder``): from fp32 + AdamW + ZeRO-0, one technique
     added per rung, each priced and, with ``measure``, probed.
 
+    The options are :func:`autofit.estimate`'s keywords but ``space``: the ladder's rungs are its space.
+    ``global_batch`` is required (the rungs' micro-batch is ``global_batch / world size``); ``set`` may fix the
+    micro-batch, the accumulation or the attention, not what the rungs step through.
+
     :param model: an entry point, an ``"hf:"`` config or a :class:`autofit.Workload` object (not with
         ``measure=True``: a probe loads the model from an entry point).
-    :param options: given as keywords, as :func:`autofit.estimate`'s, but ``space``: the ladder's rungs are its
-        space. ``global_batch`` is required (the rungs' micro-batch is ``global_batch / world size``); ``set`` may
-        fix the micro-batch, the accumulation or the attention, not what the rungs step through.
     :param measure: probe every rung predicted to fit (real DeepSpeed steps, one subprocess each).
     :param steps: measured steps per probe.
     :param timeout_s: seconds for each probe.

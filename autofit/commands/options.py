@@ -201,6 +201,7 @@ def takes_options(*, without: tuple[str, ...] = ()) -> Callable[[Callable[..., R
             return function(**{k: v for k, v in given.items() if k not in shared_names}, options=options)
 
         with_keywords.__signature__ = public  # type: ignore[attr-defined]
+        del with_keywords.__wrapped__  # the signature is the public one: docs tools that unwrap must not see `options`
         return with_keywords
 
     return decorate

@@ -111,12 +111,12 @@ def search(model: str, options: Options, *, trials: int = 20, out: PathLike | No
            on_event: Callable[[SearchEvent], None] | None = None,
            say: Callable[[str], None] | None = None) -> SearchResult:
     """The search (``autofit run``): probe the most promising candidates for real, each in a subprocess, and return
-    the fastest one that fits, verified.
+    the fastest one that fits, verified. The options are :func:`autofit.estimate`'s keywords
+    (:mod:`autofit.commands.options`).
 
     :param model: an entry point (``"path/to/file.py:function"``, ``"package.module:function"``) or an ``"hf:"``
         config: each probe's subprocess loads the model from it. A :class:`autofit.Workload` object is refused
         (:class:`AutofitError`): put the function returning it in a file and pass ``"that_file.py:function"``.
-    :param options: given as keywords, as :func:`autofit.estimate`'s (:mod:`autofit.commands.options`).
     :param trials: the most search probes.
     :param out: where the winner's DeepSpeed JSON is written; None: nowhere (``result.deepspeed`` holds it).
     :param report: a folder for the report (HTML + PNG); its ``index.html`` is ``result.report_path``.
