@@ -162,11 +162,11 @@ def test_the_sections_hold_every_option_of_the_target_once() -> None:
 
 def test_an_unknown_keyword_is_pythons_type_error(tiny: Workload) -> None:
     with pytest.raises(TypeError, match="harware"):
-        autofit.estimate(tiny, harware="cpu")  # type: ignore[call-arg]
+        autofit.estimate(tiny, harware="cpu")
     with pytest.raises(TypeError, match="space"):
-        autofit.ladder(tiny, space="cpu")  # type: ignore[call-arg]
+        autofit.ladder(tiny, space="cpu")
     with pytest.raises(TypeError):
-        autofit.estimate(tiny, "cpu")  # type: ignore[misc]
+        autofit.estimate(tiny, "cpu")
 
 
 SPACE = """\

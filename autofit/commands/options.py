@@ -158,7 +158,7 @@ class Options:
     @classmethod
     def from_keywords(cls, **keywords: Any) -> Options:
         """The sections of flat keywords (``hardware="cpu", lr=3e-4``); a name no section has is an error."""
-        sections = {}
+        sections: dict[str, Any] = {}
         for name, section in SECTIONS.items():
             mine = {f.name for f in dataclasses.fields(section)}
             sections[name] = section(**{key: keywords.pop(key) for key in mine & set(keywords)})
@@ -169,9 +169,10 @@ class Options:
     @classmethod
     def from_target(cls, target: Target) -> Options:
         """The sections of ``target``'s fields (its entry is not an option: :meth:`target` takes it back)."""
-        return cls(**{name: section(**{f.name: getattr(target, TARGET_NAMES.get(f.name, f.name))
-                                       for f in dataclasses.fields(section)})
-                      for name, section in SECTIONS.items()})
+        sections: dict[str, Any] = {
+            name: section(**{f.name: getattr(target, TARGET_NAMES.get(f.name, f.name)) for f in dataclasses.fields(section)})
+            for name, section in SECTIONS.items()}
+        return cls(**sections)
 
     def target(self, entry: str | None) -> Target:
         """The :class:`Target` of ``entry`` with these options: each value as the command line spells it."""
