@@ -1,14 +1,16 @@
 """autofit: the fastest training configuration that fits a device, measured.
 
 ``import autofit`` stays light (no torch): the training stack is imported only where a command needs it. The
-Python API is here: ``autofit.estimate``, ``autofit.search`` and ``autofit.ladder`` (:mod:`autofit.commands`), the
-:class:`Workload` an entry point returns, the :class:`Config` of a candidate and the one error type,
-:class:`AutofitError`.
+Python API is here: ``autofit.estimate``, ``autofit.search`` and ``autofit.ladder`` (:mod:`autofit.commands`, one
+module a command, which the CLI calls too), the :class:`Workload` an entry point returns, the :class:`Config` of a
+candidate and the one error type, :class:`AutofitError`.
 """
 
 from __future__ import annotations
 
-from autofit.commands.api import estimate, ladder, search
+from autofit.commands.estimate import estimate
+from autofit.commands.ladder import ladder
+from autofit.commands.run import search
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.workload.types import Workload

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,9 +21,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autofit.commands import estimate as estimate_command
+from autofit.commands import ladder as ladder_command
+from autofit.commands import probe as probe_command
+from autofit.commands import run as run_command
+from autofit.commands import schedule as schedule_command
 from autofit.core.errors import AutofitError
-from autofit.planning.target import CLI_OPTION, Setup, Target, cli_fields, prepare
+from autofit.planning.target import CLI_OPTION, Target, cli_fields
+from autofit.report.tables import print_estimate, print_ladder, print_probe
+from autofit.trace import cache as trace_cache
 
 
 @dataclass(frozen=True)
@@ -78,13 +86,9 @@ def shared_options(entry_required: bool = True) -> Callable[[Callable[..., Any]]
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
-            as_json, debug = kwargs.pop("as_json"), kwargs.pop("debug")
-            if kwargs.pop("no_cache"):
-                from autofit.trace.cache import NO_CACHE_ENV
-
-                os.environ[NO_CACHE_ENV] = "1"  # read by autofit.trace.cache, here and in subprocesses
+            as_json, debug, no_cache = kwargs.pop("as_json"), kwargs.pop("debug"), kwargs.pop("no_cache")
             values = {name: kwargs.pop(name) for name in names}
-            with one_line_errors(debug):
+            with one_line_errors(debug), trace_cache.turned_off(no_cache):
                 return command(Shared(Target(**values), as_json, debug), **kwargs)
 
         params = [_click_param(f, entry_required) for f in cli_fields()] + list(ANSWER_OPTIONS)
@@ -137,38 +141,15 @@ def main() -> None:
     """Find the fastest training configuration that fits a device."""
 
 
-def _prepare_ops(configs: list[Any], setup: Setup) -> Any:
-    """Build or load the DeepSpeed ops the configs need, as its own step (not in a probe's time); the setup's
-    software with the failed builds marked (AdamW runs as ``torch_adam`` where FusedAdam failed)."""
-    from autofit.probe.ops import prepare_ops
-
-    report = prepare_ops(configs, setup.hardware, setup.software)
-    for line in report.lines():
-        say(line)
-    return report.software(setup.software)
-
-
-def _say_fragmentation(measured: Any) -> None:
-    from autofit.probe.snapshot import fragmentation_advice
-
-    advice = fragmentation_advice(measured.device_memory)
-    if advice:
-        say(f"autofit: {advice}")
-
-
 @main.command()
 @shared_options()
 def estimate(shared: Shared) -> None:
     """Cost model only: rank the space's candidates by predicted step time; no training step runs."""
-    from autofit.commands.api import estimate_target
-
-    result = estimate_target(shared.target)
+    result = estimate_command.estimate_target(shared.target)
     if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
-        return
-    from autofit.report.tables import print_estimate
-
-    print_estimate(result)
+    else:
+        print_estimate(result)
 
 
 @main.command()
@@ -182,33 +163,13 @@ def estimate(shared: Shared) -> None:
               help="CUDA: record the allocator's history into this pickle (open it at https://pytorch.org/memory_viz).")
 def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, snapshot_path: str | None) -> None:
     """Run one candidate (the fastest predicted that fits, after --set) for a few real steps."""
-    from autofit.commands.api import check_nodes
-    from autofit.planning.estimate import estimate as run_estimate
-    from autofit.probe.run import run_probe
-    from autofit.probe.spec import plan_probe_spec
-
-    setup = prepare(shared.target)
-    if mode == "real":
-        check_nodes(setup)  # nodes that cannot be placed: one line before the trace and the ops
-    plan = setup.plan()
-    result = run_estimate(plan)
-    chosen = (result.fitting or result.candidates)[0]
-    software = setup.software
-    if mode == "real":
-        software = _prepare_ops([chosen.config], setup)
-    say(f"probing {chosen.config.label()} ({mode})")
-    spec = plan_probe_spec(dataclasses.replace(plan, software=software), chosen.config, mode=mode, steps=steps,
-                           warmup_steps=warmup, memory_snapshot=snapshot_path)
-    measured = run_probe(spec, timeout_s=timeout_s, hosts=setup.hosts)
-    _say_fragmentation(measured)
-    measured = measured.with_predicted(chosen.prediction.record())
+    answer = probe_command.probe_target(shared.target, mode=mode, steps=steps, warmup=warmup, timeout_s=timeout_s,
+                                        snapshot_path=snapshot_path, say=say)
     if shared.as_json:
-        click.echo(json.dumps(measured.to_json(), indent=1))
+        click.echo(json.dumps(answer.to_dict(), indent=1))
     else:
-        from autofit.report.tables import print_probe
-
-        print_probe(measured)
-    if measured.status != "ok":
+        print_probe(answer.result())
+    if not answer.ok:
         sys.exit(2)
 
 
@@ -220,15 +181,11 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
 def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
     """The build-along table of memory techniques: from fp32 + AdamW + ZeRO-0, one technique added per rung,
     each priced (peak, fits, samples/s) and, with --measure, probed."""
-    from autofit.commands.api import ladder_target
-
-    result = ladder_target(shared.target, measure=measure, steps=steps, timeout_s=timeout_s, say=say)
+    result = ladder_command.ladder_target(shared.target, measure=measure, steps=steps, timeout_s=timeout_s, say=say)
     if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
-        return
-    from autofit.report.tables import print_ladder
-
-    print_ladder(result)
+    else:
+        print_ladder(result)
 
 
 @main.command()
@@ -246,14 +203,9 @@ def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
 def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | None, study_name: str | None,
         out_path: str, report_dir: str | None, margin: float, script: str | None) -> None:
     """The search: probe the most promising candidates and write the fastest that fits as DeepSpeed JSON."""
-    from autofit.commands.api import search_target
-    from autofit.tuner import DEFAULT_STORAGE, SearchSettings
-    from autofit.tuner.storage import storage_errors
-
-    settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=margin)
-    with storage_errors(storage or DEFAULT_STORAGE):  # a database error: one line, the URL's password hidden
-        result = search_target(shared.target, settings, out=out_path, report=report_dir, storage=storage,
-                               study_name=study_name, script=script, progress=progress_display, say=say)
+    result = run_command.run_target(shared.target, trials=trials, timeout_s=timeout_s, margin=margin, out=out_path,
+                                    report=report_dir, storage=storage, study_name=study_name, script=script,
+                                    progress=progress_display, say=say)
     if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
     else:
@@ -264,8 +216,6 @@ def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | Non
 def progress_display(total: int) -> Iterator[Callable[[Any], None]]:
     """Progress on stderr (stdout stays clean for ``--json``), fed by the search's events: a rich progress bar
     on a terminal, one plain line an event otherwise (a log file, CI, a scheduler's worker)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     def describe(event: Any) -> str:
         best = f"best {event.best.samples_per_s:.3g} samples/s" if event.best is not None else "best -"
@@ -301,17 +251,7 @@ def schedule_add(shared: Shared, trials: int, storage: str) -> None:
     shared file system, or package.module:function of a package installed on the workers). A search
     already done for the same model, space, request and machine returns its stored winner at once.
     """
-    from autofit.schedule.submit import absolute_entry, make_request, submit
-
-    target = dataclasses.replace(shared.target, entry=absolute_entry(shared.target.entry or ""))
-    setup = prepare(target)
-    request = make_request(setup.entry_point, setup.hardware, gpus=setup.gpus, nodes=target.nodes,
-                           global_batch=target.global_batch, space=setup.space, fixed=setup.fixed, trials=trials,
-                           memory_bytes=target.memory_bytes(), recipe=setup.recipe)
-    from autofit.tuner.storage import storage_errors
-
-    with storage_errors(storage):  # a database error: one line, the URL's password hidden
-        added = submit(storage, setup.plan(), setup.loaded_workload, request)
+    added = schedule_command.add_target(shared.target, trials=trials, storage=storage)
     if shared.as_json:
         click.echo(json.dumps(added.to_dict()))
         return
@@ -326,14 +266,12 @@ def schedule_add(shared: Shared, trials: int, storage: str) -> None:
 @user_errors
 def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
     """Every search: hardware, state (queued, running, done, failed, nothing-fits), trials, worker, best so far."""
-    from autofit.schedule.status import print_searches, search_summaries
-    from autofit.tuner.storage import storage_errors
-
-    with storage_errors(storage):
-        searches = search_summaries(storage)
+    searches = schedule_command.list_searches(storage)
     if as_json:
         click.echo(json.dumps({"searches": searches}, indent=1))
     else:
+        from autofit.schedule.status import print_searches  # sqlalchemy: autofit.commands.schedule
+
         print_searches(searches)
 
 
@@ -360,21 +298,8 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
     """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds.
 
     SIGTERM or SIGINT stops the running probe, gives its search back (queued) and exits 0."""
-    from autofit.machine.device import get_hardware
-    from autofit.machine.fingerprint import detect_machine, worker_name
-    from autofit.schedule.checks import check_device, check_nodes, detected_devices, entry_roots
-    from autofit.schedule.worker import Worker
-    from autofit.tuner.storage import check_url, storage_errors
-
-    check_url(storage)  # a wrong URL: one line before anything else, never a retry
-    roots = entry_roots(entry_root)  # a root that is no folder: one line
-    device = get_hardware(hardware)
-    check_nodes(device.kind, nodes)  # a worker launches on this machine: no multi-node CUDA search on one node
-    check_device(hardware, detected_devices())  # a preset must be the GPU here: else it claims another's searches
-    machine = detect_machine(device, gpus)
-    with storage_errors(storage):  # what is no outage (a failed statement): one line, not a retry
-        Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s,
-               max_claims=max_claims, entry_roots=roots).serve()
+    schedule_command.serve(storage, hardware=hardware, gpus=gpus, nodes=nodes, idle_exit_s=idle_exit_s,
+                           lease_s=lease_s, max_claims=max_claims, entry_root=entry_root)
 
 
 @main.command()
@@ -389,14 +314,10 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
 def results(storage: str, entry: str | None, prices: tuple[str, ...], report_dir: str | None, as_json: bool,
             debug: bool) -> None:
     """Each model's winners across hardware: samples/s, tokens/s, memory headroom, cost per million tokens."""
-    from autofit.schedule.results import compare, parse_prices, print_results, write_results_report
-    from autofit.tuner.storage import storage_errors
-
-    with storage_errors(storage):
-        rows = compare(storage, parse_prices(prices), entry)
-    if report_dir is not None:
-        write_results_report(rows, report_dir)
+    rows = schedule_command.results(storage, prices=prices, entry=entry, report_dir=report_dir)
     if as_json:
         click.echo(json.dumps({"results": rows}, indent=1))
     else:
+        from autofit.schedule.results import print_results  # sqlalchemy: autofit.commands.schedule
+
         print_results(rows)

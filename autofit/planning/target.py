@@ -30,6 +30,7 @@ from autofit.ds.recipe_from import read_recipe
 from autofit.machine.device import cuda_devices_here, get_hardware
 from autofit.machine.software import check_nvme_path, detect_software
 from autofit.planning.plan import Plan
+from autofit.probe.elastic import node_launch
 from autofit.probe.nodes import check_host_count, read_hosts
 from autofit.trace.source_cache import SourcePlannedWorkload, planned_workload
 from autofit.workload.hf import TASKS as HF_TASKS
@@ -251,6 +252,14 @@ class Setup:
         (:mod:`autofit.probe.footprint`), which takes a few seconds a precision."""
         measured = " and measuring what its kernels hold on this CPU" if self.hardware.kind == "cpu" else ""
         return f"tracing {self.planning_workload.name or self.entry_point}{measured}"
+
+    def check_nodes(self) -> None:
+        """Where the probes of several nodes cannot run here, one line before anything is traced or probed
+        (:func:`autofit.probe.elastic.node_launch`)."""
+        n_nodes = self.hardware.n_nodes(self.world_size)
+        if n_nodes > 1:
+
+            node_launch(self.hardware.kind, n_nodes, self.hardware.ranks_on_a_node(self.world_size), self.hosts)
 
     def plan(self) -> Plan:
         """Trace the workload and enumerate the space's candidates (:meth:`autofit.planning.plan.Plan.make`)."""

@@ -16,8 +16,9 @@ three:
   source files of autofit that a trace runs (:data:`TRACED_SOURCES`).
 
 Where: ``$AUTOFIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/autofit``, else ``~/.cache/autofit`` (the XDG base
-directory default), in ``traces/``. ``AUTOFIT_NO_CACHE=1`` (``true``, ``yes``, ``on``; the commands'
-``--no-cache``) neither reads nor writes it; unset, empty, ``0``, ``false``, ``no`` or ``off`` keeps it on, and
+directory default), in ``traces/``. ``AUTOFIT_NO_CACHE=1`` (``true``, ``yes``, ``on``) neither reads nor writes it,
+nor does what runs inside :func:`turned_off` (the commands' ``--no-cache``, a value of the command rather than the
+variable written into the environment); unset, empty, ``0``, ``false``, ``no`` or ``off`` keeps it on, and
 any other value is an error (:func:`cache_turned_off`). Each entry is written whole to a temporary file and
 renamed over the old one (``os.replace``, atomic on POSIX), so a reader never sees half an entry; an entry that
 cannot be read or parsed is ignored (the model is traced again and the entry rewritten), and a cache directory
@@ -35,7 +36,8 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +66,26 @@ TRACED_SOURCES = ("trace", "ds/apply.py", "workload", "core/config.py", "ds/fp8.
 
 _PLAIN = (bool, int, float, str, type(None))
 
+#: the cache turned off for what runs inside :func:`turned_off`, in this process
+_TURNED_OFF: ContextVar[bool] = ContextVar("autofit_trace_cache_turned_off", default=False)
+
+
+@contextlib.contextmanager
+def turned_off(off: bool = True) -> Iterator[None]:
+    """The cache turned off (where ``off``) for what runs inside, in this process: the commands' ``--no-cache``.
+    Every reader of the cache (the plan's trace, :mod:`autofit.trace.source_cache`) runs in the command's process,
+    so the setting is handed on as a value, not written into ``os.environ`` for good."""
+    token = _TURNED_OFF.set(off or _TURNED_OFF.get())
+    try:
+        yield
+    finally:
+        _TURNED_OFF.reset(token)
+
 
 def cache_dir() -> Path | None:
-    """The directory of trace entries, or None when the cache is turned off (:func:`cache_turned_off`)."""
-    if cache_turned_off(os.environ.get(NO_CACHE_ENV, "")):
+    """The directory of trace entries, or None when the cache is turned off (:func:`turned_off`,
+    :func:`cache_turned_off`)."""
+    if _TURNED_OFF.get() or cache_turned_off(os.environ.get(NO_CACHE_ENV, "")):
         return None
     root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "autofit")

@@ -21,7 +21,7 @@ IN_PROCESS_PREFIX = "<in-process"
 
 
 def in_process_entry(workload: Workload) -> str:
-    """The entry string of a :class:`Workload` object given to the Python API (:mod:`autofit.commands.api`) instead of an entry
+    """The entry string of a :class:`Workload` object given to the Python API (:mod:`autofit.commands`) instead of an entry
     point: it names the workload in plans, tables and reports, and no process but this one can load it (a
     probe, or the CPU's kernel footprint, needs an entry point: :func:`check_loadable`)."""
     return f"{IN_PROCESS_PREFIX} workload {workload.name or 'unnamed'}>"

@@ -1,7 +1,8 @@
-"""The Python API (autofit.commands.api): the same answers as the commands, typed options, one AutofitError per mistake."""
+"""The Python API (autofit.commands): the same answers as the commands, typed options, one AutofitError per mistake."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import subprocess
@@ -14,7 +15,11 @@ from click.testing import CliRunner
 
 import autofit
 from autofit.cli import main
-from autofit.commands import api
+from autofit.commands import options as api_options
+from autofit.commands.estimate import estimate as api_estimate
+from autofit.commands.ladder import ladder as api_ladder
+from autofit.commands.options import DeviceOptions, Options, RecipeOptions, SearchOptions
+from autofit.commands.run import search as api_search
 from autofit.core.errors import AutofitError
 from autofit.planning.target import Target, cli_fields
 from autofit.workload.entry import load_workload
@@ -45,10 +50,12 @@ def cli_json(*args: str) -> dict[str, Any]:
 def test_import_autofit_is_light_and_its_api_is_functions_no_module_shadows() -> None:
     code = (
         "import sys, types; sys.modules['torch'] = None\n"
-        "import autofit, autofit.commands.api\n"
+        "import autofit, autofit.commands.estimate, autofit.commands.run, autofit.commands.ladder\n"
+        "import autofit.commands.probe, autofit.commands.schedule, autofit.cli\n"
         "import autofit.planning.estimate, autofit.planning.ladder, autofit.tuner.driver\n"
-        "assert (autofit.estimate, autofit.search, autofit.ladder) == "
-        "(autofit.commands.api.estimate, autofit.commands.api.search, autofit.commands.api.ladder)\n"
+        "assert (autofit.estimate, autofit.search, autofit.ladder) == (autofit.commands.estimate.estimate, "
+        "autofit.commands.run.search, autofit.commands.ladder.ladder)\n"
+        "assert not {'optuna', 'sqlalchemy'} & set(sys.modules)\n"
         "assert not any(isinstance(getattr(autofit, n), types.ModuleType) for n in ('estimate', 'search', 'ladder'))\n"
         "assert type(sys.modules['autofit']) is types.ModuleType\n"
     )
@@ -58,7 +65,7 @@ def test_import_autofit_is_light_and_its_api_is_functions_no_module_shadows() ->
 def test_every_shared_option_is_a_typed_keyword_with_the_commands_default() -> None:
     options = {f.name: f.default for f in cli_fields() if f.name != "entry"}
     options["set"] = options.pop("set_values")
-    for function, left_out in ((api.estimate, set()), (api.search, set()), (api.ladder, {"space"})):
+    for function, left_out in ((api_estimate, set()), (api_search, set()), (api_ladder, {"space"})):
         parameters = inspect.signature(function).parameters
         assert list(parameters)[0] == "model"
         for name, default in options.items():
@@ -124,18 +131,42 @@ def test_a_mistake_is_one_autofit_error_before_anything_is_traced(tiny: Workload
 
 
 def test_options_are_spelled_as_the_command_line_spells_them() -> None:
-    assert api.set_pairs({"zero_stage": 2, "checkpoint_ratio": 0.5}) == ("zero_stage=2", "checkpoint_ratio=0.5")
-    assert api.set_pairs("zero_stage=2") == ("zero_stage=2",) and api.set_pairs(None) == ()
-    assert api.hyperparameter((0.9, 0.95), "betas") == "0.9,0.95" and api.hyperparameter(3e-4, "lr") == "0.0003"
-    assert api.names("fp8", "allow") == ("fp8",) and api.names(["fp8", "near"], "allow") == ("fp8", "near")
-    target, workload = api._request(
-        TINY, hardware="cpu", memory=2**30, gpus=None, nodes=1, global_batch=None, space=Path("cpu.yaml"), set=None,
-        nvme_path=None, seq_len=None, task=None, trust_remote_code=False, optimizer="sgd", precision=None, allow="fp16",
-        lr=0.1, weight_decay=None, betas=None, eps=None, momentum=0.9,
-    )
-    assert workload is None and target == Target(
+    assert api_options.set_pairs({"zero_stage": 2, "checkpoint_ratio": 0.5}) == ("zero_stage=2", "checkpoint_ratio=0.5")
+    assert api_options.set_pairs("zero_stage=2") == ("zero_stage=2",) and api_options.set_pairs(None) == ()
+    assert api_options.hyperparameter((0.9, 0.95), "betas") == "0.9,0.95"
+    assert api_options.hyperparameter(3e-4, "lr") == "0.0003"
+    assert api_options.names("fp8", "allow") == ("fp8",) and api_options.names(["fp8", "near"], "allow") == ("fp8", "near")
+    options = Options.from_keywords(hardware="cpu", memory=2**30, space=Path("cpu.yaml"), optimizer="sgd",
+                                    allow="fp16", lr=0.1, momentum=0.9)
+    assert options.device == DeviceOptions(hardware="cpu", memory=2**30)
+    assert options.search == SearchOptions(space=Path("cpu.yaml"))
+    assert options.recipe == RecipeOptions(optimizer="sgd", allow="fp16", lr=0.1, momentum=0.9)
+    assert options.target(TINY) == Target(
         entry=TINY, hardware="cpu", memory=2**30, space="cpu.yaml", optimizer="sgd", allow=("fp16",), lr="0.1",
         momentum="0.9")
+
+
+def test_the_sections_hold_every_option_of_the_target_once() -> None:
+    """Each CLI option (a Target field) is one section field, named alike (``set`` is ``--set``'s set_values):
+    a Target makes its sections and back, and a new Target field without a section's fails here."""
+    target = Target(entry=TINY, hardware="h100-80gb", memory="2GiB", gpus=2, nodes=2, hosts="a,b", global_batch=16,
+                    space="cpu", set_values=("zero_stage=2",), nvme_path="/nvme", seq_len=64, task="causal-lm",
+                    trust_remote_code=True, optimizer="sgd", precision="fp32", allow=("bf16",), recipe_from="ds.json",
+                    lr="0.1", weight_decay="0.01", betas="0.9,0.95", eps="1e-08", momentum="0.9")
+    assert Options.from_target(target).target(TINY) == target
+    names = [f.name for section in api_options.SECTIONS.values() for f in dataclasses.fields(section)]
+    assert len(names) == len(set(names))
+    assert {api_options.TARGET_NAMES.get(n, n) for n in names} == {f.name for f in cli_fields()} - {"entry"}
+    assert list(api_options.SECTIONS) == [f.name for f in dataclasses.fields(Options)]
+
+
+def test_an_unknown_keyword_is_pythons_type_error(tiny: Workload) -> None:
+    with pytest.raises(TypeError, match="harware"):
+        autofit.estimate(tiny, harware="cpu")
+    with pytest.raises(TypeError, match="space"):
+        autofit.ladder(tiny, space="cpu")
+    with pytest.raises(TypeError):
+        autofit.estimate(tiny, "cpu")
 
 
 SPACE = """\

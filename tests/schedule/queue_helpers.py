@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "search"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tuner"))
 from tiny import ENTRY, sgd_space  # noqa: E402
 
 from autofit.core.config import Config  # noqa: E402

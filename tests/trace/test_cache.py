@@ -213,3 +213,41 @@ def test_no_cache_of_another_value_is_one_line_from_the_cli(value: str, tmp_path
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"autofit: error: AUTOFIT_NO_CACHE='{value}'")
     assert not (tmp_path / "cache").exists()
+
+
+def test_turned_off_holds_for_what_runs_inside_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cache.NO_CACHE_ENV, raising=False)
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path))
+    with cache.turned_off():
+        assert cache.cache_dir() is None
+        with cache.turned_off(False):  # an inner "no" does not turn it back on
+            assert cache.cache_dir() is None
+    with cache.turned_off(False):
+        assert cache.cache_dir() == tmp_path / "traces"
+    assert cache.cache_dir() == tmp_path / "traces"
+
+
+def test_the_no_cache_flag_is_a_value_of_the_command_not_the_environment(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-cache turns the cache off for its command (cache.turned_off) and leaves os.environ as it was."""
+    import os
+
+    from click.testing import CliRunner
+
+    from autofit.cli import main
+
+    monkeypatch.delenv(cache.NO_CACHE_ENV, raising=False)
+    monkeypatch.setenv(cache.CACHE_DIR_ENV, str(tmp_path))
+    seen: list[Path | None] = []
+
+    def prepare(*args: object) -> None:  # what the command's trace would read, then stop before tracing
+        seen.append(cache.cache_dir())
+        raise AutofitError("stopped")
+
+    monkeypatch.setattr("autofit.commands.estimate.prepare", prepare)
+    mlp = Path(__file__).resolve().parents[2] / "examples" / "mlp.py"
+    before = dict(os.environ)
+    for flags in (["--no-cache"], []):
+        result = CliRunner().invoke(main, ["estimate", f"{mlp}:workload", "--hardware", "cpu", *flags])
+        assert result.exit_code == 1 and result.stderr == "autofit: error: stopped\n"
+    assert seen == [None, tmp_path / "traces"] and dict(os.environ) == before

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import autofit
-from autofit.commands.api import estimate_target
+from autofit.commands.estimate import estimate_target
 from autofit.core.errors import AutofitError
 from autofit.planning.target import Target, prepare
 from autofit.trace import cache, source_cache

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 
 
@@ -55,12 +54,16 @@ def main() -> None:
                    help="backward the tutorial's aggregated loss as is under ZeRO 0-2 too (its gradients come out sp x too large)")
     args = p.parse_args()
 
-    import torch
-    import torch.nn.functional as F
     import deepspeed
     import deepspeed.comm as dist
+    import torch
+    import torch.nn.functional as F
     from deepspeed.runtime.sequence_parallel.ulysses_sp import (
-        TiledMLP, UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter, sequence_tiled_compute)
+        TiledMLP,
+        UlyssesSPAttentionHF,
+        UlyssesSPDataLoaderAdapter,
+        sequence_tiled_compute,
+    )
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama import modeling_llama
 
@@ -127,7 +130,8 @@ def main() -> None:
     ctx = None
     if args.ckpt == "ds_offload":
         from deepspeed.runtime.activation_checkpointing.offload_activations import (
-            get_checkpoint_hidden_states_offloading_ctx_manager)
+            get_checkpoint_hidden_states_offloading_ctx_manager,
+        )
         ctx = get_checkpoint_hidden_states_offloading_ctx_manager()
 
     def loss_of(batch):
