@@ -11,7 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
-from autofit.core.errors import AutofitError
+from autofit.core.errors import AutofitError, is_control
 from autofit.cost_model.facts import PeakPoint
 from autofit.trace import step
 from autofit.trace.scaling import CUT_LAYERS
@@ -140,7 +140,9 @@ def _forked_step(key: _StepKey) -> _StepResult | None:
     segments: dict[tuple[str, int], tuple[int, int]] = {}
     try:
         point = step.trace_step(tracer.workload, n, dtype_name, attention, ckpt, tracer.mode, segments)
-    except Exception:  # the step's own failure: reported when the tracer runs it in this process
+    except BaseException as exc:  # the step's own failure: reported when the tracer runs it in this process
+        if is_control(exc):
+            raise
         return None
     return point, segments
 

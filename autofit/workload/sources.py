@@ -19,6 +19,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from autofit.core.errors import guards_user_code
 from autofit.core.hashing import digest
 from autofit.workload.hf import HfEntry
 
@@ -122,6 +123,7 @@ def local_sources(source: Path, root: Path, scope: Path | None = None) -> dict[s
     return {str(p.relative_to(root)) if p.is_relative_to(root) else str(p): h for p, h in sorted(seen.items())}
 
 
+@guards_user_code("fingerprinting the workload")
 def workload_fingerprint(entry: str, workload: Any) -> str:
     """Hash of the workload's :func:`structure`, its entry file's bytes and the local modules it imports."""
     source = entry_source(entry)
