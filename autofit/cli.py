@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 
+from autofit.commands.numbers import SECONDS, FiniteFloat
 from autofit.core.errors import AutofitError
 from autofit.planning.target import CLI_OPTION, Setup, Target, cli_fields, prepare
 
@@ -177,7 +178,7 @@ def estimate(shared: Shared) -> None:
               help="real: DeepSpeed steps on the device; fake: FakeTensorMode at full size, memory only.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Measured steps.")
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Warm-up steps.")
-@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float, help="Seconds for the probe.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=SECONDS, help="Seconds for the probe.")
 @click.option("--memory-snapshot", "snapshot_path", default=None, metavar="PATH",
               help="CUDA: record the allocator's history into this pickle (open it at https://pytorch.org/memory_viz).")
 def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, snapshot_path: str | None) -> None:
@@ -216,7 +217,7 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
 @shared_options()
 @click.option("--measure", is_flag=True, help="Probe every rung predicted to fit and add the measured columns.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Measured steps per probe.")
-@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float, help="Seconds for each probe.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=SECONDS, help="Seconds for each probe.")
 def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
     """The build-along table of memory techniques: from fp32 + AdamW + ZeRO-0, one technique added per rung,
     each priced (peak, fits, samples/s) and, with --measure, probed."""
@@ -344,9 +345,9 @@ def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
 @click.option("--nodes", default=1, show_default=True, type=click.IntRange(min=1),
               help="Nodes a probe of this worker spans (agents on this machine: a CPU worker only; a CUDA worker "
                    "runs one-node searches).")
-@click.option("--idle-exit", "idle_exit_s", default=60.0, show_default=True, type=click.FloatRange(min=0.0),
+@click.option("--idle-exit", "idle_exit_s", default=60.0, show_default=True, type=FiniteFloat(0.0),
               help="Exit after this many seconds with nothing to claim.")
-@click.option("--lease", "lease_s", default=60.0, show_default=True, type=click.FloatRange(min=1.0),
+@click.option("--lease", "lease_s", default=60.0, show_default=True, type=FiniteFloat(1.0),
               help="Seconds without a heartbeat before another worker takes a search over.")
 @click.option("--max-claims", default=3, show_default=True, type=click.IntRange(min=1),
               help="A search whose worker vanished this many times (its lease ran out) ends failed.")

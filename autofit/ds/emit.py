@@ -210,7 +210,11 @@ def check_with_deepspeed(ds: dict[str, Any]) -> None:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to a temporary file beside ``path`` and rename it into place."""
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+    try:  # allow_nan=False: a NaN or an infinity is no JSON DeepSpeed can read, never written
+        text = json.dumps(data, indent=2, allow_nan=False)
+    except ValueError as exc:
+        raise AutofitError(f"the JSON for {path} has a value that is not a finite number ({exc})") from exc
+    write_text_atomic(path, text + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:

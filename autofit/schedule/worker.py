@@ -40,6 +40,7 @@ from autofit.core.hardware import Hardware
 from autofit.core.recipe import Recipe
 from autofit.core.space import space_from_dict
 from autofit.core.storage_url import redact_url, scrub
+from autofit.core.units import finite
 from autofit.machine.fingerprint import MachineFingerprint
 from autofit.planning.plan import Plan
 from autofit.schedule import queue
@@ -115,6 +116,8 @@ class Worker:
     _lease: Lease | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:  # every log line without the storage's password
+        finite("lease_s", self.lease_s, 1.0)  # NaN would renew a lease never, or an idle worker never exit
+        finite("idle_exit_s", self.idle_exit_s, 0.0)
         raw_log = self.log
         self.log = lambda text: raw_log(scrub(text, self.url))
 

@@ -52,6 +52,10 @@ def trace_workers_setting() -> int | None:
     if not (word.isascii() and word.isdigit()) or int(word) < 1:
         raise AutofitError(f"{TRACE_WORKERS_ENV}={value!r} is not a positive integer: set it to how many processes "
                            "trace at once (1: all in this one), or unset it for one per usable core")
+    most = max(MAX_TRACE_WORKERS, os.cpu_count() or 1)
+    if len(word) > 6 or int(word) > most:
+        raise AutofitError(f"{TRACE_WORKERS_ENV}={value!r} is more processes than this machine can use (at most "
+                           f"{most}): set it lower, or unset it for one per usable core")
     return int(word)
 
 
