@@ -26,6 +26,7 @@ import click
 from autofit.commands.numbers import SECONDS, FiniteFloat
 from autofit.core.errors import AutofitError
 from autofit.planning.target import CLI_OPTION, Setup, Target, cli_fields, prepare
+from autofit.report.outputs import emit_document, json_stdout
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def shared_options(entry_required: bool = True) -> Callable[[Callable[..., Any]]
 
                 os.environ[NO_CACHE_ENV] = "1"  # read by autofit.trace.cache, here and in subprocesses
             values = {name: kwargs.pop(name) for name in names}
-            with one_line_errors(debug):
+            with one_line_errors(debug), json_stdout(as_json):  # under --json stdout is the document alone
                 return command(Shared(Target(**values), as_json, debug), **kwargs)
 
         params = [_click_param(f, entry_required) for f in cli_fields()] + list(ANSWER_OPTIONS)
@@ -165,7 +166,7 @@ def estimate(shared: Shared) -> None:
 
     result = estimate_target(shared.target)
     if shared.as_json:
-        click.echo(json.dumps(result.to_dict(), indent=1))
+        emit_document(json.dumps(result.to_dict(), indent=1))
         return
     from autofit.report.tables import print_estimate
 
@@ -204,7 +205,7 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
     _say_fragmentation(measured)
     document = measured.to_json() | {"predicted": chosen.prediction.to_dict()}
     if shared.as_json:
-        click.echo(json.dumps(document, indent=1))
+        emit_document(json.dumps(document, indent=1))
     else:
         from autofit.report.tables import print_probe
 
@@ -225,7 +226,7 @@ def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
 
     result = ladder_target(shared.target, measure=measure, steps=steps, timeout_s=timeout_s, say=say)
     if shared.as_json:
-        click.echo(json.dumps(result.to_dict(), indent=1))
+        emit_document(json.dumps(result.to_dict(), indent=1))
         return
     from autofit.report.tables import print_ladder
 
@@ -256,7 +257,7 @@ def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | Non
         result = search_target(shared.target, settings, out=out_path, report=report_dir, storage=storage,
                                study_name=study_name, script=script, progress=progress_display, say=say)
     if shared.as_json:
-        click.echo(json.dumps(result.to_dict(), indent=1))
+        emit_document(json.dumps(result.to_dict(), indent=1))
     else:
         say(f"wrote {out_path}")
 

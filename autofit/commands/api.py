@@ -28,10 +28,12 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit.core.errors import AutofitError
 from autofit.planning.target import Target, prepare
+from autofit.report.outputs import check_outputs, commit_outputs
 from autofit.workload.entry import check_loadable, in_process_entry
 from autofit.workload.types import Workload
 
@@ -100,6 +102,7 @@ def search_target(target: Target, settings: SearchSettings, *, out: str | os.Pat
 
     if (target.entry is None) == (script is None):
         raise AutofitError('autofit run takes an ENTRY or --script "CMD ... {config}", exactly one of them')
+    check_outputs(out, report)  # before anything is traced: a folder for --out, a report over the user's files
     setup = prepare(target, workload)
     with contextlib.ExitStack() as stack:
         if script is not None:
@@ -113,19 +116,23 @@ def search_target(target: Target, settings: SearchSettings, *, out: str | os.Pat
             plan, prober = setup.plan(), None
         say(f"autofit: {len(plan.candidates)} candidates")
         with (progress or _no_progress)(settings.trials) as on_event:
-            result = run_search(plan, settings, out_path=out, storage=storage, study_name=study_name,
+            result = run_search(plan, settings, out_path=None, storage=storage, study_name=study_name,
                                 prober=prober, on_event=on_event)
-    if report is None:
-        return result
+    result = dataclasses.replace(result, out_path=None if out is None else str(out))
+    index = commit_outputs(result.deepspeed, out, report, lambda folder: _report(setup, result, folder, script, say))
+    return result if index is None else dataclasses.replace(result, report_path=str(index))
+
+
+def _report(setup: Setup, result: SearchResult, folder: Path, script: str | None, say: Callable[[str], None]) -> Path:
+    """The search's report written into ``folder``; its ``index.html``."""
     from autofit.probe.snapshot import winner_snapshot
     from autofit.report.folder import write_report
 
     scripted = script is not None
-    snapshot = (winner_snapshot(setup.entry_point, result, os.fspath(report), software=setup.software, say=say)
+    snapshot = (winner_snapshot(setup.entry_point, result, os.fspath(folder), software=setup.software, say=say)
                 if setup.hardware.kind == "cuda" and not scripted else None)
-    index = write_report(result, report, ladder=None if scripted else _report_ladder(setup, result, say),
-                         snapshot=snapshot)
-    return dataclasses.replace(result, report_path=str(index))
+    return write_report(result, folder, ladder=None if scripted else _report_ladder(setup, result, say),
+                        snapshot=snapshot)
 
 
 def check_nodes(setup: Setup) -> None:

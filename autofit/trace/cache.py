@@ -151,7 +151,7 @@ def write_entry(name: str, document: dict[str, Any]) -> None:
     if directory is None:
         return
     with contextlib.suppress(OSError):
-        write_text_atomic(directory / f"{name}.json", json.dumps({**document, "key": name}))
+        write_text_atomic(directory / f"{name}.json", json.dumps({**document, "key": name}), private=True)
 
 
 def software_versions() -> dict[str, Any]:
