@@ -39,7 +39,7 @@ from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
 from autofit.core.recipe import Recipe
 from autofit.core.space import space_from_dict
-from autofit.core.storage_url import redact_url, scrub
+from autofit.core.storage_url import drop_storage_from_environ, redact_url, scrub
 from autofit.core.units import finite
 from autofit.machine.fingerprint import MachineFingerprint
 from autofit.planning.plan import Plan
@@ -124,6 +124,7 @@ class Worker:
     def serve(self) -> list[str]:
         """Register, then run claimed searches until idle for ``idle_exit_s`` or told to stop (SIGTERM, SIGINT:
         the running search is given back); the ids of searches it ran."""
+        drop_storage_from_environ()  # the URL is held: queued entries' code never reads it
         with self._signals():
             self._with_database(lambda: queue.register_worker(self.url, self.worker_id, self.machine), "registering")
             self.log(f"autofit worker {self.worker_id}: {self.machine.device} x{self.machine.n_devices}, "
