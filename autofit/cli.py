@@ -355,16 +355,19 @@ def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
 @click.option("--entry-root", "entry_root", multiple=True, metavar="DIR",
               help="Import queued entry points only from under DIR (repeatable; also AUTOFIT_ENTRY_ROOTS, "
                    "os.pathsep-separated); an entry elsewhere or missing here is given back for another worker.")
+@click.option("--allow-hub", "allow_hub", multiple=True, metavar="ORG/NAME",
+              help="With entry roots: a Hub model (ORG/NAME or ORG/*) this worker may load (repeatable; also "
+                   "AUTOFIT_ALLOW_HUB, comma-separated); any other is given back.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @user_errors
 def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_s: float, lease_s: float,
-           max_claims: int, entry_root: tuple[str, ...], debug: bool) -> None:
+           max_claims: int, entry_root: tuple[str, ...], allow_hub: tuple[str, ...], debug: bool) -> None:
     """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds.
 
     SIGTERM or SIGINT stops the running probe, gives its search back (queued) and exits 0."""
     from autofit.machine.device import get_hardware
     from autofit.machine.fingerprint import detect_machine, worker_name
-    from autofit.schedule.checks import check_device, check_nodes, detected_devices, entry_roots
+    from autofit.schedule.checks import allowed_hub, check_device, check_nodes, detected_devices, entry_roots
     from autofit.schedule.worker import Worker
     from autofit.tuner.storage import check_url, storage_errors
 
@@ -376,7 +379,7 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
     machine = detect_machine(device, gpus)
     with storage_errors(storage):  # what is no outage (a failed statement): one line, not a retry
         Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s,
-               max_claims=max_claims, entry_roots=roots).serve()
+               max_claims=max_claims, entry_roots=roots, allow_hub=allowed_hub(allow_hub)).serve()
 
 
 @main.command()

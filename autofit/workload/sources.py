@@ -131,6 +131,22 @@ def workload_fingerprint(entry: str, workload: Any) -> str:
     return digest({"structure": structure(workload), "source": code})[:16]
 
 
+def sources_digest(entry: str) -> str | None:
+    """A digest of ``entry``'s source files (:func:`local_sources`; an ``hf:`` folder's ``*.py`` beside its config
+    too), read without importing anything: what ``schedule add`` records and a worker compares before it imports
+    the entry. None where the entry has no local source (a Hub name) or it cannot be read."""
+    try:
+        source = entry_source(entry)
+        if source is None:
+            return None
+        code = local_sources(source, *import_root(entry, source))
+        if entry.startswith("hf:"):
+            code |= {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(source.parent.glob("*.py"))}
+    except (OSError, ValueError, ImportError):
+        return None
+    return digest(code)[:16]
+
+
 def request_hash(request: dict[str, Any]) -> str:
     """Hash of what is asked of the search besides the model and the machine (space, batch, --set, trials)."""
     return digest({k: request[k] for k in sorted(request) if k not in ("entry", "hardware")})[:16]
