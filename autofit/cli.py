@@ -29,8 +29,10 @@ from autofit.commands import ladder as ladder_command
 from autofit.commands import probe as probe_command
 from autofit.commands import run as run_command
 from autofit.commands import schedule as schedule_command
+from autofit.commands.numbers import SECONDS, FiniteFloat
 from autofit.core.errors import AutofitError
 from autofit.planning.target import CLI_OPTION, Target, cli_fields
+from autofit.report.outputs import emit_document, json_stdout
 from autofit.report.tables import print_estimate, print_ladder, print_probe
 from autofit.trace import cache as trace_cache
 
@@ -88,7 +90,7 @@ def shared_options(entry_required: bool = True) -> Callable[[Callable[..., Any]]
         def wrapper(**kwargs: Any) -> Any:
             as_json, debug, no_cache = kwargs.pop("as_json"), kwargs.pop("debug"), kwargs.pop("no_cache")
             values = {name: kwargs.pop(name) for name in names}
-            with one_line_errors(debug), trace_cache.turned_off(no_cache):
+            with one_line_errors(debug), trace_cache.turned_off(no_cache), json_stdout(as_json):  # --json: the document alone
                 return command(Shared(Target(**values), as_json, debug), **kwargs)
 
         params = [_click_param(f, entry_required) for f in cli_fields()] + list(ANSWER_OPTIONS)
@@ -147,7 +149,7 @@ def estimate(shared: Shared) -> None:
     """Cost model only: rank the space's candidates by predicted step time; no training step runs."""
     result = estimate_command.estimate_target(shared.target)
     if shared.as_json:
-        click.echo(json.dumps(result.to_dict(), indent=1))
+        emit_document(json.dumps(result.to_dict(), indent=1))
     else:
         print_estimate(result)
 
@@ -158,7 +160,7 @@ def estimate(shared: Shared) -> None:
               help="real: DeepSpeed steps on the device; fake: FakeTensorMode at full size, memory only.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Measured steps.")
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Warm-up steps.")
-@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float, help="Seconds for the probe.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=SECONDS, help="Seconds for the probe.")
 @click.option("--memory-snapshot", "snapshot_path", default=None, metavar="PATH",
               help="CUDA: record the allocator's history into this pickle (open it at https://pytorch.org/memory_viz).")
 def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, snapshot_path: str | None) -> None:
@@ -166,7 +168,7 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
     answer = probe_command.probe_target(shared.target, mode=mode, steps=steps, warmup=warmup, timeout_s=timeout_s,
                                         snapshot_path=snapshot_path, say=say)
     if shared.as_json:
-        click.echo(json.dumps(answer.to_dict(), indent=1))
+        emit_document(json.dumps(answer.to_dict(), indent=1))
     else:
         print_probe(answer.result())
     if not answer.ok:
@@ -177,13 +179,13 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
 @shared_options()
 @click.option("--measure", is_flag=True, help="Probe every rung predicted to fit and add the measured columns.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Measured steps per probe.")
-@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float, help="Seconds for each probe.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=SECONDS, help="Seconds for each probe.")
 def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
     """The build-along table of memory techniques: from fp32 + AdamW + ZeRO-0, one technique added per rung,
     each priced (peak, fits, samples/s) and, with --measure, probed."""
     result = ladder_command.ladder_target(shared.target, measure=measure, steps=steps, timeout_s=timeout_s, say=say)
     if shared.as_json:
-        click.echo(json.dumps(result.to_dict(), indent=1))
+        emit_document(json.dumps(result.to_dict(), indent=1))
     else:
         print_ladder(result)
 
@@ -207,7 +209,7 @@ def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | Non
                                     report=report_dir, storage=storage, study_name=study_name, script=script,
                                     progress=progress_display, say=say)
     if shared.as_json:
-        click.echo(json.dumps(result.to_dict(), indent=1))
+        emit_document(json.dumps(result.to_dict(), indent=1))
     else:
         say(f"wrote {out_path}")
 
@@ -282,24 +284,27 @@ def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
 @click.option("--nodes", default=1, show_default=True, type=click.IntRange(min=1),
               help="Nodes a probe of this worker spans (agents on this machine: a CPU worker only; a CUDA worker "
                    "runs one-node searches).")
-@click.option("--idle-exit", "idle_exit_s", default=60.0, show_default=True, type=click.FloatRange(min=0.0),
+@click.option("--idle-exit", "idle_exit_s", default=60.0, show_default=True, type=FiniteFloat(0.0),
               help="Exit after this many seconds with nothing to claim.")
-@click.option("--lease", "lease_s", default=60.0, show_default=True, type=click.FloatRange(min=1.0),
+@click.option("--lease", "lease_s", default=60.0, show_default=True, type=FiniteFloat(1.0),
               help="Seconds without a heartbeat before another worker takes a search over.")
 @click.option("--max-claims", default=3, show_default=True, type=click.IntRange(min=1),
               help="A search whose worker vanished this many times (its lease ran out) ends failed.")
 @click.option("--entry-root", "entry_root", multiple=True, metavar="DIR",
               help="Import queued entry points only from under DIR (repeatable; also AUTOFIT_ENTRY_ROOTS, "
                    "os.pathsep-separated); an entry elsewhere or missing here is given back for another worker.")
+@click.option("--allow-hub", "allow_hub", multiple=True, metavar="ORG/NAME",
+              help="With entry roots: a Hub model (ORG/NAME or ORG/*) this worker may load (repeatable; also "
+                   "AUTOFIT_ALLOW_HUB, comma-separated); any other is given back.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @user_errors
 def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_s: float, lease_s: float,
-           max_claims: int, entry_root: tuple[str, ...], debug: bool) -> None:
+           max_claims: int, entry_root: tuple[str, ...], allow_hub: tuple[str, ...], debug: bool) -> None:
     """Run queued searches that match this machine's hardware fingerprint until idle for --idle-exit seconds.
 
     SIGTERM or SIGINT stops the running probe, gives its search back (queued) and exits 0."""
     schedule_command.serve(storage, hardware=hardware, gpus=gpus, nodes=nodes, idle_exit_s=idle_exit_s,
-                           lease_s=lease_s, max_claims=max_claims, entry_root=entry_root)
+                           lease_s=lease_s, max_claims=max_claims, entry_root=entry_root, allow_hub=allow_hub)
 
 
 @main.command()

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "autofit"
 
 #: the layers from the bottom up (docs/design.md, "Architecture"): a module imports only from its own layer or below
 LAYERS = ("core", "machine", "workload", "ds", "cost_model", "trace", "probe", "planning", "tuner", "script", "schedule",
-          "report", "commands", "cli", "__init__")
+          "report", "commands", "cli", "__init__", "__main__")
 
 #: packages imported inside the functions that use them: optional (extras) and heavy to import, so that
 #: ``import autofit`` and the pure cost model stay light (docs/design.md, "Conventions" 1)

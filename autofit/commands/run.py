@@ -13,6 +13,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 from autofit.commands.options import Options, model_entry, quiet, takes_options
 from autofit.core.errors import AutofitError
@@ -20,6 +21,7 @@ from autofit.planning.ladder import Ladder, search_ladder
 from autofit.planning.target import Setup, Target, prepare
 from autofit.probe.snapshot import winner_snapshot
 from autofit.report.folder import write_report
+from autofit.report.outputs import check_outputs, commit_outputs
 from autofit.script.cli import script_plan_and_prober
 from autofit.tuner import DEFAULT_STORAGE, SearchEvent, SearchResult, SearchSettings, run_search
 from autofit.tuner.storage import storage_errors
@@ -65,6 +67,7 @@ def search_target(target: Target, settings: SearchSettings, *, out: PathLike | N
     ``say``: progress lines."""
     if (target.entry is None) == (script is None):
         raise AutofitError('autofit run takes an ENTRY or --script "CMD ... {config}", exactly one of them')
+    check_outputs(out, report)  # before anything is traced: a folder for --out, a report over the user's files
     setup = prepare(target, workload)
     with contextlib.ExitStack() as stack:
         if script is not None:
@@ -77,22 +80,22 @@ def search_target(target: Target, settings: SearchSettings, *, out: PathLike | N
             plan, prober = setup.plan(), None
         say(f"autofit: {len(plan.candidates)} candidates")
         with (progress or _no_progress)(settings.trials) as on_event:
-            result = run_search(plan, settings, out_path=out, storage=storage, study_name=study_name,
+            result = run_search(plan, settings, out_path=None, storage=storage, study_name=study_name,
                                 prober=prober, on_event=on_event)
-    if report is None:
-        return result
-    return write_search_report(setup, result, report, scripted=script is not None, say=say)
+    result = dataclasses.replace(result, out_path=None if out is None else str(out))
+    index = commit_outputs(result.deepspeed, out, report,  # the report, then --out: all or nothing
+                           lambda folder: write_search_report(setup, result, folder, scripted=script is not None, say=say))
+    return result if index is None else dataclasses.replace(result, report_path=str(index))
 
 
 def write_search_report(setup: Setup, result: SearchResult, report: PathLike, *, scripted: bool,
-                        say: Callable[[str], None]) -> SearchResult:
+                        say: Callable[[str], None]) -> Path:
     """The report folder of a search (:func:`autofit.report.folder.write_report`: HTML, PNGs and the ladder; on a
-    CUDA device the winner's allocator snapshot); ``result`` with its ``report_path``."""
+    CUDA device the winner's allocator snapshot) written into ``report``; its ``index.html``."""
     snapshot = (winner_snapshot(setup.entry_point, result, os.fspath(report), software=setup.software, say=say)
                 if setup.hardware.kind == "cuda" and not scripted else None)
-    index = write_report(result, report, ladder=None if scripted else _report_ladder(setup, result, say),
-                         snapshot=snapshot)
-    return dataclasses.replace(result, report_path=str(index))
+    return write_report(result, report, ladder=None if scripted else _report_ladder(setup, result, say),
+                        snapshot=snapshot)
 
 
 def _report_ladder(setup: Setup, result: SearchResult, say: Callable[[str], None]) -> Ladder | None:

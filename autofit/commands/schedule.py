@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.machine.device import get_hardware
 from autofit.machine.fingerprint import detect_machine, worker_name
 from autofit.planning.target import Target, prepare
-from autofit.schedule.checks import check_device, check_nodes, detected_devices, entry_roots
+from autofit.schedule.checks import allowed_hub, check_device, check_nodes, detected_devices, entry_roots
 from autofit.tuner.storage import check_url, storage_errors
 
 if TYPE_CHECKING:
@@ -47,9 +47,10 @@ def list_searches(storage: str) -> list[dict[str, Any]]:
 
 
 def serve(storage: str, *, hardware: str, gpus: int | None, nodes: int, idle_exit_s: float, lease_s: float,
-          max_claims: int, entry_root: Sequence[str]) -> None:
+          max_claims: int, entry_root: Sequence[str], allow_hub: Sequence[str] = ()) -> None:
     """``autofit worker``: run the queued searches that match this machine's fingerprint until idle for
-    ``idle_exit_s``; every value checked first (a wrong URL, a root that is no folder, a preset that is not the
+    ``idle_exit_s``, loading only entries under ``entry_root`` and, with roots, only the Hub models of ``allow_hub``;
+    every value checked first (a wrong URL, a root that is no folder, a preset that is not the
     device here: one line, never a retry)."""
     from autofit.schedule.worker import Worker  # sqlalchemy: module docstring
 
@@ -61,7 +62,7 @@ def serve(storage: str, *, hardware: str, gpus: int | None, nodes: int, idle_exi
     machine = detect_machine(device, gpus)
     with storage_errors(storage):  # what is no outage (a failed statement): one line, not a retry
         Worker(storage, worker_name(), device, machine, nodes=nodes, lease_s=lease_s, idle_exit_s=idle_exit_s,
-               max_claims=max_claims, entry_roots=roots).serve()
+               max_claims=max_claims, entry_roots=roots, allow_hub=allowed_hub(allow_hub)).serve()
 
 
 def results(storage: str, *, prices: Sequence[str], entry: str | None,

@@ -193,7 +193,11 @@ def parse_set(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise AutofitError(f"--set takes key=value, but got {pair!r}")
-        fixed[key] = coerce_value(key, value.strip())
+        coerced = coerce_value(key, value.strip())
+        if key in fixed and fixed[key] != coerced:
+            raise AutofitError(f"--set {key} is given twice with different values ({fixed[key]!r} and {coerced!r}): "
+                               "give it once")
+        fixed[key] = coerced
         Config.from_dict({key: fixed[key]})  # validate the value alone, with a clear message
     return fixed
 

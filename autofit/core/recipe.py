@@ -14,6 +14,7 @@ recipe itself. docs/recipe.md gives the reasons and the sources.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -211,7 +212,8 @@ def checked_hyperparameters(optimizer: str, values: Mapping[str, Any]) -> dict[s
             continue
         if not _number(value) or value < 0 or (key in ("lr", "eps") and value == 0):
             kind = "a number > 0" if key in ("lr", "eps") else "a number >= 0"
-            raise AutofitError(f"{key} must be {kind}, but got {value!r}")
+            hint = ", finite" if isinstance(value, float) and not math.isfinite(value) else ""
+            raise AutofitError(f"{key} must be {kind}{hint}, but got {value!r}")
         out[key] = float(value)
     return out
 
@@ -338,7 +340,8 @@ def recipe_line(recipe: Mapping[str, Any]) -> str:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (not a bool, not NaN or infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _substitute_words(allowed: Mapping[str, str]) -> str:

@@ -45,6 +45,10 @@ _META_KEYS = ("description", "global_batch_size", "grad_accum_steps")
 DEFAULT_ATTENTION = "sdpa"
 
 
+#: the most candidates a space may enumerate (with ``--set`` applied)
+MAX_CANDIDATES = 10**6
+
+
 def search_space_dirs() -> tuple[Path, ...]:
     """Where a bare space name is looked up, in order.
 
@@ -248,6 +252,7 @@ def enumerate_candidates(
 
     dims = dimensions(space, fixed, ctx, searches_attention=searches_attention, checkpoints_attention=checkpoints_attention)
     check_fixed(fixed, dims, ctx)
+    check_size(space, dims)
     bad, rejected = pruned_assignments(dims, ctx)
 
     candidates: dict[Config, None] = {}
@@ -261,6 +266,15 @@ def enumerate_candidates(
         reasons = "; ".join(f"{_format_partial(p)}: {r}" for p, r in rejected[:4])
         raise AutofitError(f"no config of search space {space.name!r} can run here: {reasons}")
     return Enumeration(candidates=candidates_list, rejected=rejected)
+
+
+def check_size(space: SearchSpace, dims: dict[str, tuple[Any, ...]]) -> None:
+    """An :class:`AutofitError` before enumerating where the dimensions (``--set`` applied) multiply to more
+    than :data:`MAX_CANDIDATES`: a search over them would not end, and enumerating them alone would hang."""
+    size = math.prod(len(values) for values in dims.values())
+    if size > MAX_CANDIDATES:
+        raise AutofitError(f"search space {space.name!r} has {size:.3g} candidates (more than {MAX_CANDIDATES:.0e}): "
+                           "fix dimensions with --set or shorten its lists")
 
 
 def dimensions(

@@ -5,7 +5,8 @@ No torch import: a ``ModelFacts`` can be saved as JSON and priced anywhere.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -178,6 +179,9 @@ class ModelFacts:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelFacts:
+        """The facts ``to_dict`` wrote, validated (:func:`check_facts`: an :class:`InvalidFacts` naming the field
+        where a value is of the wrong type or out of range: read back from a cache, it is never believed)."""
+        check_facts(data)
         profiles = {
             key: ActivationProfile(
                 dtype=p["dtype"],
@@ -192,3 +196,73 @@ class ModelFacts:
         values["layer_params"] = tuple(values.get("layer_params", ()))
         values["fp8_largest_linear"] = tuple(values.get("fp8_largest_linear", (0, 0)))
         return cls(**values, profiles=profiles)
+
+
+class InvalidFacts(ValueError):
+    """A value in stored facts that no trace writes: the wrong type, negative, NaN or infinite, unsorted."""
+
+
+def _count(where: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidFacts(f"{where}={value!r} is not an integer >= 0")
+
+
+def _typed(where: str, value: Any, kind: type | tuple[type, ...]) -> None:
+    if not isinstance(value, kind):
+        raise InvalidFacts(f"{where}={value!r} is not a {getattr(kind, '__name__', kind)}")
+
+
+def check_facts(data: Any) -> None:
+    """An :class:`InvalidFacts` where ``data`` (``ModelFacts.to_dict``'s layout) holds a value no trace writes."""
+    _typed("facts", data, dict)
+    known = {f.name: str(f.type) for f in fields(ModelFacts)}
+    for key, value in data.items():
+        kind = known.get(key)
+        if kind is None:
+            raise InvalidFacts(f"unknown field {key!r}")
+        if kind == "int":
+            _count(key, value)
+        elif kind == "float":
+            _typed(key, value, (int, float))
+            if isinstance(value, bool) or not math.isfinite(value) or value < 0:
+                raise InvalidFacts(f"{key}={value!r} is not a finite number >= 0")
+        elif kind == "str" and not (key == "name" and value is None):
+            _typed(key, value, str)
+        elif kind == "int | None" and value is not None:
+            _count(key, value)
+        elif kind.startswith("tuple[int"):
+            _typed(key, value, (list, tuple))
+            for i, item in enumerate(value):
+                _count(f"{key}[{i}]", item)
+        elif kind in ("dict[str, str]", "dict[str, int]"):
+            _typed(key, value, dict)
+            for name, item in value.items():
+                if kind.endswith("str]"):
+                    _typed(f"{key}[{name!r}]", item, str)
+                else:
+                    _count(f"{key}[{name!r}]", item)
+    _typed("profiles", data.get("profiles", {}), dict)
+    for key, profile in data.get("profiles", {}).items():
+        _check_profile(f"profiles[{key!r}]", profile)
+
+
+def _check_profile(where: str, profile: Any) -> None:
+    _typed(where, profile, dict)
+    for name in ("dtype", "attention"):
+        _typed(f"{where}.{name}", profile.get(name), str)
+    _typed(f"{where}.checkpointed", profile.get("checkpointed"), bool)
+    points = profile.get("points")
+    _typed(f"{where}.points", points, (list, tuple))
+    if not points:
+        raise InvalidFacts(f"{where}.points is empty")
+    point_fields = {f.name for f in fields(PeakPoint)}
+    sizes = []
+    for i, point in enumerate(points):
+        _typed(f"{where}.points[{i}]", point, dict)
+        for name, value in point.items():
+            if name not in point_fields:
+                raise InvalidFacts(f"{where}.points[{i}] has an unknown field {name!r}")
+            _count(f"{where}.points[{i}].{name}", value)
+        sizes.append(point.get("micro_batch_size", 0))
+    if sizes[0] < 1 or sorted(set(sizes)) != sizes:
+        raise InvalidFacts(f"{where}: micro-batch sizes {sizes} are not increasing from 1 or more")

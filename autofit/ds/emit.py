@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -210,15 +211,23 @@ def check_with_deepspeed(ds: dict[str, Any]) -> None:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to a temporary file beside ``path`` and rename it into place."""
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+    try:  # allow_nan=False: a NaN or an infinity is no JSON DeepSpeed can read, never written
+        text = json.dumps(data, indent=2, allow_nan=False)
+    except ValueError as exc:
+        raise AutofitError(f"the JSON for {path} has a value that is not a finite number ({exc})") from exc
+    write_text_atomic(path, text + "\n")
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str, *, private: bool = False) -> None:
     """Write ``text`` to a temporary file beside ``path``, flushed to disk, and rename it into place: a reader
-    never sees half a file, and a failure leaves the old one as it was."""
+    never sees half a file, and a failure leaves the old one as it was. The file keeps the mode of the one it
+    replaces; a new one gets the umask's (``private``: 0600, a cache entry). A ``path`` that exists and is no
+    regular file (a folder, a FIFO, a device) is refused, never replaced."""
+    mode = 0o600 if private else existing_mode(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
@@ -230,3 +239,23 @@ def write_text_atomic(path: Path, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def existing_mode(path: Path) -> int:
+    """The permission bits a file written at ``path`` gets: those of the regular file there, else ``0666`` less
+    the umask (as ``open`` would); an :class:`AutofitError` where ``path`` is something else."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return 0o666 & ~current_umask()
+    if not stat.S_ISREG(found.st_mode):
+        kind = "a folder" if stat.S_ISDIR(found.st_mode) else "not a regular file"
+        raise AutofitError(f"{path} is {kind}: name a file to write (it is never replaced)")
+    return stat.S_IMODE(found.st_mode)
+
+
+def current_umask() -> int:
+    """This process's umask (read by setting it and back: there is no other portable way)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask

@@ -25,7 +25,7 @@ from autofit.core.errors import AutofitError
 from autofit.core.hardware import PRESETS, default_gpus
 from autofit.core.recipe import parse_hyperparameters, recipe_for
 from autofit.core.space import load_space
-from autofit.core.units import parse_bytes
+from autofit.core.units import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, parse_bytes, whole
 from autofit.ds.recipe_from import read_recipe
 from autofit.machine.device import cuda_devices_here, get_hardware
 from autofit.machine.software import check_nvme_path, detect_software
@@ -141,14 +141,13 @@ class Target:
     """The recipe's SGD momentum; None: left out (torch's default)."""
 
     def __post_init__(self) -> None:
-        for name in ("gpus", "nodes"):
-            value = getattr(self, name)
-            if name == "gpus" and value is None:  # resolved by prepare, from what detection found
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise AutofitError(f"{name} must be an integer >= 1, but got {name}={value!r}")
-        if self.global_batch is not None and (isinstance(self.global_batch, bool) or self.global_batch < 1):
-            raise AutofitError(f"global_batch must be an integer >= 1 or None, but got global_batch={self.global_batch!r}")
+        if self.gpus is not None:  # None: resolved by prepare, from what detection found
+            whole("gpus", self.gpus, 1, MAX_GPUS_PER_NODE)
+        whole("nodes", self.nodes, 1, MAX_WORLD_SIZE)
+        if self.gpus is not None and self.gpus * self.nodes > MAX_WORLD_SIZE:
+            raise AutofitError(f"gpus x nodes must be at most {MAX_WORLD_SIZE}, but got {self.gpus} x {self.nodes}")
+        if self.global_batch is not None:
+            whole("global_batch", self.global_batch, 1, MAX_GLOBAL_BATCH, or_none=True)
         if isinstance(self.set_values, str):
             raise AutofitError(f"set_values must be a tuple of key=value strings, but got {self.set_values!r}")
         object.__setattr__(self, "set_values", tuple(self.set_values))

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from autofit.core.storage_url import without_secrets
 from autofit.probe.failure import classify_exit, ended_by_sigkill, read_kernel_log
 from autofit.probe.oom_killer import oom_kills
 from autofit.probe.records import ProbeSpec, RankResult, read_rank_result
@@ -106,7 +107,7 @@ def training_env(base: dict[str, str], kind: str, local_ranks: int, cores: int,
     * ``DS_ACCELERATOR=cpu`` and oneDNN's cache capacities on the CPU accelerator (:data:`ONEDNN_CACHE_CAPACITY`).
     * ``PYTHONPATH`` with this autofit first, ``PYTHONUNBUFFERED=1``.
     """
-    env = dict(base)
+    env = without_secrets(base)  # the queue's URL and libpq's credentials: never in user code's environment
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, local_ranks))))
     if kind == "cpu":

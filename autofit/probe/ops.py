@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.core.software import OP_BUILDERS, Software, ops_needed
+from autofit.core.storage_url import without_secrets
 from autofit.machine.software import detect_software
 
 #: a lock younger than this may belong to a build that has not started ninja yet
@@ -70,7 +71,7 @@ class OpsReport:
 
 def extensions_roots(env: dict[str, str] | None = None) -> tuple[Path, ...]:
     """Where torch builds extensions: ``TORCH_EXTENSIONS_DIR``, else its per-user cache (``torch_extensions``)."""
-    env = dict(os.environ) if env is None else env
+    env = without_secrets(os.environ) if env is None else env
     if env.get("TORCH_EXTENSIONS_DIR"):
         return (Path(env["TORCH_EXTENSIONS_DIR"]),)
     cache = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
@@ -130,7 +131,7 @@ def prepare_ops(candidates: list[Any], hardware: Any, software: Software | None 
 
 def load_ops(ops: tuple[str, ...], device_kind: str, timeout_s: float) -> dict[str, str]:
     """Build or load ``ops`` in one subprocess (a build that crashes must not take the caller down)."""
-    env = dict(os.environ)
+    env = without_secrets(os.environ)
     if device_kind == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
     try:

@@ -24,6 +24,9 @@ from autofit.workload.hf import HfEntry
 
 GIB = 2**30
 ENTRY_ROOTS_ENV = "AUTOFIT_ENTRY_ROOTS"
+#: Hub repositories a worker with entry roots may load (``ORG/NAME`` or ``ORG/*``, comma-separated), besides
+#: ``--allow-hub``
+ALLOW_HUB_ENV = "AUTOFIT_ALLOW_HUB"
 
 
 def preset_matches(preset: str, device_name: str, memory_bytes: int) -> bool:
@@ -125,11 +128,31 @@ def _entry_location(entry: str) -> tuple[Path | None, str | None]:
     return (Path(places[0]).resolve() if places else None), None
 
 
-def entry_refusal(entry: str, roots: Sequence[Path] | None) -> str | None:
-    """Why this worker must not import ``entry`` (None: it may): outside every allowed root, or not importable
-    here (its file, folder or package missing). Checked before anything of it is imported; either way the
-    search is given back for another worker, not failed."""
+def allowed_hub(flags: Sequence[str] = (), environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The Hub repositories a worker with entry roots may load: ``--allow-hub`` flags and :data:`ALLOW_HUB_ENV`
+    (comma-separated), each ``ORG/NAME`` or ``ORG/*``, lower-cased."""
+    listed = [*flags, *(environ if environ is not None else os.environ).get(ALLOW_HUB_ENV, "").split(",")]
+    return tuple(dict.fromkeys(name.strip().lower() for name in listed if name.strip()))
+
+
+def _hub_refusal(entry: str, allow_hub: Sequence[str]) -> str | None:
+    """Why a worker with entry roots must not load the Hub model ``entry`` names (its code, its config's remote
+    code, come from the Hub, not from under a root): deny unless listed in ``allow_hub``."""
+    name = HfEntry.parse(entry).source.lower()
+    if name in allow_hub or f"{name.partition('/')[0]}/*" in allow_hub:
+        return None
+    return (f"the Hub model {name} is not in this worker's Hub allow-list (--allow-hub ORG/NAME or {ALLOW_HUB_ENV}): "
+            "with entry roots set, Hub models are refused unless listed")
+
+
+def entry_refusal(entry: str, roots: Sequence[Path] | None, allow_hub: Sequence[str] | None = None) -> str | None:
+    """Why this worker must not import ``entry`` (None: it may): outside every allowed root, a Hub model not in
+    ``allow_hub`` (None: :func:`allowed_hub` from the environment) while roots are set, or not importable here
+    (its file, folder or package missing). Checked before anything of it is imported; either way the search is
+    given back for another worker, not failed."""
     location, missing = _entry_location(entry)
+    if roots is not None and location is None and missing is None and entry.startswith("hf:"):
+        return _hub_refusal(entry, allowed_hub() if allow_hub is None else allow_hub)
     if roots is not None and location is not None and not any(location.is_relative_to(r) for r in roots):
         return f"{location} is outside the allowed entry roots ({os.pathsep.join(map(str, roots))})"
     if roots is not None and location is None and missing is None and not entry.startswith("hf:"):

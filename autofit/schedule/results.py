@@ -10,6 +10,7 @@ million tokens (or samples): ``price x devices / 3600 / (tokens per s) x 10^6`` 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,9 @@ def parse_prices(pairs: tuple[str, ...] | list[str]) -> dict[str, float]:
             price = float(value)
         except ValueError:
             price = -1.0
-        if not sep or not name or not price >= 0:
-            raise AutofitError(f"--price takes NAME=USD_PER_DEVICE_HOUR (e.g. h100-80gb=3.5), but got {pair!r}")
+        if not sep or not name or not 0 <= price < math.inf:
+            raise AutofitError(f"--price takes NAME=USD_PER_DEVICE_HOUR (e.g. h100-80gb=3.5, finite, >= 0), "
+                               f"but got {pair!r}")
         if name.lower() not in known:
             raise AutofitError(f"--price {pair}: unknown hardware {name!r}; known: {', '.join(known)}")
         prices[name.lower()] = price

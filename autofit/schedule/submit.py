@@ -15,7 +15,7 @@ from autofit.machine.fingerprint import check_device_name, device_name
 from autofit.planning.estimate import estimate
 from autofit.schedule import queue
 from autofit.workload.hf import HfEntry, is_hf_entry
-from autofit.workload.sources import workload_fingerprint
+from autofit.workload.sources import sources_digest, workload_fingerprint
 
 
 def absolute_entry(entry: str) -> str:
@@ -39,6 +39,7 @@ def make_request(entry: str, hardware: Any, *, gpus: int, nodes: int, global_bat
         "global_batch": global_batch, "space": space.to_dict(), "space_name": space.name,
         "fixed": {k: fixed[k] for k in sorted(fixed)}, "trials": trials, "memory_bytes": memory_bytes,
         "recipe": recipe.to_dict() if recipe is not None else None,
+        "sources": sources_digest(entry),  # compared by a worker before it imports the entry
     }
 
 

@@ -39,7 +39,8 @@ from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
 from autofit.core.recipe import Recipe
 from autofit.core.space import space_from_dict
-from autofit.core.storage_url import redact_url, scrub
+from autofit.core.storage_url import drop_storage_from_environ, redact_url, scrub
+from autofit.core.units import finite
 from autofit.machine.fingerprint import MachineFingerprint
 from autofit.planning.plan import Plan
 from autofit.schedule import queue
@@ -49,7 +50,7 @@ from autofit.tuner import SearchSettings, run_search
 from autofit.tuner.storage import database_errors, transient
 from autofit.tuner.storage import short_error as _short
 from autofit.workload.entry import load_workload
-from autofit.workload.sources import workload_fingerprint
+from autofit.workload.sources import sources_digest, workload_fingerprint
 
 if TYPE_CHECKING:
     from autofit.tuner.records import SearchResult
@@ -107,6 +108,9 @@ class Worker:
     log: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
     entry_roots: tuple[Path, ...] | None = None
     """Folders entry points are imported from (:func:`autofit.schedule.checks.entry_roots`); None: any."""
+    allow_hub: tuple[str, ...] | None = None
+    """Hub repositories this worker loads while it has entry roots (:func:`autofit.schedule.checks.allowed_hub`);
+    None: those of ``AUTOFIT_ALLOW_HUB``."""
     given_back: set[str] = field(default_factory=set)
     """Searches this worker gave back (an entry it may not or cannot import): not claimed again."""
     stopping: str | None = field(default=None, init=False)
@@ -115,12 +119,15 @@ class Worker:
     _lease: Lease | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:  # every log line without the storage's password
+        finite("lease_s", self.lease_s, 1.0)  # NaN would renew a lease never, or an idle worker never exit
+        finite("idle_exit_s", self.idle_exit_s, 0.0)
         raw_log = self.log
         self.log = lambda text: raw_log(scrub(text, self.url))
 
     def serve(self) -> list[str]:
         """Register, then run claimed searches until idle for ``idle_exit_s`` or told to stop (SIGTERM, SIGINT:
         the running search is given back); the ids of searches it ran."""
+        drop_storage_from_environ()  # the URL is held: queued entries' code never reads it
         with self._signals():
             self._with_database(lambda: queue.register_worker(self.url, self.worker_id, self.machine), "registering")
             self.log(f"autofit worker {self.worker_id}: {self.machine.device} x{self.machine.n_devices}, "
@@ -199,7 +206,7 @@ class Worker:
             entry = queue.study_attrs(self.url, search_id)[queue.REQUEST_ATTR]["entry"]
         except (KeyError, TypeError):  # the study or its request gone or malformed: the attempt reads the same
             return None  # attributes, fails the search and says why, before it imports anything
-        return entry_refusal(entry, self.entry_roots)
+        return entry_refusal(entry, self.entry_roots, self.allow_hub)
 
     def _progress(self, search_id: str, lease: Lease, event: Any) -> None:
         lease.check(event)
@@ -328,6 +335,9 @@ def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
     """The search's :class:`~autofit.planning.plan.Plan` on this worker's device; the workload must be the one queued."""
 
     request = attrs[queue.REQUEST_ATTR]
+    if request.get("sources") is not None and sources_digest(request["entry"]) != request["sources"]:
+        raise AutofitError(f"{request['entry']} is not the workload that was queued (its source files changed since "
+                           "`schedule add`; nothing of it was run); add the search again")
     workload = load_workload(request["entry"])
     if workload_fingerprint(request["entry"], workload) != attrs.get("workload_fp"):
         raise AutofitError(f"{request['entry']} is not the workload that was queued (its file or model changed); "

@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from autofit.core.errors import AutofitError
-from autofit.cost_model.facts import ModelFacts
+from autofit.cost_model.facts import InvalidFacts, ModelFacts
 from autofit.ds.emit import write_text_atomic
+from autofit.trace.cache_trust import ignored_entry, make_private, trusted
 from autofit.workload.types import Workload
 
 #: environment variable naming the cache directory
@@ -84,12 +85,14 @@ def turned_off(off: bool = True) -> Iterator[None]:
 
 def cache_dir() -> Path | None:
     """The directory of trace entries, or None when the cache is turned off (:func:`turned_off`,
-    :func:`cache_turned_off`)."""
+    :func:`cache_turned_off`) or cannot be trusted (another user's, or writable by others:
+    :func:`autofit.trace.cache_trust.trusted`)."""
     if _TURNED_OFF.get() or cache_turned_off(os.environ.get(NO_CACHE_ENV, "")):
         return None
     root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "autofit")
-    return Path(root) / "traces"
+    traces = Path(root) / "traces"
+    return traces if trusted(traces) else None
 
 
 def cache_turned_off(value: str) -> bool:
@@ -153,9 +156,14 @@ def read_entry(name: str) -> dict[str, Any] | None:
 
 
 def facts_of(entry: dict[str, Any]) -> ModelFacts | None:
-    """The :class:`ModelFacts` under an entry's ``facts``, or None where they are missing or of another layout."""
+    """The :class:`ModelFacts` under an entry's ``facts``, or None where they are missing, of another layout, or do
+    not validate (:meth:`ModelFacts.from_dict`: said in one line naming the entry's file)."""
     try:
         return ModelFacts.from_dict(entry["facts"])
+    except InvalidFacts as exc:  # a value no trace writes: garbled or forged
+        directory = cache_dir()
+        ignored_entry((directory or Path(".")) / f"{entry.get('key')}.json", str(exc))
+        return None
     except (KeyError, TypeError, ValueError, AttributeError):  # missing, or another layout
         return None
 
@@ -169,7 +177,8 @@ def write_entry(name: str, document: dict[str, Any]) -> None:
     if directory is None:
         return
     with contextlib.suppress(OSError):
-        write_text_atomic(directory / f"{name}.json", json.dumps({**document, "key": name}))
+        make_private(directory)
+        write_text_atomic(directory / f"{name}.json", json.dumps({**document, "key": name}), private=True)
 
 
 def software_versions() -> dict[str, Any]:

@@ -11,7 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
-from autofit.core.errors import AutofitError
+from autofit.core.errors import AutofitError, is_control
 from autofit.cost_model.facts import PeakPoint
 from autofit.trace import step
 from autofit.trace.scaling import CUT_LAYERS
@@ -52,6 +52,10 @@ def trace_workers_setting() -> int | None:
     if not (word.isascii() and word.isdigit()) or int(word) < 1:
         raise AutofitError(f"{TRACE_WORKERS_ENV}={value!r} is not a positive integer: set it to how many processes "
                            "trace at once (1: all in this one), or unset it for one per usable core")
+    most = max(MAX_TRACE_WORKERS, os.cpu_count() or 1)
+    if len(word) > 6 or int(word) > most:
+        raise AutofitError(f"{TRACE_WORKERS_ENV}={value!r} is more processes than this machine can use (at most "
+                           f"{most}): set it lower, or unset it for one per usable core")
     return int(word)
 
 
@@ -140,7 +144,9 @@ def _forked_step(key: _StepKey) -> _StepResult | None:
     segments: dict[tuple[str, int], tuple[int, int]] = {}
     try:
         point = step.trace_step(tracer.workload, n, dtype_name, attention, ckpt, tracer.mode, segments)
-    except Exception:  # the step's own failure: reported when the tracer runs it in this process
+    except BaseException as exc:  # the step's own failure: reported when the tracer runs it in this process
+        if is_control(exc):
+            raise
         return None
     return point, segments
 

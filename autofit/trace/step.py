@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.core.errors import AutofitError
+from autofit.core.errors import AutofitError, is_control, user_code_error
 from autofit.cost_model.facts import PeakPoint
 from autofit.ds.apply import apply_checkpointing
 from autofit.trace.layers import SegmentMarks
@@ -157,7 +157,11 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
             del loss, model, batch, params
             if segments is not None:
                 segments.update(counter.segment_peaks)
-    except Exception as exc:
+    except BaseException as exc:
+        if is_control(exc):
+            raise
+        if not isinstance(exc, Exception):  # sys.exit, a BaseException subclass: the workload's, never retried
+            raise user_code_error(f"tracing {workload.name} ({dtype_name}, {attention})", exc) from exc
         if mode == "fake":  # data-dependent shapes, or kernels whose fake (meta) versions are stricter
             raise NeedsRealTensors(f"{type(exc).__name__}: {first_line(exc)}") from exc
         raise AutofitError(f"tracing {workload.name} ({dtype_name}, {attention}) failed: {type(exc).__name__}: {exc}") from exc

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from autofit.core.config import Config, trace_dtype_of
-from autofit.core.errors import AutofitError
+from autofit.core.errors import AutofitError, guards_user_code
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.ds.optim import adam_mini_state_numel
 from autofit.trace import step
@@ -33,6 +33,7 @@ REAL_TRACE_LIMIT_BYTES = 2 * 2**30
 SCALE_MIN_LAYERS = 12
 
 
+@guards_user_code("tracing the workload")
 def trace_workload(
     workload: Workload,
     *,
@@ -179,6 +180,7 @@ def trace_micro_batches(largest: int) -> tuple[int, ...]:
     return tuple(sorted({*TRACE_MICRO_BATCHES, largest}))
 
 
+@guards_user_code("tracing the workload")
 def parameter_facts(workload: Workload) -> ModelFacts:
     """The model's parameter facts alone (counts, largest module, persistent parameters), from a build
     on the meta device: enough for model states (:func:`autofit.cost_model.states.model_states`),
@@ -194,6 +196,7 @@ def middle_checkpointed_layers(ratios: tuple[float, ...], n_layers: int) -> int:
     return min(counts, key=lambda n: (abs(n / n_layers - 0.5), n)) if counts else 0
 
 
+@guards_user_code("tracing the workload")
 def trace_config(workload: Workload, config: Config) -> ModelFacts:
     """Facts of exactly one config: traced at its own micro-batch, precision, attention and
     checkpoint ratio, so nothing is interpolated (``n_layers`` is 0: checkpointing is already in

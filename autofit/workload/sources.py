@@ -19,6 +19,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from autofit.core.errors import guards_user_code
 from autofit.core.hashing import digest
 from autofit.workload.hf import HfEntry
 
@@ -122,11 +123,28 @@ def local_sources(source: Path, root: Path, scope: Path | None = None) -> dict[s
     return {str(p.relative_to(root)) if p.is_relative_to(root) else str(p): h for p, h in sorted(seen.items())}
 
 
+@guards_user_code("fingerprinting the workload")
 def workload_fingerprint(entry: str, workload: Any) -> str:
     """Hash of the workload's :func:`structure`, its entry file's bytes and the local modules it imports."""
     source = entry_source(entry)
     code = local_sources(source, *import_root(entry, source)) if source is not None else None
     return digest({"structure": structure(workload), "source": code})[:16]
+
+
+def sources_digest(entry: str) -> str | None:
+    """A digest of ``entry``'s source files (:func:`local_sources`; an ``hf:`` folder's ``*.py`` beside its config
+    too), read without importing anything: what ``schedule add`` records and a worker compares before it imports
+    the entry. None where the entry has no local source (a Hub name) or it cannot be read."""
+    try:
+        source = entry_source(entry)
+        if source is None:
+            return None
+        code = local_sources(source, *import_root(entry, source))
+        if entry.startswith("hf:"):
+            code |= {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(source.parent.glob("*.py"))}
+    except (OSError, ValueError, ImportError):
+        return None
+    return digest(code)[:16]
 
 
 def request_hash(request: dict[str, Any]) -> str:

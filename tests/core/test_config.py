@@ -162,7 +162,9 @@ def test_parse_set_coerces_each_pair():
         "micro_batch_size": 4,
     }
     assert parse_set([]) == {}
-    assert parse_set(["zero_stage=1", "zero_stage=3"]) == {"zero_stage": 3}
+    assert parse_set(["zero_stage=3", "zero_stage=3"]) == {"zero_stage": 3}
+    with pytest.raises(AutofitError, match="zero_stage is given twice with different values"):
+        parse_set(["zero_stage=1", "zero_stage=3"])  # issue 40: the last one no longer wins silently
 
 
 @pytest.mark.parametrize(

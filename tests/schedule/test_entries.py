@@ -60,7 +60,9 @@ def test_an_entry_outside_the_roots_or_missing_is_refused_without_importing_it(t
     assert not (tmp_path / "ran").exists()
     assert entry_refusal(f"{allowed}/gone.py:f", roots) == f"not importable here: no file {allowed.resolve()}/gone.py"
     assert entry_refusal("no_such_package_zz.models:f", None) == "not importable here: no module named 'no_such_package_zz'"
-    assert entry_refusal("hf:gpt2", roots) is None  # a Hub model: no local code
+    assert "not in this worker's Hub allow-list" in str(entry_refusal("hf:gpt2", roots))  # issue 40: deny by default
+    assert entry_refusal("hf:gpt2", roots, ("gpt2",)) is None
+    assert entry_refusal("hf:gpt2", None) is None  # no roots: any entry
 
 
 def test_a_worker_gives_back_an_entry_outside_its_roots_before_importing_it(sqlite_url: str, tmp_path: Path) -> None:
@@ -76,8 +78,10 @@ def test_a_worker_gives_back_an_entry_outside_its_roots_before_importing_it(sqli
     row = queue.search_rows(sqlite_url)[0]
     assert (row.state, row.worker, row.claims) == ("queued", None, 0) and "outside the allowed entry roots" in row.message
     assert not marker.exists()
-    model_worker(sqlite_url, "open", "l4").serve()  # no roots: imports it (the marker shows it would run)
-    assert marker.exists()
+    model_worker(sqlite_url, "open", "l4").serve()  # no roots: its sources changed since queueing, so not imported
+    assert not marker.exists()
+    row = queue.search_rows(sqlite_url)[0]
+    assert row.state == "failed" and "not the workload that was queued" in str(row.message)
 
 
 def test_a_missing_entry_file_on_one_worker_leaves_the_search_to_another(pg_url: str, tmp_path: Path) -> None:

@@ -1,0 +1,61 @@
+"""Issue 40, class 1 and 6: an entry that exits, raises a BaseException, parses argv, or plants modules beside
+itself; run through the real CLI (``python -m autofit``) or a real interpreter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hostile_helpers import FIXED, autofit, make_entry, one_line_error, python
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("hooks", [
+    {"at_call": "sys.exit(0)"},
+    {"at_import": "sys.exit(0)"},
+    {"at_call": "sys.exit(3)"},
+    {"at_call": "raise type('Boom', (BaseException,), {})('boom')"},
+    {"in_forward": "raise type('Boom', (BaseException,), {})('boom')"},
+    {"in_forward": "sys.exit(0)"},
+], ids=["exit0-call", "exit0-import", "exit3", "baseexc-call", "baseexc-forward", "exit0-forward"])
+def test_an_entry_that_exits_is_one_error_line_and_exit_1(tmp_path: Path, hooks: dict[str, str]) -> None:
+    res = autofit("estimate", make_entry(tmp_path, **hooks), *FIXED)
+    assert one_line_error(res), (res.returncode, res.stderr[-600:])
+    assert "raised" in res.stderr
+
+
+def test_argparse_at_import_reads_the_entrys_argv_not_autofits(tmp_path: Path) -> None:
+    entry = make_entry(tmp_path, at_import="import argparse; p = argparse.ArgumentParser(); p.add_argument('--lr');"
+                                           " ARGS = p.parse_args(); assert sys.argv[0].endswith('tiny.py')")
+    res = autofit("estimate", entry, *FIXED, "--json")
+    assert res.returncode == 0, res.stderr[-600:]
+    assert "usage:" not in res.stderr
+    assert json.loads(res.stdout)["candidates"]
+
+
+def test_python_dash_m_autofit_runs_the_cli() -> None:
+    res = autofit("--help")
+    assert res.returncode == 0 and "estimate" in res.stdout
+
+
+def test_entries_load_without_shadowing_autofit_or_each_other(tmp_path: Path) -> None:
+    entries = {}
+    for who in ("a", "b"):
+        entries[who] = make_entry(tmp_path / who, at_import=f"import common\nWHO = {who!r}")
+        (tmp_path / who / "common.py").write_text(f"WHO = {who!r}\n")
+    (tmp_path / "a" / "rich.py").write_text("raise SystemExit('planted rich ran')\n")
+    code = f"""
+import json, sys
+before = list(sys.path)
+from autofit.workload.entry import load_workload
+before = list(sys.path)
+wa = load_workload({entries['a']!r}); wb = load_workload({entries['b']!r})
+ma, mb = sys.modules[wa.model.__module__], sys.modules[wb.model.__module__]
+import rich
+print(json.dumps([ma.WHO, mb.WHO, ma.common.WHO, mb.common.WHO, sys.path == before, 'common' in sys.modules]))
+"""
+    res = python(code)
+    assert res.returncode == 0, res.stderr[-600:]
+    assert json.loads(res.stdout.splitlines()[-1]) == ["a", "b", "a", "b", True, False]
