@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from autofit.core.config import Config
+from autofit.core.config import LONG_CONTEXT_KEYS, Config
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
 from autofit.core.recipe import Difference, Recipe, differences
@@ -113,6 +113,8 @@ def ladder_space(ladder: tuple[Rung, ...], micro_batch_size: int) -> SearchSpace
     values["compile"] = ["off"]  # the ladder's rungs run eager
     # DeepSpeed's communication as every JSON had it before these were searched: the seed's ladder has no rung for them
     values["overlap_comm"], values["contiguous_gradients"], values["bucket_scale"] = [False], [True], [1]
+    for key in LONG_CONTEXT_KEYS:
+        values[key] = [getattr(Config(), key)]
     for config in rung_configs(Config(), ladder):
         for key in LADDER_KEYS:
             if getattr(config, key) not in values[key]:
