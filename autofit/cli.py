@@ -162,6 +162,12 @@ def estimate(shared: Shared) -> None:
     """Cost model only: rank the space's candidates by predicted step time; no training step runs."""
     from autofit.commands.api import estimate_target
 
+    if shared.target.seq_len == "max":  # the longest sequence that fits (autofit/planning/longest.py)
+        from autofit.planning.longest import longest_sequence
+
+        answer = longest_sequence(shared.target)
+        click.echo(json.dumps(answer.to_dict(), indent=1) if shared.as_json else answer.text())
+        return
     result = estimate_target(shared.target)
     if shared.as_json:
         click.echo(json.dumps(result.to_dict(), indent=1))
