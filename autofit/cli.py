@@ -31,6 +31,7 @@ from autofit.commands import run as run_command
 from autofit.commands import schedule as schedule_command
 from autofit.commands.numbers import SECONDS, FiniteFloat
 from autofit.core.errors import AutofitError
+from autofit.planning.longest import longest_sequence
 from autofit.planning.target import CLI_OPTION, Target, cli_fields
 from autofit.report.outputs import emit_document, json_stdout
 from autofit.report.tables import print_estimate, print_ladder, print_probe
@@ -147,6 +148,13 @@ def main() -> None:
 @shared_options()
 def estimate(shared: Shared) -> None:
     """Cost model only: rank the space's candidates by predicted step time; no training step runs."""
+    if shared.target.seq_len == "max":  # the longest sequence that fits (autofit/planning/longest.py)
+        answer = longest_sequence(shared.target)
+        if shared.as_json:
+            emit_document(json.dumps(answer.to_dict(), indent=1))
+        else:
+            click.echo(answer.text())
+        return
     result = estimate_command.estimate_target(shared.target)
     if shared.as_json:
         emit_document(json.dumps(result.to_dict(), indent=1))

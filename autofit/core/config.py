@@ -19,6 +19,7 @@ Attention = Literal["eager", "sdpa", "flash"]
 TraceDtype = Literal["fp32", "bf16"]
 Granularity = Literal["block", "attention"]
 Compile = Literal["off", "on"]
+ActivationOffload = Literal["none", "cpu"]
 
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
@@ -27,6 +28,9 @@ OFFLOAD_DEVICES: tuple[OffloadDevice, ...] = get_args(OffloadDevice)
 ATTENTIONS: tuple[Attention, ...] = get_args(Attention)
 GRANULARITIES: tuple[Granularity, ...] = get_args(Granularity)
 COMPILES: tuple[Compile, ...] = get_args(Compile)
+ACTIVATION_OFFLOADS: tuple[ActivationOffload, ...] = get_args(ActivationOffload)
+#: the long-context keys (docs/design.md, "Config keys"): off where the workload states no sequence
+LONG_CONTEXT_KEYS = ("sequence_parallel", "tiled_mlp", "tiled_loss", "offload_activations")
 #: multiples of the model-derived ZeRO bucket sizes a space may list (:mod:`autofit.ds.buckets`)
 BUCKET_SCALES = (1, 2, 4, 8)
 
@@ -72,6 +76,19 @@ class Config:
     """Multiple of the model-derived ZeRO bucket sizes (reduce and all-gather buckets ``hidden^2``, ZeRO-3's
     prefetch ``0.9 hidden^2``: the Hugging Face integration's ``auto`` values; :mod:`autofit.ds.buckets`).
     Larger buckets mean fewer, larger collectives for more memory."""
+    sequence_parallel: int = 1
+    """Ulysses sequence-parallel degree ``sp`` (DeepSpeed's ``sequence_parallel_size``; 1: off): each group of ``sp``
+    ranks trains one sequence, each rank ``seq/sp`` of its tokens (all of them for ``heads/sp`` heads inside
+    attention). Data-parallel size is ``world / sp``: ``micro x accumulation x (world / sp) = global batch``."""
+    tiled_mlp: bool = False
+    """DeepSpeed's ``TiledMLP``: each layer's MLP runs over ``ceil((seq/sp) / hidden)`` tiles of the sequence, its
+    intermediates one tile at a time, recomputed in backward (``deepspeed/runtime/sequence_parallel/ulysses_sp.py``)."""
+    tiled_loss: bool = False
+    """The logits and the loss computed in sequence tiles (``sequence_tiled_compute``; Liger's chunking rule
+    ``ceil(vocab / hidden)`` tiles), so the ``seq x vocab`` logits and their fp32 copies never exist whole."""
+    offload_activations: ActivationOffload = "none"
+    """``cpu``: the checkpointed layers' inputs are kept in host memory between forward and backward (DeepSpeed's
+    checkpoint-offload, ``get_checkpoint_hidden_states_offloading_ctx_manager``); needs ``checkpoint_ratio > 0``."""
 
     def __post_init__(self) -> None:
         _check_int("micro_batch_size", self.micro_batch_size)
@@ -90,6 +107,10 @@ class Config:
         _check_bool("overlap_comm", self.overlap_comm)
         _check_bool("contiguous_gradients", self.contiguous_gradients)
         _check_choice("bucket_scale", self.bucket_scale, BUCKET_SCALES)
+        _check_int("sequence_parallel", self.sequence_parallel)
+        _check_bool("tiled_mlp", self.tiled_mlp)
+        _check_bool("tiled_loss", self.tiled_loss)
+        _check_choice("offload_activations", self.offload_activations, ACTIVATION_OFFLOADS)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,9 +129,13 @@ class Config:
         """``round(r x L)``: how many of the first layers run under checkpointing."""
         return int(round(self.checkpoint_ratio * n_layers))
 
+    def data_parallel(self, world_size: int) -> int:
+        """Data-parallel ranks of ``world_size``: ``world / sequence_parallel`` (each SP group trains one micro-batch)."""
+        return max(1, world_size // self.sequence_parallel)
+
     def samples_per_step(self, world_size: int) -> int:
-        """Samples of one optimizer step over ``world_size`` data-parallel ranks: micro x accumulation x ranks."""
-        return self.micro_batch_size * self.grad_accum_steps * world_size
+        """Samples of one optimizer step over ``world_size`` ranks: micro x accumulation x data-parallel ranks."""
+        return self.micro_batch_size * self.grad_accum_steps * self.data_parallel(world_size)
 
     @property
     def trace_dtype(self) -> TraceDtype:
@@ -143,7 +168,14 @@ class Config:
             parts.append(f"opt>{self.offload_optimizer}")
         if self.offload_params != "none":
             parts.append(f"par>{self.offload_params}")
-        return " ".join(parts)
+        return " ".join(parts + self.long_context_labels())
+
+    def long_context_labels(self) -> list[str]:
+        """The long-context keys in short: ``sp2 tmlp tloss aoff`` (empty where all are off)."""
+        parts = [f"sp{self.sequence_parallel}"] if self.sequence_parallel > 1 else []
+        parts += ["tmlp"] if self.tiled_mlp else []
+        parts += ["tloss"] if self.tiled_loss else []
+        return parts + (["aoff"] if self.offload_activations != "none" else [])
 
 
 def trace_dtype_of(precision: str) -> TraceDtype:
@@ -152,8 +184,8 @@ def trace_dtype_of(precision: str) -> TraceDtype:
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Config))
-_INT_KEYS = {"micro_batch_size", "grad_accum_steps", "zero_stage", "bucket_scale"}
-_BOOL_KEYS = {"overlap_comm", "contiguous_gradients"}
+_INT_KEYS = {"micro_batch_size", "grad_accum_steps", "zero_stage", "bucket_scale", "sequence_parallel"}
+_BOOL_KEYS = {"overlap_comm", "contiguous_gradients", "tiled_mlp", "tiled_loss"}
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autofit.core.hardware import Hardware
+from autofit.core.sequence import SequenceShape
 from autofit.core.software import Software, optimizer_op
 
 #: optimizers DeepSpeed has a CPU implementation of (DeepSpeedCPUAdam, DeepSpeedCPULion;
@@ -25,11 +26,14 @@ class Context:
     hardware: Hardware
     """The device each rank runs on."""
     world_size: int
-    """Data-parallel ranks: gpus x nodes."""
+    """Ranks: gpus x nodes (data-parallel ranks x the sequence-parallel degree)."""
     global_batch: int | None
     """Samples per optimizer step, or None where none is known."""
     software: Software = field(default_factory=Software)
     """What the machine's software runs (:func:`autofit.machine.software.detect_software`); by default everything."""
+    sequence: SequenceShape | None = None
+    """The workload's sequence and attention heads (an ``hf:`` causal LM's); None: it states none, and the
+    long-context keys cannot run (:mod:`autofit.core.sequence`)."""
 
 
 @dataclass(frozen=True)
@@ -217,21 +221,114 @@ def adam_mini_needs_zero0(ctx: Context, optimizer: str, zero_stage: int) -> str 
     return f"adam-mini cannot step on ZeRO stage {zero_stage}'s flat 1-D partitions (it needs each weight's matrix shape)"
 
 
-def micro_batch_divides(ctx: Context, micro_batch_size: int) -> str | None:
-    if ctx.global_batch is None:
+def micro_batch_divides(ctx: Context, micro_batch_size: int, sequence_parallel: int) -> str | None:
+    if ctx.global_batch is None or ctx.world_size % sequence_parallel:  # sp_divides_world says why
         return None
-    per_step = micro_batch_size * ctx.world_size
+    data_parallel = ctx.world_size // sequence_parallel
+    per_step = micro_batch_size * data_parallel
     if ctx.global_batch % per_step == 0:
         return None
-    return (
-        f"micro_batch_size {micro_batch_size} x world size {ctx.world_size} = {per_step} "
-        f"does not divide the global batch {ctx.global_batch}"
-    )
+    ranks = f"world size {ctx.world_size}" if sequence_parallel == 1 else \
+        f"data-parallel size {data_parallel} (world {ctx.world_size} / sp {sequence_parallel})"
+    return f"micro_batch_size {micro_batch_size} x {ranks} = {per_step} does not divide the global batch {ctx.global_batch}"
+
+
+_SP_SOURCE = "deepspeed/runtime/sequence_parallel/ulysses_sp.py"
+
+
+def sp_needs_ranks(ctx: Context, sequence_parallel: int) -> str | None:
+    if sequence_parallel == 1 or ctx.world_size > 1:
+        return None
+    return "sequence parallelism splits a sequence over ranks; on one rank there is nothing to split it with"
+
+
+def sp_divides_world(ctx: Context, sequence_parallel: int) -> str | None:
+    # parallel_state_sp.initialize_sequence_parallel builds groups of sp consecutive ranks (world % sp == 0)
+    if ctx.world_size == 1 or ctx.world_size % sequence_parallel == 0:
+        return None
+    return f"sequence_parallel {sequence_parallel} does not divide the world size {ctx.world_size}"
+
+
+def sp_needs_hf_causal_lm(ctx: Context, sequence_parallel: int) -> str | None:
+    if sequence_parallel == 1 or (ctx.sequence is not None and ctx.sequence.causal_lm):
+        return None
+    return ("sequence parallelism needs an hf: causal LM, whose attention DeepSpeed's UlyssesSPAttentionHF wraps "
+            "(a plain Workload's attention is not registered with transformers)")
+
+
+def sp_divides_heads(ctx: Context, sequence_parallel: int) -> str | None:
+    # UlyssesSPAttentionHF.__init__ (:131-152): heads % sp == 0; kv heads % sp == 0, or sp % kv == 0 (each kv head
+    # then replicated to sp / kv ranks)
+    shape = ctx.sequence
+    if sequence_parallel == 1 or shape is None:
+        return None
+    if shape.n_heads % sequence_parallel:
+        return f"sequence_parallel {sequence_parallel} does not divide the {shape.n_heads} attention heads ({_SP_SOURCE})"
+    kv = shape.n_kv_heads
+    if kv % sequence_parallel and sequence_parallel % kv:
+        return (f"sequence_parallel {sequence_parallel} and the {kv} key/value heads: neither divides the other "
+                f"({_SP_SOURCE})")
+    return None
+
+
+def sp_divides_sequence(ctx: Context, sequence_parallel: int) -> str | None:
+    # UlyssesSPDataLoaderAdapter refuses a batch whose length is not a multiple of sp (ulysses_sp.py:706)
+    shape = ctx.sequence
+    if sequence_parallel == 1 or shape is None or shape.seq_len % sequence_parallel == 0:
+        return None
+    return f"sequence_parallel {sequence_parallel} does not divide the sequence length {shape.seq_len}"
+
+
+def sp_not_eager(ctx: Context, sequence_parallel: int, attention: str) -> str | None:
+    # register_with_transformers refuses eager (:468-474): its 4-D mask is O(seq^2)
+    if sequence_parallel == 1 or attention != "eager":
+        return None
+    return "DeepSpeed's Ulysses refuses eager attention (its 4-D mask is seq x seq); sdpa or flash"
+
+
+def sp_needs_zero3(ctx: Context, sequence_parallel: int, zero_stage: int) -> str | None:
+    # docs/develop/long-context.md, Finding 1: the SP loss aggregation (an all_gather of the shards' losses, as the
+    # DeepSpeed tutorial, accelerate and the HF Trainer do it) gives every SP rank sp x its gradient; ZeRO-3's
+    # reduce-scatter divides by the whole world and cancels it, ZeRO 0-2 divide by world / sp and train with sp x
+    # the true gradient
+    if sequence_parallel == 1 or zero_stage == 3:
+        return None
+    return (f"sequence parallelism under ZeRO {zero_stage} trains with sp x the gradient (the SP loss aggregation "
+            "sums every rank's copy; only ZeRO-3's reduce divides it back): ZeRO-3 only")
+
+
+def tiling_needs_hf_causal_lm(ctx: Context, tiled_mlp: bool, tiled_loss: bool) -> str | None:
+    if not (tiled_mlp or tiled_loss) or (ctx.sequence is not None and ctx.sequence.causal_lm):
+        return None
+    return ("tiled_mlp and tiled_loss need an hf: causal LM (its MLP modules and its logits head); a plain "
+            "Workload's model is not known to tile")
+
+
+def tiled_mlp_needs_two_tiles(ctx: Context, tiled_mlp: bool, sequence_parallel: int) -> str | None:
+    # TiledMLP runs ceil((seq/sp) / hidden) tiles (SequenceShape.mlp_tiles); one tile is the untiled MLP plus a recompute
+    shape = ctx.sequence
+    if not tiled_mlp or shape is None or shape.mlp_tiles(sequence_parallel) > 1:
+        return None
+    return (f"tiled_mlp at {shape.seq_len // sequence_parallel} tokens a rank (hidden {shape.hidden_size}) is one tile: "
+            "the untiled MLP plus its recompute")
+
+
+def offload_activations_needs_checkpointing(ctx: Context, offload_activations: str,
+                                            checkpoint_ratio: float) -> str | None:
+    if offload_activations == "none" or checkpoint_ratio > 0:
+        return None
+    return "offload_activations moves the checkpointed layers' inputs to the host; with checkpoint_ratio 0 there are none"
+
+
+def offload_activations_on_a_cpu_device(ctx: Context, offload_activations: str) -> str | None:
+    if offload_activations == "none" or ctx.hardware.kind != "cpu":
+        return None
+    return "the device is the CPU: offloading activations to the host moves nothing off it"
 
 
 #: every rule, in the order reasons are reported
 RULES: tuple[Rule, ...] = (
-    Rule("micro_batch_divides", ("micro_batch_size",), micro_batch_divides),
+    Rule("micro_batch_divides", ("micro_batch_size", "sequence_parallel"), micro_batch_divides),
     Rule("precision_supported", ("precision",), precision_supported),
     Rule("fp8_needs_torchao", ("precision",), fp8_needs_torchao),
     Rule("flash_supported", ("attention",), flash_supported),
@@ -254,4 +351,16 @@ RULES: tuple[Rule, ...] = (
     Rule("comm_knobs_need_ranks", ("overlap_comm", "bucket_scale"), comm_knobs_need_ranks),
     Rule("adam_mini_installed", ("optimizer",), adam_mini_installed),
     Rule("adam_mini_needs_zero0", ("optimizer", "zero_stage"), adam_mini_needs_zero0),
+    Rule("sp_needs_ranks", ("sequence_parallel",), sp_needs_ranks),
+    Rule("sp_divides_world", ("sequence_parallel",), sp_divides_world),
+    Rule("sp_needs_hf_causal_lm", ("sequence_parallel",), sp_needs_hf_causal_lm),
+    Rule("sp_divides_heads", ("sequence_parallel",), sp_divides_heads),
+    Rule("sp_divides_sequence", ("sequence_parallel",), sp_divides_sequence),
+    Rule("sp_not_eager", ("sequence_parallel", "attention"), sp_not_eager),
+    Rule("sp_needs_zero3", ("sequence_parallel", "zero_stage"), sp_needs_zero3),
+    Rule("tiling_needs_hf_causal_lm", ("tiled_mlp", "tiled_loss"), tiling_needs_hf_causal_lm),
+    Rule("tiled_mlp_needs_two_tiles", ("tiled_mlp", "sequence_parallel"), tiled_mlp_needs_two_tiles),
+    Rule("offload_activations_needs_checkpointing", ("offload_activations", "checkpoint_ratio"),
+         offload_activations_needs_checkpointing),
+    Rule("offload_activations_on_a_cpu_device", ("offload_activations",), offload_activations_on_a_cpu_device),
 )

@@ -31,10 +31,11 @@ from typing import Any
 
 import yaml
 
-from autofit.core.config import CONFIG_KEYS, Config, coerce_value
+from autofit.core.config import CONFIG_KEYS, LONG_CONTEXT_KEYS, Config, coerce_value
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
 from autofit.core.rules import RULES, Context
+from autofit.core.sequence import SequenceShape
 from autofit.core.software import Software
 
 #: the keys a space lists values for; grad_accum_steps is derived from the global batch
@@ -45,8 +46,10 @@ _META_KEYS = ("description", "global_batch_size", "grad_accum_steps")
 DEFAULT_ATTENTION = "sdpa"
 
 
-#: the most candidates a space may enumerate (with ``--set`` applied)
+#: the most candidates that can run a space may enumerate (with ``--set`` applied)
 MAX_CANDIDATES = 10**6
+#: the most points a space's dimensions may multiply to before the rules prune them (walking more would hang)
+MAX_PRODUCT = 10**8
 
 
 def search_space_dirs() -> tuple[Path, ...]:
@@ -222,6 +225,7 @@ def enumerate_candidates(
     searches_attention: bool,
     software: Software,
     checkpoints_attention: bool = True,
+    sequence: SequenceShape | None = None,
 ) -> Enumeration:
     """The candidates of ``space`` that can run on ``world_size`` ranks of ``hardware``.
 
@@ -232,6 +236,7 @@ def enumerate_candidates(
     this one).
     ``checkpoints_attention``: the workload's layers have attention sub-modules
     (:meth:`autofit.workload.types.Workload.checkpoints_attention`); without, ``checkpoint_granularity`` is ``block``.
+    ``sequence``: the workload's sequence and heads (an ``hf:`` causal LM's); without, the long-context keys are off.
     A fixed value that cannot run raises :class:`AutofitError`, as does a space whose
     every config is pruned.
     """
@@ -248,7 +253,7 @@ def enumerate_candidates(
     if global_batch is None and "grad_accum_steps" not in fixed:
         global_batch = space.global_batch_size
     ctx = Context(hardware=hardware, world_size=world_size, global_batch=global_batch,
-                  software=software)
+                  software=software, sequence=sequence)
 
     dims = dimensions(space, fixed, ctx, searches_attention=searches_attention, checkpoints_attention=checkpoints_attention)
     check_fixed(fixed, dims, ctx)
@@ -256,11 +261,14 @@ def enumerate_candidates(
     bad, rejected = pruned_assignments(dims, ctx)
 
     candidates: dict[Config, None] = {}
-    for combo in itertools.product(*dims.values()):
-        point = dict(zip(dims, combo, strict=True))
-        if any(tuple(point[k] for k in rule.keys) in bad[rule.name] for rule in RULES):
-            continue
-        candidates.setdefault(Config(**point, grad_accum_steps=accumulation(point, ctx, fixed)), None)
+    for n, point in enumerate(surviving_points(dims, bad), 1):
+        if n > MAX_CANDIDATES:
+            raise AutofitError(f"search space {space.name!r} has more than {MAX_CANDIDATES:.0e} candidates that can run "
+                               "here: fix dimensions with --set or shorten its lists")
+        accum = accumulation(point, ctx, fixed)
+        if "grad_accum_steps" in fixed and accum != fixed["grad_accum_steps"]:
+            continue  # another sequence-parallel degree's micro-batch (micro_batches_for_accumulation)
+        candidates.setdefault(Config(**point, grad_accum_steps=accum), None)
     candidates_list = _expand_accumulation(list(candidates), space, ctx, fixed)
     if not candidates_list:
         reasons = "; ".join(f"{_format_partial(p)}: {r}" for p, r in rejected[:4])
@@ -270,11 +278,36 @@ def enumerate_candidates(
 
 def check_size(space: SearchSpace, dims: dict[str, tuple[Any, ...]]) -> None:
     """An :class:`AutofitError` before enumerating where the dimensions (``--set`` applied) multiply to more
-    than :data:`MAX_CANDIDATES`: a search over them would not end, and enumerating them alone would hang."""
+    than :data:`MAX_PRODUCT`: walking them alone would hang. (The rules prune most of a long-context space, so the
+    bound on what is searched, :data:`MAX_CANDIDATES`, is counted on the candidates that can run.)"""
     size = math.prod(len(values) for values in dims.values())
-    if size > MAX_CANDIDATES:
-        raise AutofitError(f"search space {space.name!r} has {size:.3g} candidates (more than {MAX_CANDIDATES:.0e}): "
+    if size > MAX_PRODUCT:
+        raise AutofitError(f"search space {space.name!r} has {size:.3g} candidates (more than {MAX_PRODUCT:.0e}): "
                            "fix dimensions with --set or shorten its lists")
+
+
+def surviving_points(dims: dict[str, tuple[Any, ...]], bad: dict[str, set[tuple[Any, ...]]]) -> Iterable[dict[str, Any]]:
+    """The points of ``dims``' product that no rule refuses, in the product's order: each rule is checked as soon as
+    its last key is assigned, so a refused partial prunes its whole subtree (the long-context keys multiply the space,
+    not the time spent on what the rules refuse)."""
+    keys = list(dims)
+    position = {key: i for i, key in enumerate(keys)}
+    checks: list[list[Any]] = [[] for _ in keys]
+    for rule in RULES:
+        if bad[rule.name]:
+            checks[max(position[k] for k in rule.keys)].append(rule)
+    point: dict[str, Any] = {}
+
+    def walk(i: int) -> Iterable[dict[str, Any]]:
+        if i == len(keys):
+            yield dict(point)
+            return
+        for value in dims[keys[i]]:
+            point[keys[i]] = value
+            if not any(tuple(point[k] for k in rule.keys) in bad[rule.name] for rule in checks[i]):
+                yield from walk(i + 1)
+
+    return walk(0)
 
 
 def dimensions(
@@ -293,13 +326,45 @@ def dimensions(
                 f"--set attention={fixed['attention']} cannot run: the workload's model takes no attention keyword"
             )
         dims["attention"] = (DEFAULT_ATTENTION,)
+    if ctx.sequence is None or not ctx.sequence.causal_lm:
+        dims.update(_long_context_off(fixed))
     if "grad_accum_steps" in fixed and ctx.global_batch is not None:
-        dims["micro_batch_size"] = (micro_batch_for_accumulation(fixed, ctx.global_batch, ctx.world_size),)
+        dims["micro_batch_size"] = micro_batches_for_accumulation(fixed, ctx.global_batch, ctx.world_size,
+                                                                  dims["sequence_parallel"])
     return dims
 
 
+def _long_context_off(fixed: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """The long-context keys at their defaults (off), for a workload that states no causal-LM sequence; a ``--set``
+    of one of them on is one error line."""
+    defaults = {f.name: f.default for f in fields(Config) if f.name in LONG_CONTEXT_KEYS}
+    for key, off in defaults.items():
+        if key in fixed and fixed[key] != off:
+            raise AutofitError(f"--set {key}={fixed[key]} cannot run: it needs an hf: causal LM with a sequence "
+                               "length (the workload states none)")
+    return {key: (off,) for key, off in defaults.items()}
+
+
+def micro_batches_for_accumulation(fixed: dict[str, Any], global_batch: int, world_size: int,
+                                   sequence_parallel: tuple[int, ...]) -> tuple[int, ...]:
+    """The micro-batch a fixed accumulation and global batch allow for each sequence-parallel degree that divides
+    the world (data-parallel size ``world / sp``); one error line where none does."""
+    degrees = [sp for sp in sequence_parallel if world_size % sp == 0] or [1]
+    micros: list[int] = []
+    errors: list[AutofitError] = []
+    for sp in degrees:
+        try:
+            micros.append(micro_batch_for_accumulation(fixed, global_batch, world_size // sp))
+        except AutofitError as error:
+            errors.append(error)
+    if not micros:
+        raise errors[0]
+    return tuple(dict.fromkeys(micros))
+
+
 def micro_batch_for_accumulation(fixed: dict[str, Any], global_batch: int, world_size: int) -> int:
-    """``global / (accum x world)``: the one micro-batch a fixed accumulation and global batch allow."""
+    """``global / (accum x world)``: the one micro-batch a fixed accumulation and global batch allow (``world_size``:
+    the data-parallel ranks)."""
     accum = fixed["grad_accum_steps"]
     per_micro = accum * world_size
     if global_batch % per_micro:
@@ -316,9 +381,10 @@ def micro_batch_for_accumulation(fixed: dict[str, Any], global_batch: int, world
 
 
 def accumulation(point: dict[str, Any], ctx: Context, fixed: dict[str, Any]) -> int:
-    """``grad_accum_steps`` of one point: ``global / (micro x world)``, else the fixed value, else 1."""
+    """``grad_accum_steps`` of one point: ``global / (micro x world / sp)``, else the fixed value, else 1."""
     if ctx.global_batch is not None:
-        return ctx.global_batch // (point["micro_batch_size"] * ctx.world_size)
+        data_parallel = max(1, ctx.world_size // point.get("sequence_parallel", 1))
+        return ctx.global_batch // (point["micro_batch_size"] * data_parallel)
     return int(fixed.get("grad_accum_steps", 1))
 
 

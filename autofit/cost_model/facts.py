@@ -125,6 +125,22 @@ class ModelFacts:
     hidden_size: int = 0
     """The model's hidden size (:func:`autofit.trace.structure.hidden_size_of`), which the ZeRO bucket sizes are
     derived from (:mod:`autofit.ds.buckets`); 0: unknown (DeepSpeed's buckets as autofit pinned them)."""
+    seq_len: int = 0
+    """Tokens per sample the profiles were traced at, for a causal LM with a sequence (``Workload.sequence``);
+    0: none (the long-context keys are off, :mod:`autofit.cost_model.long_context`)."""
+    vocab_size: int = 0
+    """The logits' width V (the text config's ``vocab_size``); 0: not a causal LM."""
+    intermediate_size: int = 0
+    """The MLP's intermediate width i (``intermediate_size``)."""
+    kv_width: int = 0
+    """Key/value width of an attention layer: kv heads x head dim."""
+    n_kv_heads: int = 0
+    """Key/value heads (``num_key_value_heads``)."""
+    mlp_intermediates: int = 0
+    """``i``-wide tensors one layer's MLP saves for backward a token: 4 for a gated MLP (gate, up, the activation and
+    the product: ``down_proj(act(gate_proj(x)) * up_proj(x))``), 2 otherwise (fc1's output and the activation)."""
+    mlp_matrices: int = 0
+    """``h x i`` matrices of one MLP (3 gated, 2 otherwise): its forward is ``2 t h i`` FLOPs each."""
     profiles: dict[str, ActivationProfile] = field(default_factory=dict)
     """Traced activation profiles by :meth:`ActivationProfile.key`."""
     attention_traces: dict[str, str] = field(default_factory=dict)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.hardware import Hardware
 from autofit.cost_model.facts import ModelFacts
+from autofit.cost_model.long_context import offloaded_activation_bytes
 from autofit.cost_model.states import FP32, optimizer_state_bytes
 from autofit.ds.swap_buffers import optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 
@@ -80,4 +81,5 @@ def host_peak_bytes(config: Config, facts: ModelFacts, hardware: Hardware, world
     if hardware.kind == "cpu":
         return int(ranks * device_peak)
     per_rank = HOST_RUNTIME_BYTES + max(host_build_bytes(config, facts), host_steady_bytes(config, facts, world_size))
+    per_rank += offloaded_activation_bytes(config, facts)  # checkpointed inputs on the host (long_context.py)
     return int(ranks * per_rank)

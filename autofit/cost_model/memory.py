@@ -47,6 +47,7 @@ from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.cuda_runtime import cublas_workspace_bytes, outside_allocator_bytes, runtime_bytes
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_bytes
+from autofit.cost_model.long_context import long_context_activation_bytes
 from autofit.cost_model.states import model_states
 
 
@@ -82,7 +83,9 @@ def activation_peak_bytes(config: Config, facts: ModelFacts, keep_grads: bool) -
     dtype = config.trace_dtype
     attr = "peak_with_grads_bytes" if keep_grads else "peak_without_grads_bytes"
     n_ckpt = config.checkpointed_layers(facts.n_layers)
-    return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, attr, config.checkpoint_granularity)
+    traced = facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, attr,
+                                   config.checkpoint_granularity)
+    return long_context_activation_bytes(config, facts, traced)  # SP, tiling, offload (cost_model/long_context.py)
 
 
 def accumulated_grad_bytes(config: Config, facts: ModelFacts, world_size: int) -> float:

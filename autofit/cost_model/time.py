@@ -31,6 +31,9 @@ Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
   micro-batch's FLOPs and forward 1/3 (a matmul's backward is two matmuls of its size: Kaplan et al. 2020,
   sec. 2.1, 6N per token = 2N forward + 4N backward). Exposed = comm - min(hideable comm,
   ``overlap_efficiency`` x compute beside it).
+* long context (:mod:`autofit.cost_model.long_context`): under SP a rank computes 1/p of the traced FLOPs and
+  bytes and waits for its Ulysses all-to-alls (communication); TiledMLP and the tiled loss add their recomputed
+  forwards; offloaded activations add the PCIe transfers compute does not cover (offload).
 * the optimizer step is memory-bound: bytes of parameters, gradients and states touched,
   over the achieved memory bandwidth, plus the engine's fixed per-step bookkeeping (what a
   probe times as ``engine.step`` at the accumulation boundary).
@@ -44,6 +47,7 @@ from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.comm import CommPhases, communication_phases
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_seconds, fp8_flops
+from autofit.cost_model.long_context import activation_offload_s, extra_flops, sp_all_to_all_s
 from autofit.cost_model.states import buckets_of, optimizer_state_bytes
 
 #: host-side optimizer speed for offloaded steps (DeepSpeedCPUAdam, AVX: ~1 param per ns per core group)
@@ -55,8 +59,10 @@ def micro_batch_flops(config: Config, facts: ModelFacts) -> float:
     within the traces of the config's checkpoint granularity."""
     dtype = config.trace_dtype
     n_ckpt = config.checkpointed_layers(facts.n_layers)
-    return facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, "flops",
-                                 config.checkpoint_granularity)
+    traced = facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, "flops",
+                                   config.checkpoint_granularity)
+    # SP: each rank runs 1/p of the matmuls (s/p tokens) and of attention (heads/p); tiling recomputes
+    return traced / config.sequence_parallel + extra_flops(config, facts)
 
 
 def micro_batch_memory_bound_bytes(config: Config, facts: ModelFacts) -> float:
@@ -65,7 +71,7 @@ def micro_batch_memory_bound_bytes(config: Config, facts: ModelFacts) -> float:
     n_ckpt = config.checkpointed_layers(facts.n_layers)
     attr = "fused_memory_bound_bytes" if config.compile == "on" else "memory_bound_bytes"
     return facts.at_checkpointed(config.trace_dtype, config.attention, n_ckpt, config.micro_batch_size, attr,
-                                 config.checkpoint_granularity)
+                                 config.checkpoint_granularity) / config.sequence_parallel
 
 
 def micro_batch_compute_s(config: Config, facts: ModelFacts, hardware: Hardware, coefficients: Coefficients) -> float:
@@ -155,10 +161,12 @@ def predict_step_time(
                                   buckets_of(config, facts).reduce_bucket_size, coefficients.collective_latency_s)
     comm_s = exposed_communication_s(config, phases, micro_s, coefficients.overlap_efficiency,
                                      first_gather_share(facts))
+    comm_s += a * sp_all_to_all_s(config, facts, hardware, world_size, coefficients.comm_efficiency)
 
     link = hardware.nvme_bytes_per_s if "nvme" in (config.offload_optimizer, config.offload_params) else hardware.pcie_bytes_per_s
     moved = offload_bytes(config, facts, world_size)
     offload_s = moved / (link * coefficients.offload_efficiency) if moved and link > 0 else 0.0
+    offload_s += a * activation_offload_s(config, facts, hardware, micro_s, coefficients.offload_efficiency)
 
     shard = facts.n_trainable_params / world_size if config.zero_stage >= 1 else facts.n_trainable_params
     touched = optimizer_state_bytes(config.optimizer, facts, shard) + 3 * 4 * shard  # states + param, grad, master

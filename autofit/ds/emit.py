@@ -86,6 +86,12 @@ def deepspeed_config(
         ds["optimizer"] = {"type": DEEPSPEED_OPTIMIZER_TYPE[config.optimizer], "params": params}
     if config.zero_stage > 0 or client or config.optimizer not in ("adamw", "lion"):
         ds["zero_allow_untested_optimizer"] = True
+    if config.sequence_parallel > 1:
+        # DeepSpeed derives the data-parallel size from it where no mpu is given (runtime/config.py); bf16 all-to-alls
+        # as the ALST recipes run them
+        ds["sequence_parallel_size"] = config.sequence_parallel
+        if config.precision in ("bf16", "fp8"):
+            ds["seq_parallel_communication_data_type"] = "bf16"
     ds["autofit"] = autofit_section(config, client, recipe)
     return ds
 
@@ -117,6 +123,13 @@ def autofit_section(config: Config, client: bool, recipe: Recipe | None = None) 
         # DeepSpeed's own "compile" section configures DeepCompile (deepspeed/compile/config.py) and compiles
         # nothing by itself: the script calls engine.compile() (autofit.ds.apply.compile_engine reads this)
         "compile": config.compile,
+        # long context (docs/design.md, "Config keys"): applied by autofit.ds.apply with DeepSpeed's Ulysses SP,
+        # TiledMLP (ceil((seq/sp)/hidden) tiles), sequence_tiled_compute (ceil(vocab/hidden) tiles) and its
+        # checkpoint offload; SP is ZeRO-3 only (rules.sp_needs_zero3: the all_gather loss aggregation's gradient)
+        "sequence_parallel": config.sequence_parallel,
+        "tiled_mlp": config.tiled_mlp,
+        "tiled_loss": config.tiled_loss,
+        "offload_activations": config.offload_activations,
     }
     params = optimizer_params(config, recipe)
     if recipe is None:

@@ -39,6 +39,7 @@ from autofit.core.errors import AutofitError
 from autofit.core.recipe import HYPERPARAMETER_OPTIMIZERS, checked_hyperparameters
 from autofit.ds.apply import compiles
 from autofit.ds.emit import write_text_atomic
+from autofit.ds.sequence_parallel import accelerate_parallelism, sp_degree, trainer_parallelism_config
 
 #: the value a Hugging Face launcher fills from its own arguments (transformers/integrations/deepspeed.py, fill_match)
 AUTO = "auto"
@@ -260,7 +261,11 @@ def trainer_arguments(ds_config: Mapping[str, Any], /, **user_kwargs: Any) -> di
     check_trainer_hyperparameters(ds_config, user_kwargs, _trainer_defaults())
     use_cpu = user_kwargs.get("use_cpu")
     cuda_available = _cuda_available() if use_cpu is None else not use_cpu
-    return trainer_keywords(ds_config, user_kwargs, cuda_available=cuda_available, field_names=_trainer_field_names())
+    keywords = trainer_keywords(ds_config, user_kwargs, cuda_available=cuda_available,
+                                field_names=_trainer_field_names())
+    if sp_degree(ds_config) > 1 and "parallelism_config" not in user_kwargs:  # Ulysses SP (ds/sequence_parallel.py)
+        keywords["parallelism_config"] = trainer_parallelism_config(ds_config)
+    return keywords
 
 
 def _positive(name: str, value: int) -> None:
@@ -288,11 +293,14 @@ def _check_batch(ds_config: Mapping[str, Any], num_processes: int) -> None:
         raise AutofitError("the DeepSpeed JSON has no zero_optimization section, which accelerate requires")
     train, micro, accumulation = (ds_config.get(key) for key in
                                   ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
+    data_parallel = num_processes // sp_degree(ds_config)  # each SP group trains one micro-batch
     if isinstance(train, int) and isinstance(micro, int) and isinstance(accumulation, int) \
-            and train != micro * accumulation * num_processes:
+            and train != micro * accumulation * data_parallel:
         # DeepSpeed's own check (runtime/config.py, _batch_assertion), before any process starts
+        ranks = f"num_processes={num_processes}" if sp_degree(ds_config) == 1 else \
+            f"data-parallel size {data_parallel} (num_processes={num_processes} / sequence_parallel_size {sp_degree(ds_config)})"
         raise AutofitError(f"the DeepSpeed JSON's train_batch_size {train} is not micro-batch {micro} x "
-                           f"accumulation {accumulation} x num_processes={num_processes}")
+                           f"accumulation {accumulation} x {ranks}")
 
 
 
@@ -333,6 +341,8 @@ def accelerate_config(ds_config: Mapping[str, Any], path_to_json: str | os.PathL
         "use_cpu": False,
         "debug": False,
     }
+    if accelerate_parallelism(ds_config):
+        config["parallelism_config"] = accelerate_parallelism(ds_config)
     if compiles(ds_config):
         # accelerate's dynamo plugin calls DeepSpeed's engine.compile(backend="inductor") after deepspeed.initialize
         config["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}

@@ -115,10 +115,10 @@ class Plan:
             searches_attention=workload.searches_attention,
             checkpoints_attention=_checkpoints_attention(workload, space, fixed),
             software=software,
+            sequence=workload.sequence,
         )
-        configs = tuple(enumeration.candidates)
-        facts = facts or trace_for(workload, configs)
-        configs, no_room = within_nvme_room(configs, facts, hardware, world_size, software)
+        facts = facts or trace_for(workload, tuple(enumeration.candidates))
+        configs, no_room = within_nvme_room(tuple(enumeration.candidates), facts, hardware, world_size, software)
         return cls(
             entry=entry,
             name=workload.name or entry,

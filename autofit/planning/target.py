@@ -103,8 +103,9 @@ class Target:
     """A writable directory on an NVMe drive where NVMe offload swaps; None: ``AUTOFIT_NVME_PATH`` where the
     user set it, else NVMe offload is pruned (:mod:`autofit.core.rules`)."""
 
-    seq_len: int | None = field(default=None, metadata=option(
-        "--seq-len", help="hf: entries: tokens per sample (the encoder's for seq2seq).", minimum=1))
+    seq_len: int | str | None = field(default=None, metadata=option(
+        "--seq-len", help="hf: entries: tokens per sample (the encoder's for seq2seq); max: autofit estimate answers "
+        "the longest that fits, with which config.", metavar="N|max"))
     """An ``hf:`` entry's tokens per sample (:func:`autofit.workload.hf.hf_workload`); refused with any other entry."""
     task: str | None = field(default=None, metadata=option(
         "--task", help="hf: entries: the task (default: the config's architectures).", choices=tuple(HF_TASKS)))
@@ -148,6 +149,7 @@ class Target:
             raise AutofitError(f"gpus x nodes must be at most {MAX_WORLD_SIZE}, but got {self.gpus} x {self.nodes}")
         if self.global_batch is not None:
             whole("global_batch", self.global_batch, 1, MAX_GLOBAL_BATCH, or_none=True)
+        object.__setattr__(self, "seq_len", _seq_len(self.seq_len))
         if isinstance(self.set_values, str):
             raise AutofitError(f"set_values must be a tuple of key=value strings, but got {self.set_values!r}")
         object.__setattr__(self, "set_values", tuple(self.set_values))
@@ -268,6 +270,18 @@ class Setup:
                          software=self.software, recipe=self.recipe, hosts=self.hosts)
 
 
+def _seq_len(value: int | str | None) -> int | str | None:
+    """``--seq-len``: an integer >= 1, ``max`` (:mod:`autofit.planning.longest`) or None."""
+    if value is None or value == "max":
+        return value
+    text = str(value).strip().lower()
+    if text == "max":
+        return "max"
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise AutofitError(f"seq_len must be an integer >= 1 or max, but got seq_len={value!r}")
+    return int(text)
+
+
 def prepare(target: Target, workload: Workload | None = None) -> Setup:
     """Resolve ``target`` once: parse ``--set``, resolve the hardware and its budget and ``gpus`` (None: from
     detection, :func:`autofit.core.hardware.default_gpus`), read the space and ``--hosts`` (one a node), check
@@ -278,6 +292,9 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
     ``workload``: a :class:`Workload` object to use instead of loading ``target.entry`` (the Python API's, which
     then names it with :func:`autofit.workload.entry.in_process_entry`; nothing but this process can load it)."""
 
+    if target.seq_len == "max":
+        raise AutofitError("--seq-len max is a question autofit estimate answers (the longest sequence that fits); "
+                           "give the other commands a length")
     if target.entry is not None:  # the hf: options travel inside the entry string, to the probes too
         target = dataclasses.replace(target, entry=with_hf_options(
             target.entry, seq_len=target.seq_len, task=target.task, trust_remote_code=target.trust_remote_code))

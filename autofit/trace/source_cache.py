@@ -34,6 +34,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from autofit.core.sequence import SequenceShape
 from autofit.trace import cache, trace_workload
 from autofit.trace.parallel import trace_workers_setting
 from autofit.workload.entry import is_loadable, load_workload
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 #: autofit files (besides :data:`autofit.trace.cache.TRACED_SOURCES`) whose code turns an entry into what is kept
 PLANNING_SOURCES = ("workload/hf.py", "workload/sources.py", "trace/source_cache.py")
 #: what is kept of the workload itself
-WORKLOAD_FIELDS = ("name", "tokens_per_sample", "searches_attention")
+WORKLOAD_FIELDS = ("name", "tokens_per_sample", "searches_attention", "sequence")
 
 
 def source_key(entry: str) -> str | None:
@@ -85,6 +86,7 @@ def _well_formed(answers: Any) -> TypeGuard[dict[str, Any]]:
             and isinstance(answers["name"], (str, type(None)))
             and (answers["tokens_per_sample"] is None or type(answers["tokens_per_sample"]) is int)
             and isinstance(answers["searches_attention"], bool)
+            and isinstance(answers["sequence"], (dict, type(None)))
             and isinstance(answers.get("checkpoints_attention", False), bool))
 
 
@@ -117,6 +119,8 @@ class SourcePlannedWorkload:
     def _answer(self, name: str) -> Any:
         if name not in self._answers:
             value = getattr(self.workload, name)
+            if name == "sequence":
+                value = value.to_dict() if value is not None else None
             self._answers[name] = value() if name == "checkpoints_attention" else value
         return self._answers[name]
 
@@ -131,6 +135,12 @@ class SourcePlannedWorkload:
     @property
     def searches_attention(self) -> bool:
         return self._answer("searches_attention")
+
+    @property
+    def sequence(self) -> SequenceShape | None:
+        """:attr:`autofit.workload.types.Workload.sequence`, recorded."""
+        answer = self._answer("sequence")
+        return SequenceShape.from_dict(answer) if answer is not None else None
 
     def checkpoints_attention(self) -> bool:
         """:meth:`autofit.workload.types.Workload.checkpoints_attention`, recorded."""

@@ -53,6 +53,7 @@ def model_structure(workload: Workload, model: Any = None) -> dict[str, Any]:
         # autofit writes for this model: autofit.ds.buckets)
         "n_persistent_params": sum(p.numel() for p in params if p.numel() < threshold),
         "hidden_size": hidden,
+        **sequence_structure(workload, model, hidden),
         "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
         # what fp8's casts move (autofit.cost_model.fp8.fp8_cast_traffic_bytes): each converted weight, and per
         # row of input the input's and the output gradient's features
@@ -62,6 +63,21 @@ def model_structure(workload: Workload, model: Any = None) -> dict[str, Any]:
             ((m.in_features, m.out_features) for _, m in fp8_linears(model)), key=lambda d: d[0] * d[1], default=(0, 0)
         ),
     }
+
+
+def sequence_structure(workload: Workload, model: Any, hidden: int) -> dict[str, int]:
+    """What the long-context pricing reads of a causal LM (:mod:`autofit.cost_model.long_context`): the traced length,
+    the vocabulary, the MLP's width and kind, the kv width; empty for a workload without ``sequence``."""
+    if workload.sequence is None or getattr(model, "config", None) is None:
+        return {}
+    text = model.config.get_text_config()
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    gated = any(hasattr(module, "gate_proj") for module in model.modules())
+    return {"seq_len": workload.sequence.seq_len, "vocab_size": int(text.vocab_size),
+            "intermediate_size": int(getattr(text, "intermediate_size", None) or 4 * hidden),
+            "kv_width": workload.sequence.n_kv_heads * head_dim, "n_kv_heads": workload.sequence.n_kv_heads,
+            "mlp_intermediates": 4 if gated else 2, "mlp_matrices": 3 if gated else 2}
 
 
 def hidden_size_of(model: Any) -> int:

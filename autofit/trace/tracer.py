@@ -300,6 +300,11 @@ class _Tracer:
             return self._run(n, dtype_name, kernel, ckpt)
 
 
+#: the facts :func:`autofit.trace.structure.sequence_structure` reads of a causal LM
+SEQUENCE_FACTS = ("seq_len", "vocab_size", "intermediate_size", "kv_width", "n_kv_heads", "mlp_intermediates",
+                  "mlp_matrices")
+
+
 def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, ActivationProfile], n_layers: int,
            mode: str, seconds: float) -> ModelFacts:
     return ModelFacts(
@@ -321,6 +326,7 @@ def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, Ac
         fp8_weight_elements=structure.get("fp8_weight_elements", 0),
         fp8_feature_elements=structure.get("fp8_feature_elements", 0),
         hidden_size=structure.get("hidden_size", 0),
+        **{key: structure.get(key, 0) for key in SEQUENCE_FACTS},
         tokens_per_sample=workload.tokens_per_sample,
         profiles=profiles,
         trace_mode=mode,

@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote
 
 from autofit.core.errors import AutofitError
+from autofit.core.sequence import SequenceShape
 from autofit.workload.types import Workload, find_attention_modules, longest_module_list
 
 PREFIX = "hf:"
@@ -184,7 +185,17 @@ def hf_workload(name_or_path: str, *, seq_len: int | None, target_len: int | Non
         layers=encoder_decoder_blocks if task == "seq2seq" else attention_blocks,
         tokens_per_sample=sum(lengths) if lengths else None,
         name=display_name(name_or_path),
+        sequence=sequence_shape(config, lengths[0]) if task == "causal-lm" else None,
     )
+
+
+def sequence_shape(config: Any, seq_len: int) -> SequenceShape:
+    """A causal LM's sequence, attention heads and hidden size, from its text config (``num_attention_heads``,
+    ``num_key_value_heads``: what DeepSpeed's ``register_with_transformers`` reads)."""
+    text = config.get_text_config()
+    heads = int(text.num_attention_heads)
+    return SequenceShape(seq_len=seq_len, n_heads=heads, n_kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+                         hidden_size=int(getattr(text, "hidden_size", 0) or 0))
 
 
 def load_config(name_or_path: str, *, trust_remote_code: bool = False) -> Any:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofit.core.errors import AutofitError
+from autofit.core.sequence import SequenceShape
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class Workload:
     attention_modules: Callable[[Any], Any] | None = None
     """``(layer) -> the attention sub-module(s) of one repeated layer``, what ``checkpoint_granularity=attention``
     recomputes; default: :func:`find_attention_modules`."""
+    sequence: SequenceShape | None = None
+    """The sequence length and attention heads of a causal LM (an ``hf:`` entry's), which the long-context keys need
+    (:mod:`autofit.core.sequence`); None: they stay off."""
 
     def __post_init__(self) -> None:
         if not callable(self.model):
@@ -49,6 +53,8 @@ class Workload:
             raise AutofitError(f"Workload.layers must be callable or None, but got {self.layers!r}")
         if self.attention_modules is not None and not callable(self.attention_modules):
             raise AutofitError(f"Workload.attention_modules must be callable or None, but got {self.attention_modules!r}")
+        if self.sequence is not None and not isinstance(self.sequence, SequenceShape):
+            raise AutofitError(f"Workload.sequence must be a SequenceShape or None, but got {self.sequence!r}")
         if self.tokens_per_sample is not None and (
             not isinstance(self.tokens_per_sample, int) or self.tokens_per_sample < 1
         ):

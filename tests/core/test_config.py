@@ -36,6 +36,10 @@ def test_config_keys_are_the_design_table():
         "overlap_comm",
         "contiguous_gradients",
         "bucket_scale",
+        "sequence_parallel",
+        "tiled_mlp",
+        "tiled_loss",
+        "offload_activations",
     )
 
 
@@ -220,3 +224,24 @@ def test_the_knobs_show_in_the_label():
     label = Config(zero_stage=2, overlap_comm=True, bucket_scale=4).label()
     assert "overlap" in label and "bucket4x" in label
     assert "overlap" not in Config().label()
+
+
+def test_long_context_keys_validate_coerce_and_label():
+    config = Config.from_dict({"sequence_parallel": "4", "tiled_mlp": "on", "tiled_loss": "true",
+                               "offload_activations": "cpu", "checkpoint_ratio": 1.0})
+    assert (config.sequence_parallel, config.tiled_mlp, config.tiled_loss) == (4, True, True)
+    assert config.label().endswith("sp4 tmlp tloss aoff")
+    assert Config().long_context_labels() == []
+    assert parse_set(["sequence_parallel=2"]) == {"sequence_parallel": 2}
+    with pytest.raises(AutofitError, match="sequence_parallel must be an integer >= 1"):
+        Config(sequence_parallel=0)
+    with pytest.raises(AutofitError, match="offload_activations must be one of none, cpu"):
+        parse_set(["offload_activations=nvme"])
+    with pytest.raises(AutofitError, match="tiled_mlp must be true or false"):
+        parse_set(["tiled_mlp=maybe"])
+
+
+def test_data_parallel_size_is_world_over_sequence_parallel():
+    config = Config(micro_batch_size=2, grad_accum_steps=3, sequence_parallel=4)
+    assert config.data_parallel(8) == 2
+    assert config.samples_per_step(8) == 2 * 3 * 2

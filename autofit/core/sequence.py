@@ -1,0 +1,61 @@
+"""What the long-context keys need to know of a workload's sequence, before anything is traced.
+
+An ``hf:`` causal language model states it (:func:`autofit.workload.hf.hf_workload`); a plain
+:class:`~autofit.workload.types.Workload` has none, and the long-context keys (``sequence_parallel``,
+``tiled_mlp``, ``tiled_loss``, ``offload_activations``) stay off for it (:func:`autofit.core.space.dimensions`).
+The rules (:mod:`autofit.core.rules`) read it: DeepSpeed's Ulysses wrapper splits the attention heads and the
+sequence over the sequence-parallel ranks (``deepspeed/runtime/sequence_parallel/ulysses_sp.py``,
+``UlyssesSPAttentionHF.__init__``, :131-152) and wraps only a Hugging Face attention registered in
+``ALL_ATTENTION_FUNCTIONS`` (``register_with_transformers``, :395-568).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autofit.core.errors import AutofitError
+
+
+@dataclass(frozen=True)
+class SequenceShape:
+    """The sequence a causal language model trains at, and its attention heads."""
+
+    seq_len: int
+    """Tokens per sample (``--seq-len``)."""
+    n_heads: int
+    """Query heads of each attention layer (the text config's ``num_attention_heads``)."""
+    n_kv_heads: int
+    """Key/value heads (``num_key_value_heads``; equal to ``n_heads`` without grouped-query attention)."""
+    hidden_size: int = 0
+    """The model's hidden size (``hidden_size``): DeepSpeed's TiledMLP runs ``ceil((seq/sp) / hidden)`` tiles;
+    0: not known."""
+    causal_lm: bool = True
+    """A Hugging Face causal LM: DeepSpeed's ``UlyssesSPAttentionHF`` can wrap its attention, TiledMLP its MLP
+    and ``sequence_tiled_compute`` its logits and loss."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.hidden_size, bool) or not isinstance(self.hidden_size, int) or self.hidden_size < 0:
+            raise AutofitError(f"SequenceShape.hidden_size must be an integer >= 0, but got {self.hidden_size!r}")
+        for name in ("seq_len", "n_heads", "n_kv_heads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise AutofitError(f"SequenceShape.{name} must be an integer >= 1, but got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SequenceShape:
+        return cls(**data)
+
+    def with_length(self, seq_len: int) -> SequenceShape:
+        """The same model at another sequence length (``--seq-len max``'s bisection)."""
+        return SequenceShape(seq_len=seq_len, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+                             hidden_size=self.hidden_size, causal_lm=self.causal_lm)
+
+    def mlp_tiles(self, sequence_parallel: int) -> int:
+        """DeepSpeed's TiledMLP tile count for a rank's ``seq/sp`` tokens: ``ceil((seq/sp) / hidden)`` (the tutorial's
+        rule and ``TiledMLP``'s docstring, ulysses_sp.py:975-981); 1 where the hidden size is not known."""
+        local = -(-self.seq_len // sequence_parallel)
+        return max(1, -(-local // self.hidden_size)) if self.hidden_size else 1

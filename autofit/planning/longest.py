@@ -1,0 +1,253 @@
+"""``autofit estimate --seq-len max``: the longest sequence an ``hf:`` causal LM trains at on the device, with which
+config, by the cost model, and what each long-context technique buys (issue 38).
+
+**Each length needs a trace; two are made.** The model is traced at two lengths ``s1 < s2`` (``s2`` the config's
+``max_position_embeddings`` or :data:`TRACE_LENGTH`, whichever is smaller; ``s1 = s2 / 2``) and every traced number
+is carried to any length ``s`` by the shape the kernels give it. Memory (the peaks, the bytes live at the loss) is
+linear in ``s``: with sdpa and flash attention nothing the step holds is ``s x s`` (flash saves its output and the
+log-sum-exp; sdpa's CPU and CUDA kernels the same), so every tensor is ``tokens x width`` and the line through the
+two traces is exact up to what the allocator rounds. FLOPs and the non-matmul bytes are ``a s + c s^2`` (the
+matmuls per token, attention's ``QK^T`` and ``PV`` quadratic), through the two traces. ``eager`` attention holds the
+``s x s`` scores (quadratic memory): it is never the longest and is left out, as are the keys whose every value
+only trades memory for time the same way at every length: the most checkpointing the space lists, whole blocks,
+micro-batch 1 (unless ``--set``), ``compile`` off, no ``overlap_comm``, buckets at 1x (the lean space).
+
+**Bisection.** A length fits when some candidate of the lean space at that length (the rules judge it: ``sp``
+divides it, TiledMLP has two tiles) is predicted to fit device and host (:func:`autofit.cost_model.predict`). The
+longest is found by doubling then bisecting over multiples of the SP degrees' least common multiple; the answer's
+config is the fastest fitting one there. The ladder repeats it with the techniques added one at a time: none, the
+tiled loss, TiledMLP, activation offload, sequence parallelism.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autofit.core.config import LONG_CONTEXT_KEYS, Config
+from autofit.core.errors import AutofitError
+from autofit.core.sequence import SequenceShape
+from autofit.core.space import SearchSpace, enumerate_candidates
+from autofit.core.units import format_bytes
+from autofit.cost_model import ModelFacts, Prediction, predict
+from autofit.cost_model.facts import PeakPoint
+from autofit.planning.plan import Plan
+from autofit.planning.target import Target, prepare
+from autofit.workload.hf import HfEntry, load_config
+
+#: the longer of the two traced lengths where the config allows it
+TRACE_LENGTH = 4096
+#: the longest length the bisection tries
+LONGEST_TRIED = 2**28
+#: memory-like attributes of a traced point (linear in the length) and time-like ones (a s + c s^2)
+LINEAR_ATTRS = ("peak_with_grads_bytes", "peak_without_grads_bytes", "activation_bytes")
+QUADRATIC_ATTRS = ("flops", "fp8_flops", "memory_bound_bytes", "fused_memory_bound_bytes")
+#: the ladder's rungs: a name and the long-context keys it lets vary (cumulative)
+RUNGS = (("no long-context technique", ()), ("+ tiled loss", ("tiled_loss",)),
+         ("+ tiled MLP", ("tiled_loss", "tiled_mlp")),
+         ("+ activation offload", ("tiled_loss", "tiled_mlp", "offload_activations")),
+         ("+ sequence parallelism", LONG_CONTEXT_KEYS))
+
+
+@dataclass(frozen=True)
+class LongestRung:
+    """The longest length with one more technique allowed."""
+
+    name: str
+    """What this rung adds (``+ tiled loss``)."""
+    seq_len: int
+    """The longest length that fits with it (0: none)."""
+    config: Config | None
+    """The fastest config that fits at that length."""
+
+
+@dataclass(frozen=True)
+class Longest:
+    """The answer of ``--seq-len max``."""
+
+    name: str
+    """The model."""
+    hardware: str
+    """The device preset."""
+    world_size: int
+    """Ranks."""
+    seq_len: int
+    """The longest sequence that fits (0: none)."""
+    config: Config | None
+    """The fastest config that fits at it."""
+    prediction: Prediction | None
+    """Its prediction."""
+    rungs: tuple[LongestRung, ...]
+    """What each technique buys, cumulative."""
+    traced_lengths: tuple[int, int]
+    """The two lengths the model was traced at."""
+    max_position_embeddings: int | None
+    """The config's own limit (the answer may pass it: positions are the rope scaling's question, not memory's)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.name, "hardware": self.hardware, "world_size": self.world_size,
+                "seq_len": self.seq_len, "config": self.config.to_dict() if self.config else None,
+                "label": self.config.label() if self.config else None,
+                "predicted": self.prediction.to_dict() if self.prediction else None,
+                "ladder": [{"rung": r.name, "seq_len": r.seq_len,
+                            "config": r.config.label() if r.config else None} for r in self.rungs],
+                "traced_lengths": list(self.traced_lengths),
+                "max_position_embeddings": self.max_position_embeddings}
+
+    def text(self) -> str:
+        """What ``autofit estimate --seq-len max`` prints."""
+        head = (f"{self.name} on {self.world_size} x {self.hardware}: the longest sequence that fits is "
+                f"{self.seq_len:,} tokens")
+        lines = [head]
+        if self.config is not None and self.prediction is not None:
+            lines.append(f"  with {self.config.label()}: {format_bytes(self.prediction.peak_bytes)} a device, "
+                         f"{self.prediction.step_time_s:.3g} s a step")
+        lines.append("  what each technique buys (cumulative):")
+        lines += [f"    {r.name:<28} {r.seq_len:>12,}  {r.config.label() if r.config else '-'}" for r in self.rungs]
+        lines.append(f"  (traced at {self.traced_lengths[0]} and {self.traced_lengths[1]} tokens, extrapolated: "
+                     "memory linear in the length, FLOPs a s + c s^2)")
+        if self.max_position_embeddings and self.seq_len > self.max_position_embeddings:
+            lines.append(f"  note: past the config's max_position_embeddings={self.max_position_embeddings}")
+        return "\n".join(lines)
+
+
+def longest_sequence(target: Target) -> Longest:
+    """The answer of ``--seq-len max`` for ``target`` (module docstring)."""
+    if target.entry is None or not target.entry.startswith("hf:"):
+        raise AutofitError("--seq-len max needs an hf: causal LM entry (the length is what it is asked about)")
+    cap = _max_positions(target)
+    s2 = min(TRACE_LENGTH, cap) if cap else TRACE_LENGTH
+    s1 = s2 // 2
+    fixed_micro = () if any(v.startswith("micro_batch_size=") for v in target.set_values) else ("micro_batch_size=1",)
+    plans = [prepare(replace(target, seq_len=s, set_values=(*target.set_values, *fixed_micro))).plan()
+             for s in (s1, s2)]
+    plan = plans[1]
+    if plan.facts.seq_len == 0:
+        raise AutofitError(f"--seq-len max needs a causal LM; {plan.name} states no sequence")
+    rungs: list[LongestRung] = []
+    for name, keys in RUNGS:  # a technique the rules refuse here keeps the rung before (no shorter multiple of sp)
+        rung = _rung(plan, plans[0].facts, name, keys)
+        rungs.append(rung if not rungs or rung.seq_len >= rungs[-1].seq_len else replace(rungs[-1], name=name))
+    best = rungs[-1]
+    prediction = None
+    if best.config is not None:
+        prediction = predict(best.config, facts_at_length(plans[0].facts, plan.facts, best.seq_len), plan.hardware,
+                             plan.world_size, plan.coefficients)
+    return Longest(name=plan.name, hardware=plan.hardware.name, world_size=plan.world_size, seq_len=best.seq_len,
+                   config=best.config, prediction=prediction, rungs=tuple(rungs), traced_lengths=(s1, s2),
+                   max_position_embeddings=cap)
+
+
+def _max_positions(target: Target) -> int | None:
+    parsed = HfEntry.parse(target.entry or "")
+    config = load_config(parsed.source, trust_remote_code=target.trust_remote_code)
+    limit = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return limit if isinstance(limit, int) else None
+
+
+def _rung(plan: Plan, short: ModelFacts, name: str, keys: tuple[str, ...]) -> LongestRung:
+    space = lean_space(plan, keys)
+    unit = math.lcm(*space.values["sequence_parallel"])
+    fits = _fitting(plan, short, space)
+    n, config = _bisect(fits, unit)
+    return LongestRung(name=name, seq_len=n * unit, config=config)
+
+
+def _bisect(fits: Any, unit: int) -> tuple[int, Config | None]:
+    """The most multiples ``n`` of ``unit`` for which ``fits(n * unit)`` gives a config: doubling, then bisection."""
+    lo, lo_config = 0, None
+    hi = 1
+    while hi * unit <= LONGEST_TRIED:
+        config = fits(hi * unit)
+        if config is None:
+            break
+        lo, lo_config, hi = hi, config, hi * 2
+    else:
+        return lo, lo_config
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        config = fits(mid * unit)
+        if config is None:
+            hi = mid
+        else:
+            lo, lo_config = mid, config
+    return lo, lo_config
+
+
+def _fitting(plan: Plan, short: ModelFacts, space: SearchSpace) -> Any:
+    """``fits(s)``: the fastest config of ``space`` predicted to fit at length ``s``, or None."""
+    def fits(seq_len: int) -> Config | None:
+        facts = facts_at_length(short, plan.facts, seq_len)
+        sequence = _sequence_of(plan, seq_len)
+        try:
+            configs = enumerate_candidates(space, hardware=plan.hardware, world_size=plan.world_size,
+                                           global_batch=plan.global_batch, fixed={}, searches_attention=True,
+                                           software=plan.software, sequence=sequence).candidates
+        except AutofitError:
+            return None
+        priced = [(c, predict(c, facts, plan.hardware, plan.world_size, plan.coefficients)) for c in configs]
+        fitting = [(c, p) for c, p in priced if p.fits]
+        return max(fitting, key=lambda cp: cp[1].samples_per_s)[0] if fitting else None
+
+    return fits
+
+
+def _sequence_of(plan: Plan, seq_len: int) -> SequenceShape:
+    facts = plan.facts
+    heads = _heads(plan)
+    return SequenceShape(seq_len=seq_len, n_heads=heads, n_kv_heads=facts.n_kv_heads or heads,
+                         hidden_size=facts.hidden_size)
+
+
+def _heads(plan: Plan) -> int:
+    """Query heads: ``hidden / head_dim`` with the kv width's head dim."""
+    facts = plan.facts
+    head_dim = facts.kv_width // facts.n_kv_heads if facts.n_kv_heads else 0
+    return facts.hidden_size // head_dim if head_dim else 1
+
+
+def lean_space(plan: Plan, keys: tuple[str, ...]) -> SearchSpace:
+    """The plan's space with what only trades memory for time at its leanest (module docstring), the long-context
+    keys outside ``keys`` off; ``--set`` values kept."""
+    values = dict(plan.space.values)
+    lean = {"checkpoint_ratio": (max(values["checkpoint_ratio"]),), "checkpoint_granularity": ("block",),
+            "compile": ("off",), "overlap_comm": (False,), "bucket_scale": (1,),
+            "attention": tuple(a for a in values["attention"] if a != "eager") or values["attention"]}
+    off = {f.name: (f.default,) for f in dataclasses.fields(Config) if f.name in LONG_CONTEXT_KEYS and f.name not in keys}
+    values.update(lean | off)
+    values.update({k: (v,) for k, v in plan.fixed.items() if k in values})
+    return replace(plan.space, values=values)
+
+
+def facts_at_length(short: ModelFacts, long: ModelFacts, seq_len: int) -> ModelFacts:
+    """``long``'s facts carried to ``seq_len`` through the two traces (module docstring): each traced point's memory
+    on the line through them, its FLOPs and bytes on ``a s + c s^2``."""
+    s1, s2 = short.seq_len, long.seq_len
+    profiles = {}
+    for key, profile in long.profiles.items():
+        other = short.profiles.get(key)
+        if other is None or len(other.points) != len(profile.points):
+            continue
+        points = tuple(_point_at(p1, p2, s1, s2, seq_len) for p1, p2 in zip(other.points, profile.points, strict=True))
+        profiles[key] = replace(profile, points=points)
+    tokens = seq_len if long.tokens_per_sample else None
+    return replace(long, profiles=profiles, seq_len=seq_len, tokens_per_sample=tokens)
+
+
+def _point_at(p1: PeakPoint, p2: PeakPoint, s1: int, s2: int, s: int) -> PeakPoint:
+    changes: dict[str, int] = {}
+    for attr in LINEAR_ATTRS:
+        y1, y2 = getattr(p1, attr), getattr(p2, attr)
+        changes[attr] = max(0, int(y1 + (y2 - y1) * (s - s1) / (s2 - s1)))
+    # the peak with every gradient kept is the larger of two moments (the activations' and, once backward is done, all
+    # the gradients'); at short traces the gradients' may set both points, whose line then misses the activations'
+    changes["peak_with_grads_bytes"] = max(changes["peak_with_grads_bytes"], changes["peak_without_grads_bytes"])
+    for attr in QUADRATIC_ATTRS:
+        y1, y2 = getattr(p1, attr), getattr(p2, attr)
+        c = (y2 / s2 - y1 / s1) / (s2 - s1)
+        a = y1 / s1 - c * s1
+        changes[attr] = max(0, int(a * s + c * s * s))
+    return replace(p2, **changes)
+
