@@ -186,7 +186,7 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
     from autofit.planning.estimate import estimate as run_estimate
     from autofit.probe.run import run_probe
 
-    setup = prepare(shared.target)
+    setup = prepare(shared.target, probes_here=True)
     if mode == "real":
         check_nodes(setup)  # nodes that cannot be placed: one line before the trace and the ops
     result = run_estimate(setup.plan())

@@ -83,7 +83,7 @@ def ladder_target(target: Target, workload: Workload | None = None, *, measure: 
     from autofit.planning.ladder import check_target, run_ladder
 
     check_target(target)
-    return run_ladder(prepare(target, workload), measure=measure, steps=steps, timeout_s=timeout_s, say=say)
+    return run_ladder(prepare(target, workload, probes_here=measure), measure=measure, steps=steps, timeout_s=timeout_s, say=say)
 
 
 def search_target(target: Target, settings: SearchSettings, *, out: str | os.PathLike[str] | None,
@@ -100,7 +100,7 @@ def search_target(target: Target, settings: SearchSettings, *, out: str | os.Pat
 
     if (target.entry is None) == (script is None):
         raise AutofitError('autofit run takes an ENTRY or --script "CMD ... {config}", exactly one of them')
-    setup = prepare(target, workload)
+    setup = prepare(target, workload, probes_here=True)
     with contextlib.ExitStack() as stack:
         if script is not None:
             from autofit.script.cli import script_plan_and_prober
@@ -164,6 +164,7 @@ def estimate(
     space: str | os.PathLike[str] | None = None,
     set: Mapping[str, Any] | Sequence[str] | None = None,
     nvme_path: str | os.PathLike[str] | None = None,
+    software: str | os.PathLike[str] | None = None,
     seq_len: int | None = None,
     task: str | None = None,
     trust_remote_code: bool = False,
@@ -191,6 +192,8 @@ def estimate(
     :param space: a space name in ``search_spaces/`` or a YAML file; None: the default space.
     :param set: config keys to fix, ``{"zero_stage": 2}`` or ``["zero_stage=2"]`` (the CLI's ``--set``).
     :param nvme_path: a directory on an NVMe drive where NVMe offload swaps (else NVMe offload is pruned).
+    :param software: the software of the machines that will train: ``"here"``, ``"cluster"`` or a JSON file (the
+        CLI's ``--software``; None: here for ``"cpu"``/``"auto"``, else the CUDA-cluster profile).
     :param seq_len: an ``hf:`` model's tokens per sample.
     :param task: an ``hf:`` model's task (default: its config's architectures).
     :param trust_remote_code: let an ``hf:`` model run its repository's code.
@@ -207,7 +210,7 @@ def estimate(
     """
     target, workload = _request(
         model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, hosts=hosts, global_batch=global_batch, space=space,
-        set=set, nvme_path=nvme_path, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
+        set=set, nvme_path=nvme_path, software=software, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
         recipe_from=recipe_from,
         optimizer=optimizer, precision=precision, allow=allow, lr=lr, weight_decay=weight_decay, betas=betas,
         eps=eps, momentum=momentum,
@@ -230,6 +233,7 @@ def ladder(
     global_batch: int | None = None,
     set: Mapping[str, Any] | Sequence[str] | None = None,
     nvme_path: str | os.PathLike[str] | None = None,
+    software: str | os.PathLike[str] | None = None,
     seq_len: int | None = None,
     task: str | None = None,
     trust_remote_code: bool = False,
@@ -260,7 +264,7 @@ def ladder(
     """
     target, workload = _request(
         model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, hosts=hosts, global_batch=global_batch, space=None,
-        set=set, nvme_path=nvme_path, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
+        set=set, nvme_path=nvme_path, software=software, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
         recipe_from=recipe_from,
         optimizer=optimizer, precision=precision, allow=allow, lr=lr, weight_decay=weight_decay, betas=betas,
         eps=eps, momentum=momentum,
@@ -292,6 +296,7 @@ def search(
     space: str | os.PathLike[str] | None = None,
     set: Mapping[str, Any] | Sequence[str] | None = None,
     nvme_path: str | os.PathLike[str] | None = None,
+    software: str | os.PathLike[str] | None = None,
     seq_len: int | None = None,
     task: str | None = None,
     trust_remote_code: bool = False,
@@ -336,7 +341,7 @@ def search(
         check_loadable(in_process_entry(model), "autofit.search")
     target, workload = _request(
         model, hardware=hardware, memory=memory, gpus=gpus, nodes=nodes, hosts=hosts, global_batch=global_batch, space=space,
-        set=set, nvme_path=nvme_path, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
+        set=set, nvme_path=nvme_path, software=software, seq_len=seq_len, task=task, trust_remote_code=trust_remote_code,
         recipe_from=recipe_from,
         optimizer=optimizer, precision=precision, allow=allow, lr=lr, weight_decay=weight_decay, betas=betas,
         eps=eps, momentum=momentum,
@@ -358,7 +363,7 @@ def _request(model: str | Workload, *, hardware: str, memory: str | int | None, 
              trust_remote_code: bool, optimizer: str | None, precision: str | None, allow: str | Sequence[str],
              lr: Hyperparameter, weight_decay: Hyperparameter, betas: Hyperparameter, eps: Hyperparameter,
              momentum: Hyperparameter, recipe_from: str | os.PathLike[str] | None = None,
-             ) -> tuple[Target, Workload | None]:
+             software: str | os.PathLike[str] | None = None) -> tuple[Target, Workload | None]:
     """The :class:`Target` the keywords ask for, and the :class:`Workload` object where ``model`` is one."""
     entry, workload = model_entry(model)
     if not isinstance(hardware, str):
@@ -372,6 +377,7 @@ def _request(model: str | Workload, *, hardware: str, memory: str | int | None, 
         betas=hyperparameter(betas, "betas"), eps=hyperparameter(eps, "eps"),
         momentum=hyperparameter(momentum, "momentum"),
         recipe_from=os.fspath(recipe_from) if recipe_from is not None else None,
+        software=os.fspath(software) if software is not None else None,
     )
     return target, workload
 
