@@ -31,6 +31,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autofit.core.errors import AutofitError
+from autofit.ds.apply import fill_hint
 from autofit.planning.target import Target, prepare
 from autofit.workload.entry import check_loadable, in_process_entry
 from autofit.workload.types import Workload
@@ -115,6 +116,9 @@ def search_target(target: Target, settings: SearchSettings, *, out: str | os.Pat
         with (progress or _no_progress)(settings.trials) as on_event:
             result = run_search(plan, settings, out_path=out, storage=storage, study_name=study_name,
                                 prober=prober, on_event=on_event)
+    hint = fill_hint(os.fspath(out), result.deepspeed) if out is not None else None
+    if hint:  # plain deepspeed.initialize hands "auto" to the optimizer: say how to fill it, where it was written
+        say(hint)
     if report is None:
         return result
     from autofit.probe.snapshot import winner_snapshot
@@ -192,8 +196,7 @@ def estimate(
     :param space: a space name in ``search_spaces/`` or a YAML file; None: the default space.
     :param set: config keys to fix, ``{"zero_stage": 2}`` or ``["zero_stage=2"]`` (the CLI's ``--set``).
     :param nvme_path: a directory on an NVMe drive where NVMe offload swaps (else NVMe offload is pruned).
-    :param software: the software of the machines that will train: ``"here"``, ``"cluster"`` or a JSON file (the
-        CLI's ``--software``; None: here for ``"cpu"``/``"auto"``, else the CUDA-cluster profile).
+    :param software: the training machines' software, ``"here"``, ``"cluster"`` or a JSON file (``--software``).
     :param seq_len: an ``hf:`` model's tokens per sample.
     :param task: an ``hf:`` model's task (default: its config's architectures).
     :param trust_remote_code: let an ``hf:`` model run its repository's code.
