@@ -1,7 +1,7 @@
 """How long ``autofit estimate`` takes to answer, as a user sees it: a subprocess timed on the wall clock, imports
 included, cold (an empty trace cache) and warm (the same model traced before: :mod:`autofit.trace.cache`).
 
-    python benchmarks/planning_speed.py [--repeats 3] [--plans 7b,70b] [--label after]
+    python benchmarks/planning_speed.py [--repeats 3] [--plans 7b,70b] [--label after] [--software here]
                                         [--pythonpath DIR] [--out benchmarks/results/planning_speed.json]
 
 Plans: LLaMA-7B on 8 x H100 (``examples/llama_7b.py:workload --gpus 8 --global-batch 64``) and LLaMA-2-70B on 64
@@ -40,11 +40,11 @@ PLANS = {
 }
 
 
-def timed_estimate(plan: str, checkout: Path, cache_dir: Path) -> dict[str, Any]:
-    """One ``autofit estimate --json`` of ``plan`` in a fresh process: its wall time and output's digest."""
+def timed_estimate(plan: str, checkout: Path, cache_dir: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One ``autofit estimate --json`` of ``plan`` in a fresh process: its wall time, output's digest and winner."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "AUTOFIT_CACHE_DIR": str(cache_dir), "DS_ACCELERATOR": "cpu"}
     env.pop("AUTOFIT_NO_CACHE", None)
-    command = [sys.executable, "-c", "from autofit.cli import main; main()", "estimate", *PLANS[plan], "--json"]
+    command = [sys.executable, "-c", "from autofit.cli import main; main()", "estimate", *PLANS[plan], *extra, "--json"]
     load = os.getloadavg()[0]
     started = time.perf_counter()
     done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, check=False)
@@ -52,30 +52,43 @@ def timed_estimate(plan: str, checkout: Path, cache_dir: Path) -> dict[str, Any]
     if done.returncode != 0:
         raise SystemExit(f"{plan}: autofit estimate failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
     return {"wall_s": round(wall, 2), "load_1min": round(load, 2),
-            "output_sha256": hashlib.sha256(done.stdout.encode()).hexdigest()}
+            "output_sha256": hashlib.sha256(done.stdout.encode()).hexdigest(), **winner_of(json.loads(done.stdout))}
 
 
-def measure(plan: str, checkout: Path, repeats: int, scratch: Path, warm_too: bool = True) -> dict[str, Any]:
+def winner_of(document: dict[str, Any]) -> dict[str, Any]:
+    """The fastest candidate predicted to fit (its config), the candidates' count and the software assumed."""
+    fitting = [c for c in document["candidates"] if c["fits"]]
+    best = fitting[0] if fitting else None
+    return {"winner": best["config"] if best else None,
+            "winner_samples_per_s": best["predicted"]["samples_per_s"] if best else None,
+            "n_candidates": len(document["candidates"]), "n_fitting": len(fitting),
+            "software": (document.get("software") or {}).get("source")}
+
+
+def measure(plan: str, checkout: Path, repeats: int, scratch: Path, warm_too: bool = True,
+            extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """``repeats`` cold runs (each with an empty cache), then ``repeats`` warm ones (the last cold run's cache;
-    none where not ``warm_too``)."""
+    none where not ``warm_too``); ``extra``: more options of ``autofit estimate`` (``--software here``)."""
     cold: list[dict[str, Any]] = []
     warm: list[dict[str, Any]] = []
     for i in range(repeats):
         cache = scratch / f"{plan}-cold-{i}"
-        cold.append(timed_estimate(plan, checkout, cache))
+        cold.append(timed_estimate(plan, checkout, cache, extra))
         print(f"{plan} cold {i}: {cold[-1]['wall_s']} s (load {cold[-1]['load_1min']})", file=sys.stderr)
     for i in range(repeats if warm_too else 0):
-        warm.append(timed_estimate(plan, checkout, cache))
+        warm.append(timed_estimate(plan, checkout, cache, extra))
         print(f"{plan} warm {i}: {warm[-1]['wall_s']} s (load {warm[-1]['load_1min']})", file=sys.stderr)
     outputs = {run["output_sha256"] for run in cold + warm}
     return {
         "plan": plan,
-        "command": "autofit estimate " + " ".join(PLANS[plan]) + " --json",
+        "command": "autofit estimate " + " ".join([*PLANS[plan], *extra]) + " --json",
         "cold_median_s": statistics.median(r["wall_s"] for r in cold),
         "warm_median_s": statistics.median(r["wall_s"] for r in warm) if warm else None,
         "cold_runs": cold,
         "warm_runs": warm,
         "same_output": len(outputs) == 1,
+        **{key: cold[-1].get(key) for key in ("winner", "winner_samples_per_s", "n_candidates", "n_fitting",
+                                               "software")},
     }
 
 
@@ -97,10 +110,13 @@ def main() -> None:
     parser.add_argument("--cold-only", action="store_true",
                         help="no warm runs (a checkout without the trace cache: they would be cold ones)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "planning_speed.json")
+    parser.add_argument("--software", default=None, help="autofit estimate's --software (default: its own)")
     args = parser.parse_args()
+    extra = ("--software", args.software) if args.software else ()
     checkout = args.pythonpath.resolve()
     with tempfile.TemporaryDirectory(prefix="autofit-planning-speed-") as scratch:
-        rows = [measure(plan, checkout, args.repeats, Path(scratch), not args.cold_only) for plan in args.plans.split(",")]
+        rows = [measure(plan, checkout, args.repeats, Path(scratch), not args.cold_only, extra)
+                for plan in args.plans.split(",")]
     run = {
         "label": args.label,
         "commit": commit_of(checkout),

@@ -150,7 +150,7 @@ def test_the_shared_options_are_on_every_command_with_the_same_defaults() -> Non
         "hardware": "auto", "memory": None, "gpus": None, "nodes": 1, "hosts": None, "global_batch": None, "space": None,
         "set_values": (), "nvme_path": None, "seq_len": None, "task": None, "trust_remote_code": False,
         "optimizer": None, "precision": None, "allow": (), "lr": None,
-        "weight_decay": None, "betas": None, "eps": None, "momentum": None, "recipe_from": None,
+        "weight_decay": None, "betas": None, "eps": None, "momentum": None, "recipe_from": None, "software": None,
     } == {key: value for key, value in defaults.items() if key != "entry"}
     assert main.commands["run"].params[0].required is False  # script mode: ENTRY or --script
     assert main.commands["estimate"].params[0].required is True

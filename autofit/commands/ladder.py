@@ -20,7 +20,7 @@ def ladder_target(target: Target, workload: Workload | None = None, *, measure: 
     """``autofit ladder``: the build-along table of memory techniques (:func:`autofit.planning.ladder.run_ladder`),
     its demands on ``target`` (a global batch, no space) checked before anything is loaded or traced."""
     check_target(target)
-    return run_ladder(prepare(target, workload), measure=measure, steps=steps, timeout_s=timeout_s, say=say)
+    return run_ladder(prepare(target, workload, probes_here=measure), measure=measure, steps=steps, timeout_s=timeout_s, say=say)
 
 
 @takes_options(without=("space",))

@@ -42,8 +42,8 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class DeviceOptions:
-    """Where the model runs: the device, its memory budget, how many of them (the CLI's ``--hardware``,
-    ``--memory``, ``--gpus``, ``--nodes``, ``--hosts``, ``--nvme-path``)."""
+    """Where the model runs: the device, its memory budget, how many of them, their software (the CLI's
+    ``--hardware``, ``--memory``, ``--gpus``, ``--nodes``, ``--hosts``, ``--nvme-path``, ``--software``)."""
 
     hardware: str = "auto"
     """A preset (``"h100-80gb"``, ``"a100-40gb"``, ...), ``"cpu"`` or ``"auto"`` (detect)."""
@@ -58,6 +58,10 @@ class DeviceOptions:
     here)."""
     nvme_path: PathOrName | None = None
     """A directory on an NVMe drive where NVMe offload swaps (else NVMe offload is pruned)."""
+    software: PathOrName | None = None
+    """The training machines' software, which the rules judge: ``"here"``, ``"cluster"`` or a JSON file
+    (``--software``; docs/design.md, "The target's software"); None: here for ``cpu``/``auto`` and probes here, else
+    cluster."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.hardware, str):
@@ -66,7 +70,7 @@ class DeviceOptions:
     def target_fields(self) -> dict[str, Any]:
         """The :class:`Target` fields of this section."""
         return {"hardware": self.hardware, "memory": self.memory, "gpus": self.gpus, "nodes": self.nodes,
-                "hosts": self.hosts, "nvme_path": _path(self.nvme_path)}
+                "hosts": self.hosts, "nvme_path": _path(self.nvme_path), "software": _path(self.software)}
 
 
 @dataclass(frozen=True)

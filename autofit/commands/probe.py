@@ -52,7 +52,7 @@ def probe_target(target: Target, *, mode: str = "real", steps: int = 3, warmup: 
     """``autofit probe``: price the space, then probe its fastest candidate predicted to fit (the fastest of all
     where none fits) in ``mode`` (``real``: DeepSpeed steps on the device; ``fake``: the model on fake tensors,
     memory only); ``snapshot_path``: CUDA, the allocator's history recorded there."""
-    setup = prepare(target)
+    setup = prepare(target, probes_here=True)
     if mode == "real":
         setup.check_nodes()  # nodes that cannot be placed: one line before the trace and the ops
     result = price_candidates(setup.plan())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from autofit.commands.options import Options, model_entry, quiet, takes_options
 from autofit.core.errors import AutofitError
+from autofit.ds.apply import fill_hint
 from autofit.planning.ladder import Ladder, search_ladder
 from autofit.planning.target import Setup, Target, prepare
 from autofit.probe.snapshot import winner_snapshot
@@ -68,7 +69,7 @@ def search_target(target: Target, settings: SearchSettings, *, out: PathLike | N
     if (target.entry is None) == (script is None):
         raise AutofitError('autofit run takes an ENTRY or --script "CMD ... {config}", exactly one of them')
     check_outputs(out, report)  # before anything is traced: a folder for --out, a report over the user's files
-    setup = prepare(target, workload)
+    setup = prepare(target, workload, probes_here=True)
     with contextlib.ExitStack() as stack:
         if script is not None:
 
@@ -83,6 +84,9 @@ def search_target(target: Target, settings: SearchSettings, *, out: PathLike | N
             result = run_search(plan, settings, out_path=None, storage=storage, study_name=study_name,
                                 prober=prober, on_event=on_event)
     result = dataclasses.replace(result, out_path=None if out is None else str(out))
+    hint = fill_hint(os.fspath(out), result.deepspeed) if out is not None else None
+    if hint:  # plain deepspeed.initialize hands "auto" to the optimizer: say how to fill it, where it is written
+        say(hint)
     index = commit_outputs(result.deepspeed, out, report,  # the report, then --out: all or nothing
                            lambda folder: write_search_report(setup, result, folder, scripted=script is not None, say=say))
     return result if index is None else dataclasses.replace(result, report_path=str(index))

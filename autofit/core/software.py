@@ -9,8 +9,11 @@ read from the file its ``setup.py`` writes (``deepspeed/git_version_info_install
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from autofit.core.errors import AutofitError
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,10 @@ class Software:
     """``RLIMIT_MEMLOCK``'s soft limit where it binds (not root, not unlimited), else None. It binds DeepSpeed's
     NVMe swap buffers: ``new_cpu_locked_tensor`` allocates them with ``mlock`` (csrc/pin_memory/page_alloc.cpp),
     so an NVMe candidate whose pinned swap pools pass it is rejected."""
+    source: str = "defaults"
+    """Where these facts come from (docs/design.md, "The target's software"): ``here`` (detected on the machine that
+    planned), ``cluster`` (:data:`CUDA_CLUSTER`, autofit's profile of a CUDA training cluster), the path of a
+    ``--software FILE``, or ``defaults`` (made by hand: everything claimed)."""
 
     def can_load_op(self, op: str) -> bool:
         """Whether DeepSpeed's op ``op`` is installed pre-built or can be JIT-built here (:meth:`op_unavailable`)."""
@@ -85,6 +92,85 @@ class Software:
         if self.libaio is not None:
             return self.libaio
         return self.libaio_check() if self.libaio_check is not None else True
+
+    def to_dict(self) -> dict[str, Any]:
+        """What was assumed of the target's software, as JSON (``autofit estimate --json``'s ``software``, the
+        emitted JSON's ``autofit.software``); ``libaio`` is null where it was not checked (yet)."""
+        values: dict[str, Any] = {"source": self.source}
+        for name in SERIALIZED:
+            value = getattr(self, name)
+            values[name] = sorted(value) if isinstance(value, frozenset) else value
+        return values
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], base: Software, source: str) -> Software:
+        """``base`` with the keys of ``values`` (:meth:`to_dict`'s) put in, each checked; an unknown key or a value of
+        the wrong type is one :class:`AutofitError` naming it (``source``: where ``values`` came from)."""
+        changes: dict[str, Any] = {}
+        for key, value in values.items():
+            if key == "source":
+                continue
+            if key not in SERIALIZED:
+                raise AutofitError(f"{source}: unknown software key {key!r} (known: {', '.join(SERIALIZED)})")
+            changes[key] = _checked_value(key, value, source)
+        return replace(base, **changes, source=source)
+
+    def summary(self) -> str:
+        """One line of what a plan assumed: where the facts come from, what the rules need that is there and what is
+        not (the report's ``software:`` line)."""
+        has = [label for name, label in FEATURES if getattr(self, name)]
+        lacks = [label for name, label in FEATURES if not getattr(self, name)]
+        if self.libaio is False:
+            lacks.append("libaio")
+        elif self.libaio:
+            has.append("libaio")
+        origin = SOURCES.get(self.source, f"from {self.source}")
+        parts = [f"{self.source} ({origin})", f"has {', '.join(has) or 'none of the optional tools'}"]
+        if lacks:
+            parts.append(f"lacks {', '.join(lacks)}")
+        parts.append(f"NVMe swap {self.nvme_path}" if self.nvme_path else "no NVMe path (--nvme-path)")
+        return "; ".join(parts)
+
+
+def _checked_value(key: str, value: Any, source: str) -> Any:
+    """One :meth:`Software.from_dict` value, as its field takes it."""
+    if key in ("failed_ops", "prebuilt_ops"):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise AutofitError(f"{source}: {key} must be a list of op names, but got {key}={value!r}")
+        return frozenset(value)
+    if key == "nvme_path":
+        if value is not None and not isinstance(value, str):
+            raise AutofitError(f"{source}: nvme_path must be a path or null, but got nvme_path={value!r}")
+        return value
+    if key in ("nvme_free_bytes", "memlock_bytes"):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise AutofitError(f"{source}: {key} must be bytes (an integer >= 0) or null, but got {key}={value!r}")
+        return value
+    if not isinstance(value, bool) and not (key == "libaio" and value is None):
+        raise AutofitError(f"{source}: {key} must be true or false, but got {key}={value!r}")
+    return value
+
+
+#: the fields :meth:`Software.to_dict` writes and a ``--software FILE`` may state (``libaio_check`` is a function)
+SERIALIZED = tuple(f.name for f in fields(Software) if f.name not in ("libaio_check", "source"))
+
+#: what the rules need, as the report names it: (field, label)
+FEATURES = (("flash_attn", "flash-attn"), ("triton", "triton"), ("cuda_toolkit", "nvcc"), ("torchao", "torchao"),
+            ("adam_mini", "adam-mini"), ("host_compiler", "C++ compiler"))
+
+#: :attr:`Software.source`, in words
+SOURCES = {"here": "detected on this machine", "cluster": "autofit's CUDA-cluster profile",
+           "defaults": "everything claimed"}
+
+#: a CUDA training cluster's software, what ``--software cluster`` (the default for a preset, ``--hosts`` or a
+#: queue's workers) assumes: PyTorch's CUDA wheels bring triton (inductor); the NGC PyTorch containers and
+#: DeepSpeed's images have flash-attn, nvcc (CUDA ops JIT-built) and libaio (async_io); torchao and adam-mini are
+#: pip installs and only reach a plan through ``--allow``. No op is pre-built (``pip install deepspeed`` builds none);
+#: NVMe needs ``--nvme-path``, the target's directory (not checked here). ``memlock``: root in a container, unbound.
+CUDA_CLUSTER = Software(
+    torchao=True, flash_attn=True, adam_mini=True, cuda_toolkit=True, cxx_compiler=True, triton=True,
+    host_compiler=True, libaio=True, prebuilt_ops=frozenset(), nvme_path=None, memlock_bytes=None, source="cluster",
+)
 
 
 #: ops compiled by the host's C++ compiler, nvcc or not: on the CUDA accelerator CPUAdamBuilder and CPULionBuilder

@@ -5,7 +5,7 @@
 training script (and the probe) calls :func:`apply_to_model` before
 ``deepspeed.initialize``::
 
-    ds = json.load(open("ds_config.json"))
+    ds = fill_auto(json.load(open("ds_config.json")), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
     with build_context(ds):   # deepspeed.zero.Init(config_dict_or_path=ds) under ZeRO-3
         model = workload.build_model(attention=ds["autofit"]["attention"])
     apply_to_model(model, ds, workload.repeated_layers(model))
@@ -24,6 +24,7 @@ that way, and the probe builds that way.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 import sys
@@ -31,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autofit.core.errors import AutofitError
+from autofit.core.recipe import HYPERPARAMETER_OPTIMIZERS, checked_hyperparameters
 from autofit.ds.fp8 import convertible_linear
 from autofit.workload.types import find_attention_modules
 
@@ -244,3 +246,91 @@ def apply_to_model(model: Any, ds: dict[str, Any], layers: Sequence[Any],
     if isinstance(fp8, dict):
         apply_fp8(model, str(fp8.get("recipe", "tensorwise")))
     return n_ckpt
+
+
+# -- the "auto" hyperparameters: the user's values, for launchers that fill none (or not every one) ---------------
+
+#: the value a Hugging Face launcher fills from its own arguments (transformers/integrations/deepspeed.py, fill_match)
+AUTO = "auto"
+
+
+def lookup(ds: Mapping[str, Any], dotted: str) -> Any:
+    """``ds["a"]["b"]`` for ``"a.b"``; None where a level is missing (as ``find_config_node`` treats it)."""
+    node: Any = ds
+    for key in dotted.split("."):
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+#: where an emitted JSON holds optimizer hyperparameters (dotted): DeepSpeed's optimizer section, and the client
+#: optimizer the script builds (autofit.ds.emit.autofit_section; autofit.ds.apply.client_optimizer reads it)
+HYPERPARAMETER_SECTIONS = ("optimizer.params", "autofit.client_optimizer.params")
+
+
+def fill_auto(ds_config: Mapping[str, Any], /, **values: Any) -> dict[str, Any]:
+    """A copy of the DeepSpeed JSON whose ``"auto"`` optimizer hyperparameters hold ``values``, the script's own.
+
+    An emitted JSON writes ``"auto"`` for each hyperparameter the user gave autofit none of
+    (:meth:`autofit.core.recipe.Recipe.optimizer_params`); the Hugging Face Trainer fills them all, other launchers
+    do not: Accelerate fills only ``optimizer.params.lr`` and ``weight_decay``, from its ``DummyOptim``
+    (``Accelerator._prepare_deepspeed``, accelerate/accelerator.py), and stops at any other ("`optimizer.params.betas`
+    not found in kwargs": ``DeepSpeedPlugin.fill_match``, accelerate/utils/dataclasses.py); Lightning fills none.
+
+    ``values``: ``lr``, ``weight_decay``, ``betas`` (a pair), ``eps``, ``momentum``, checked as a
+    :class:`~autofit.core.recipe.Recipe`'s are. Filled: ``optimizer.params`` and the ``"autofit"`` section's
+    ``client_optimizer.params``. A number in the JSON is the user's, as given to autofit, and stays; a value for a
+    key the JSON lacks is not added (its optimizer may not take it). An ``"auto"`` that ``values`` does not fill
+    is an :class:`AutofitError` naming it, never a made-up value. The caller's mapping is left as it was.
+    """
+    checked: dict[str, Any] = {}
+    for key, value in values.items():
+        takers = HYPERPARAMETER_OPTIMIZERS.get(key)
+        if takers is None:
+            raise AutofitError(f"fill_auto: unknown hyperparameter {key}={value!r}; known: "
+                               f"{', '.join(HYPERPARAMETER_OPTIMIZERS)}")
+        checked |= checked_hyperparameters(takers[0], {key: value})
+    ds = copy.deepcopy(dict(ds_config))
+    for section in HYPERPARAMETER_SECTIONS:
+        params = lookup(ds, section)
+        if not isinstance(params, dict):
+            continue
+        for key, value in params.items():
+            if value != AUTO:
+                continue
+            if key not in checked:
+                raise AutofitError(f"the DeepSpeed JSON's {section}.{key} is \"auto\" and nothing fills it: pass the "
+                                   f"script's own, fill_auto(ds, {key}=...)")
+            filled = checked[key]
+            params[key] = list(filled) if isinstance(filled, tuple) else filled  # JSON has no tuple
+    return ds
+
+
+def auto_hyperparameters(ds: Mapping[str, Any]) -> tuple[str, ...]:
+    """The hyperparameters a DeepSpeed JSON leaves ``"auto"`` (the user gave autofit none), in its order."""
+    names: list[str] = []
+    for section in HYPERPARAMETER_SECTIONS:
+        params = lookup(ds, section)
+        if isinstance(params, Mapping):
+            names += [key for key, value in params.items() if value == AUTO and key not in names]
+    return tuple(names)
+
+
+#: how fill_auto spells each hyperparameter's value in a hint (the user's own numbers go there)
+FILL_EXAMPLE = {"lr": "lr=...", "weight_decay": "weight_decay=...", "betas": "betas=(..., ...)", "eps": "eps=...",
+                "momentum": "momentum=..."}
+
+
+def fill_hint(path: str, ds: Mapping[str, Any]) -> str | None:
+    """One line saying how to fill the ``"auto"`` hyperparameters of the JSON written to ``path``, or None where it
+    has none (``autofit run`` says it on stderr where it writes the JSON): plain ``deepspeed.initialize`` hands
+    ``"auto"`` to the optimizer (FusedAdam: ``ValueError: too many values to unpack``)."""
+    names = auto_hyperparameters(ds)
+    if not names:
+        return None
+    keywords = ", ".join(FILL_EXAMPLE.get(name, f"{name}=...") for name in names)
+    flags = ", ".join(f"--{name.replace('_', '-')}" for name in names)
+    return (f"autofit: {path} leaves {', '.join(names)} \"auto\" (the HF Trainer fills them); for deepspeed.initialize, "
+            f"Accelerate or Lightning fill them first: ds = autofit.ds.apply.fill_auto(json.load(open({str(path)!r})), "
+            f"{keywords}), or give autofit {flags}")

@@ -92,7 +92,7 @@ def deepspeed_config(
         ds["sequence_parallel_size"] = config.sequence_parallel
         if config.precision in ("bf16", "fp8"):
             ds["seq_parallel_communication_data_type"] = "bf16"
-    ds["autofit"] = autofit_section(config, client, recipe)
+    ds["autofit"] = autofit_section(config, client, recipe, software)
     return ds
 
 
@@ -109,12 +109,14 @@ def optimizer_params(config: Config, recipe: Recipe | None) -> dict[str, Any]:
     return measuring_params(config.optimizer) if recipe is None else recipe.optimizer_params(config.optimizer)
 
 
-def autofit_section(config: Config, client: bool, recipe: Recipe | None = None) -> dict[str, Any]:
+def autofit_section(config: Config, client: bool, recipe: Recipe | None = None,
+                    software: Software | None = None) -> dict[str, Any]:
     """What DeepSpeed's JSON cannot express; DeepSpeed ignores unknown top-level keys.
 
     With the user's ``recipe``: the recipe, what ``config`` changes of it (``differs_from_recipe``, empty for the
     exact recipe) and, where a hyperparameter is ``"auto"``, who fills it. Without: ``"hyperparameters":
-    "measuring"`` marks a probe's JSON."""
+    "measuring"`` marks a probe's JSON. ``software``: what was assumed of the target's software
+    (:meth:`autofit.core.software.Software.to_dict`; docs/design.md, "The target's software")."""
     section: dict[str, Any] = {
         "config": config.to_dict(),
         "checkpoint_ratio": config.checkpoint_ratio,
@@ -149,6 +151,8 @@ def autofit_section(config: Config, client: bool, recipe: Recipe | None = None) 
     if config.precision == "fp8":
         # torchao.float8.convert_to_float8_training swaps nn.Linear for Float8Linear; DeepSpeed runs bf16 around it
         section["fp8"] = {"library": "torchao", "recipe": FP8_RECIPE}
+    if software is not None:
+        section["software"] = software.to_dict()
     return section
 
 

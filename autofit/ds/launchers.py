@@ -36,13 +36,11 @@ from typing import Any
 import yaml
 
 from autofit.core.errors import AutofitError
-from autofit.core.recipe import HYPERPARAMETER_OPTIMIZERS, checked_hyperparameters
-from autofit.ds.apply import compiles
+from autofit.ds.apply import AUTO, compiles
+from autofit.ds.apply import fill_auto as fill_auto  # the launchers' step, documented here too
+from autofit.ds.apply import lookup as _lookup
 from autofit.ds.emit import write_text_atomic
 from autofit.ds.sequence_parallel import accelerate_parallelism, sp_degree, trainer_parallelism_config
-
-#: the value a Hugging Face launcher fills from its own arguments (transformers/integrations/deepspeed.py, fill_match)
-AUTO = "auto"
 
 #: a client optimizer class in the JSON's "autofit" section -> the Trainer's ``optim`` name for the same optimizer
 TRAINER_OPTIM = {"bitsandbytes.optim.AdamW8bit": "adamw_bnb_8bit"}
@@ -73,59 +71,6 @@ ACCELERATE_DS_FIELDS_IN_JSON = (
     "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
     "mixed_precision",
 )
-
-
-def _lookup(ds: Mapping[str, Any], dotted: str) -> Any:
-    """``ds["a"]["b"]`` for ``"a.b"``; None where a level is missing (as ``find_config_node`` treats it)."""
-    node: Any = ds
-    for key in dotted.split("."):
-        if not isinstance(node, Mapping) or key not in node:
-            return None
-        node = node[key]
-    return node
-
-
-#: where an emitted JSON holds optimizer hyperparameters (dotted): DeepSpeed's optimizer section, and the client
-#: optimizer the script builds (autofit.ds.emit.autofit_section; autofit.ds.apply.client_optimizer reads it)
-HYPERPARAMETER_SECTIONS = ("optimizer.params", "autofit.client_optimizer.params")
-
-
-def fill_auto(ds_config: Mapping[str, Any], /, **values: Any) -> dict[str, Any]:
-    """A copy of the DeepSpeed JSON whose ``"auto"`` optimizer hyperparameters hold ``values``, the script's own.
-
-    An emitted JSON writes ``"auto"`` for each hyperparameter the user gave autofit none of
-    (:meth:`autofit.core.recipe.Recipe.optimizer_params`); the Hugging Face Trainer fills them all, other launchers
-    do not: Accelerate fills only ``optimizer.params.lr`` and ``weight_decay``, from its ``DummyOptim``
-    (``Accelerator._prepare_deepspeed``, accelerate/accelerator.py), and stops at any other ("`optimizer.params.betas`
-    not found in kwargs": ``DeepSpeedPlugin.fill_match``, accelerate/utils/dataclasses.py); Lightning fills none.
-
-    ``values``: ``lr``, ``weight_decay``, ``betas`` (a pair), ``eps``, ``momentum``, checked as a
-    :class:`~autofit.core.recipe.Recipe`'s are. Filled: ``optimizer.params`` and the ``"autofit"`` section's
-    ``client_optimizer.params``. A number in the JSON is the user's, as given to autofit, and stays; a value for a
-    key the JSON lacks is not added (its optimizer may not take it). An ``"auto"`` that ``values`` does not fill
-    is an :class:`AutofitError` naming it, never a made-up value. The caller's mapping is left as it was.
-    """
-    checked: dict[str, Any] = {}
-    for key, value in values.items():
-        takers = HYPERPARAMETER_OPTIMIZERS.get(key)
-        if takers is None:
-            raise AutofitError(f"fill_auto: unknown hyperparameter {key}={value!r}; known: "
-                               f"{', '.join(HYPERPARAMETER_OPTIMIZERS)}")
-        checked |= checked_hyperparameters(takers[0], {key: value})
-    ds = copy.deepcopy(dict(ds_config))
-    for section in HYPERPARAMETER_SECTIONS:
-        params = _lookup(ds, section)
-        if not isinstance(params, dict):
-            continue
-        for key, value in params.items():
-            if value != AUTO:
-                continue
-            if key not in checked:
-                raise AutofitError(f"the DeepSpeed JSON's {section}.{key} is \"auto\" and nothing fills it: pass the "
-                                   f"script's own, fill_auto(ds, {key}=...)")
-            filled = checked[key]
-            params[key] = list(filled) if isinstance(filled, tuple) else filled  # JSON has no tuple
-    return ds
 
 
 def _uses_16bit(ds: Mapping[str, Any], section: str) -> bool | str:

@@ -7,8 +7,10 @@ up with ``importlib.util.find_spec`` and DeepSpeed's list of pre-built ops is re
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -17,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from autofit.core.errors import AutofitError
-from autofit.core.software import Software
+from autofit.core.software import CUDA_CLUSTER, Software
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,7 +38,35 @@ def detect_software() -> Software:
         memlock_bytes=memlock_limit_bytes(),
         libaio=None,
         libaio_check=async_io_compatible,
+        source="here",
     )
+
+
+def read_software_file(path: str) -> Software:
+    """``--software FILE``: the target's software as a JSON object of :meth:`Software.to_dict`'s keys (what
+    ``python -m autofit.machine.software`` prints on the target); a key left out keeps :data:`CUDA_CLUSTER`'s value.
+    A file that cannot be read, is no JSON object or states a bad value is one :class:`AutofitError`."""
+    try:
+        values = json.loads(Path(path).expanduser().read_text())
+    except OSError as error:
+        raise AutofitError(f"--software {path!r} cannot be read: {error.strerror or error}") from None
+    except json.JSONDecodeError as error:
+        raise AutofitError(f"--software {path!r} is not JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise AutofitError(f"--software {path!r} must hold a JSON object of software facts, not {type(values).__name__}")
+    return Software.from_dict(values, CUDA_CLUSTER, source=path)
+
+
+def software_here_dict() -> dict[str, object]:
+    """This machine's software as a ``--software FILE`` states it, libaio checked (a build test, seconds)."""
+    software = detect_software()
+    return dataclasses.replace(software, libaio=software.has_libaio()).to_dict()
+
+
+def main() -> None:
+    """``python -m autofit.machine.software > target.json`` on the machine that will train: its software, for
+    ``--software target.json`` where the plan is made."""
+    print(json.dumps(software_here_dict(), indent=1))
 
 
 #: ``--nvme-path`` travels to the search, the emitted JSON and the probes in this variable
@@ -166,3 +196,7 @@ def installed_ops_from_source(tree: ast.Module) -> dict[str, bool]:
                 return {}
             return {str(k): bool(v) for k, v in value.items()} if isinstance(value, dict) else {}
     return {}
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,7 @@ from typing import Any
 from autofit.core.config import Config
 from autofit.core.hardware import Hardware
 from autofit.core.recipe import Recipe
+from autofit.core.software import Software
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.ds.emit import deepspeed_config
 from autofit.planning.plan import Plan
@@ -46,6 +47,8 @@ class EstimateResult:
     facts: ModelFacts | None = None
     recipe: Recipe | None = None
     """The user's recipe the candidates were narrowed to (what each JSON's ``differs_from_recipe`` compares with)."""
+    software: Software | None = None
+    """What the rules assumed of the target's software (docs/design.md, "The target's software")."""
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -59,6 +62,7 @@ class EstimateResult:
             # how a kernel was traced where not as itself: {"flash": "flash-attn" | "sdpa flash backend"}
             "attention_traces": dict(self.facts.attention_traces) if self.facts is not None else {},
             "recipe": self.recipe.to_dict() if self.recipe is not None else None,
+            "software": self.software.to_dict() if self.software is not None else None,
         }
 
 
@@ -85,4 +89,5 @@ def estimate(plan: Plan) -> EstimateResult:
         rejected=list(plan.rejected),
         facts=plan.facts,
         recipe=recipe,
+        software=plan.software,
     )

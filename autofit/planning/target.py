@@ -24,11 +24,12 @@ from autofit.core.config import parse_set
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import PRESETS, default_gpus
 from autofit.core.recipe import parse_hyperparameters, recipe_for
+from autofit.core.software import CUDA_CLUSTER
 from autofit.core.space import load_space
 from autofit.core.units import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, parse_bytes, whole
 from autofit.ds.recipe_from import read_recipe
 from autofit.machine.device import cuda_devices_here, get_hardware
-from autofit.machine.software import check_nvme_path, detect_software
+from autofit.machine.software import check_nvme_path, detect_software, read_software_file
 from autofit.planning.plan import Plan
 from autofit.probe.elastic import node_launch
 from autofit.probe.nodes import check_host_count, read_hosts
@@ -102,6 +103,14 @@ class Target:
         "--nvme-path", help="A writable directory on an NVMe drive: NVMe offload swaps there (else it is pruned)."))
     """A writable directory on an NVMe drive where NVMe offload swaps; None: ``AUTOFIT_NVME_PATH`` where the
     user set it, else NVMe offload is pruned (:mod:`autofit.core.rules`)."""
+    software: str | None = field(default=None, metadata=option(
+        "--software", help="The software of the machines that will train, which the rules judge: here (this "
+        "machine's), cluster (a CUDA cluster: flash-attn, triton, nvcc, libaio) or FILE (python -m "
+        "autofit.machine.software > FILE there). Default: here for --hardware cpu/auto and probes here, else cluster.",
+        metavar="here|cluster|FILE"))
+    """What the target runs (docs/design.md, "The target's software"): ``here``, ``cluster``
+    (:data:`autofit.core.software.CUDA_CLUSTER`) or a JSON file (:func:`autofit.machine.software.read_software_file`);
+    None: resolved by :func:`prepare` (:func:`target_software`)."""
 
     seq_len: int | str | None = field(default=None, metadata=option(
         "--seq-len", help="hf: entries: tokens per sample (the encoder's for seq2seq); max: autofit estimate answers "
@@ -191,7 +200,8 @@ class Setup:
     space: SearchSpace
     """The search space, read and validated."""
     software: Software
-    """What this machine runs, with ``--nvme-path`` checked (:func:`autofit.machine.software.check_nvme_path`)."""
+    """What the target runs (:func:`target_software`; its ``source`` says which): this machine's with ``--nvme-path``
+    checked (:func:`autofit.machine.software.check_nvme_path`), or the cluster's or a file's, taken as stated."""
     fixed: dict[str, Any]
     """``--set``, parsed: config key to value."""
     workload: Workload | SourcePlannedWorkload | None
@@ -282,15 +292,17 @@ def _seq_len(value: int | str | None) -> int | str | None:
     return int(text)
 
 
-def prepare(target: Target, workload: Workload | None = None) -> Setup:
+def prepare(target: Target, workload: Workload | None = None, *, probes_here: bool = False) -> Setup:
     """Resolve ``target`` once: parse ``--set``, resolve the hardware and its budget and ``gpus`` (None: from
-    detection, :func:`autofit.core.hardware.default_gpus`), read the space and ``--hosts`` (one a node), check
-    ``--nvme-path``, load the workload (:func:`autofit.trace.source_cache.planned_workload`: not where a record of
-    its sources answers).
+    detection, :func:`autofit.core.hardware.default_gpus`), read the space and ``--hosts`` (one a node), resolve the
+    target's software (:func:`target_software`) with ``--nvme-path``, load the workload
+    (:func:`autofit.trace.source_cache.planned_workload`: not where a record of its sources answers).
     Any bad value is one :class:`AutofitError` naming it.
 
     ``workload``: a :class:`Workload` object to use instead of loading ``target.entry`` (the Python API's, which
-    then names it with :func:`autofit.workload.entry.in_process_entry`; nothing but this process can load it)."""
+    then names it with :func:`autofit.workload.entry.in_process_entry`; nothing but this process can load it).
+    ``probes_here``: the command runs its probes on this machine (``autofit probe``, ``run``, ``ladder --measure``):
+    without ``--hosts`` they are judged by this machine's software, whatever the hardware."""
 
     if target.seq_len == "max":
         raise AutofitError("--seq-len max is a question autofit estimate answers (the longest sequence that fits); "
@@ -304,7 +316,7 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
         check_host_count(hosts, target.nodes)
     hardware = get_hardware(target.hardware, target.memory_bytes())
     space = load_space(target.space)
-    software = machine_software(target.nvme_path)
+    software = target_software(target, probes_here=probes_here and not hosts)
     # counted only where it can decide (default_gpus): a preset on a machine without CUDA must not import torch
     auto_cuda = target.gpus is None and target.hardware.lower() == "auto" and hardware.kind == "cuda"
     detected = cuda_devices_here() if auto_cuda else None
@@ -319,6 +331,31 @@ def prepare(target: Target, workload: Workload | None = None) -> Setup:
     planned = planned_workload(target.entry) if workload is None and target.entry is not None else workload
     return Setup(target=target, hardware=hardware, space=space, software=software, fixed=fixed, workload=planned,
                  recipe=recipe, hosts=hosts)
+
+
+def target_software(target: Target, *, probes_here: bool) -> Software:
+    """The software the rules judge (docs/design.md, "The target's software"): ``--software here`` is this machine's
+    (:func:`machine_software`), ``cluster`` :data:`autofit.core.software.CUDA_CLUSTER`, any other value a JSON file
+    (:func:`autofit.machine.software.read_software_file`). Left out: ``here`` where the probes run here or the
+    hardware is this machine's (``cpu``, ``auto``) and no ``--hosts`` names others, else ``cluster``. A probe here
+    with another machine's software is one :class:`AutofitError`: what runs here is judged here."""
+    choice = target.software
+    if choice is None:
+        here = probes_here or (target.hardware.lower() in ("cpu", "auto") and target.hosts is None)
+        choice = "here" if here else "cluster"
+    if choice == "here":
+        return machine_software(target.nvme_path)
+    if probes_here:
+        raise AutofitError(f"--software {choice}: this command probes on this machine, whose own software judges "
+                           "what can run here (--software here); another machine's is for plans of it (estimate, "
+                           "ladder, schedule add) and probes on --hosts")
+    stated = CUDA_CLUSTER if choice == "cluster" else read_software_file(choice)
+    if target.nvme_path is None:
+        return stated
+    if not target.nvme_path.startswith("/"):  # a directory on the target: not checked here
+        raise AutofitError(f"--nvme-path {target.nvme_path!r}: on another machine's software (--software "
+                           f"{choice}) it is a directory there, and must be an absolute path")
+    return dataclasses.replace(stated, nvme_path=target.nvme_path, nvme_free_bytes=None)
 
 
 def machine_software(nvme_path: str | None) -> Software:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from autofit.core.config import Config
 from autofit.core.recipe import recipe_line
+from autofit.core.software import Software
 from autofit.core.units import format_bytes
 from autofit.ds.emit import write_text_atomic
 from autofit.probe.snapshot import fragmentation_advice
@@ -116,7 +117,16 @@ def recipe_text(section: dict[str, Any]) -> str:
     differs = section.get("differs_from_recipe") or []
     kept = ("The winner trains the recipe exactly: only what computes the same training was searched."
             if not differs else "The winner differs from the recipe as the table says (substitutes allowed with --allow).")
-    return f"{recipe_line(recipe)}. {kept}"
+    return f"{recipe_line(recipe)}. {kept}{software_text(section)}"
+
+
+def software_text(section: dict[str, Any]) -> str:
+    """What the rules assumed of the target's software (the section's ``software``), as one sentence; empty without."""
+    values = section.get("software")
+    if not isinstance(values, dict):
+        return ""
+    software = Software.from_dict(values, Software(), str(values.get("source", "defaults")))
+    return f" Judged by the target's software: {software.summary()}."
 
 
 def snapshot_section(snapshot: ProbeResult) -> tuple[str, str, list[str], list[list[str]]]:

@@ -37,6 +37,8 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
     if result.recipe is not None:
 
         console.print(recipe_line(result.recipe.to_dict()), markup=False)
+    if getattr(result, "software", None) is not None:
+        console.print(f"software: {result.software.summary()}", markup=False)
     if len(result.candidates) > max_rows:
         console.print(f"... {len(result.candidates) - max_rows} more (--json lists all)")
     traces = getattr(result.facts, "attention_traces", None) or {}

@@ -42,6 +42,7 @@ from autofit.core.space import space_from_dict
 from autofit.core.storage_url import drop_storage_from_environ, redact_url, scrub
 from autofit.core.units import finite
 from autofit.machine.fingerprint import MachineFingerprint
+from autofit.machine.software import detect_software
 from autofit.planning.plan import Plan
 from autofit.schedule import queue
 from autofit.schedule.checks import entry_refusal
@@ -332,7 +333,8 @@ class Worker:
 
 
 def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
-    """The search's :class:`~autofit.planning.plan.Plan` on this worker's device; the workload must be the one queued."""
+    """The search's :class:`~autofit.planning.plan.Plan` on this worker's device, judged by this worker's own software
+    (it probes here; docs/design.md, "The target's software"); the workload must be the one queued."""
 
     request = attrs[queue.REQUEST_ATTR]
     if request.get("sources") is not None and sources_digest(request["entry"]) != request["sources"]:
@@ -347,7 +349,7 @@ def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
     hardware = replace(hardware, devices_per_node=request["gpus"])  # as schedule add planned it (target.py)
     space = space_from_dict(request["space"], name=request["space_name"])
     return Plan.make(request["entry"], workload, hardware, space, world_size=request["gpus"] * request["nodes"],
-                     global_batch=request["global_batch"], fixed=request["fixed"],
+                     global_batch=request["global_batch"], fixed=request["fixed"], software=detect_software(),
                      recipe=Recipe.from_dict(request["recipe"]) if request.get("recipe") else None)
 
 

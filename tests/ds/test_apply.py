@@ -15,6 +15,7 @@ from autofit.ds.apply import (
     client_optimizer,
     compile_engine,
     compiles,
+    fill_hint,
     is_checkpointed,
     n_checkpointed,
 )
@@ -142,6 +143,46 @@ def test_a_json_that_says_compile_trains_a_tiny_model_compiled_on_the_cpu(tmp_pa
     assert len(result["losses"]) == 3 and all(map(math.isfinite, result["losses"]))
     assert result["losses"][-1] < result["losses"][0]
     assert result["seconds"][0] > max(result["seconds"][1:])  # the first step compiled
+
+
+@pytest.mark.slow
+def test_an_auto_json_filled_as_documented_trains_under_plain_deepspeed_initialize(tmp_path) -> None:
+    """The emitted JSON of a recipe given no hyperparameters holds "auto", which plain deepspeed.initialize hands to
+    the optimizer; filled with autofit.ds.apply.fill_auto (the docs' call) a real deepspeed.initialize takes it and the
+    tiny model trains (a subprocess, one gloo rank, the CPU)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from autofit.core.recipe import recipe_for
+
+    ds = deepspeed_config(Config(micro_batch_size=4, precision="fp32"), 1, "cpu", recipe=recipe_for({}, "cpu", False))
+    assert ds["optimizer"]["params"] == {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}
+    assert "fill_auto(json.load(open('ds.json')), lr=..., " in fill_hint("ds.json", ds)
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    tests = Path(__file__).resolve().parents[1]
+    out = tmp_path / "result.json"
+    env = os.environ | {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                        "PYTHONPATH": os.pathsep.join([str(tests.parent), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(tests / "auto_filled_script.py"), str(tmp_path / "ds.json"), str(out)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["refused"] is not None  # the JSON as written: "auto" reached the optimizer
+    assert result["params"] == {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+    assert len(result["losses"]) == 3 and all(map(math.isfinite, result["losses"]))
+    assert result["losses"][-1] < result["losses"][0]
+
+
+def test_fill_hint_is_none_where_every_hyperparameter_was_given() -> None:
+    from autofit.core.recipe import parse_hyperparameters, recipe_for
+
+    given = parse_hyperparameters(("lr=1e-3", "weight_decay=0.0", "betas=0.9,0.99", "eps=1e-8"))
+    ds = deepspeed_config(Config(), recipe=recipe_for({}, "cuda", True, hyperparameters=given))
+    assert fill_hint("ds.json", ds) is None
 
 
 def test_compile_engine_does_nothing_where_the_json_says_off() -> None:

@@ -31,7 +31,7 @@ def test_a_bad_value_names_its_field(values: dict[str, object], message: str) ->
 def test_prepare_resolves_the_request_once_and_writes_no_environment(tmp_path: Path) -> None:
     before = dict(os.environ)
     target = Target(entry=MLP, hardware="h100-80gb", memory="2GiB", gpus=2, nodes=2, global_batch=16,
-                    set_values=("zero_stage=1",), nvme_path=str(tmp_path))
+                    set_values=("zero_stage=1",), nvme_path=str(tmp_path), software="here")
     setup = prepare(target)
     assert dict(os.environ) == before
     assert setup.hardware.memory_bytes == 2 * 2**30 and setup.hardware.devices_per_node == 2
@@ -44,7 +44,7 @@ def test_prepare_resolves_the_request_once_and_writes_no_environment(tmp_path: P
 
 def test_prepare_refuses_an_nvme_path_that_is_not_a_directory(tmp_path: Path) -> None:
     with pytest.raises(AutofitError, match="--nvme-path .* is not an existing directory"):
-        prepare(Target(entry=MLP, hardware="h100-80gb", nvme_path=str(tmp_path / "missing")))
+        prepare(Target(entry=MLP, hardware="h100-80gb", nvme_path=str(tmp_path / "missing"), software="here"))
 
 
 def test_memory_that_does_not_parse_is_one_error() -> None:
