@@ -158,7 +158,9 @@ def _median_samples(probes: list) -> float:
 def _from_dict(data: dict) -> ProbeResult:
     """A ProbeResult back from its ``to_dict``."""
     known = {f.name for f in fields(ProbeResult)}
-    return ProbeResult(**({k: v for k, v in data.items() if k in known} | {"config": Config.from_dict(data["config"])}))
+    # the oracle's own prediction is not the search's (the driver prices each probe itself): left out
+    return ProbeResult(**({k: v for k, v in data.items() if k in known}
+                          | {"config": Config.from_dict(data["config"]), "predicted": None}))
 
 
 def _cached_points(cache: Path, name: str, wanted: set[str]) -> tuple[dict[str, ProbeResult], float]:
