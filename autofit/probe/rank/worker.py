@@ -133,7 +133,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     build_peak_bytes, param_elements = meter.peak_bytes(final=False), held_param_elements(model)
 
     t0 = time.time()
-    engine = _initialize(deepspeed, model, ds)
+    engine, mpu = _initialize(deepspeed, model, ds)
     from autofit.ds.apply import compile_engine
 
     compile_engine(engine, ds)  # lazy: the first step builds the graph (run_steps times it as compile_s)
@@ -143,7 +143,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
     batch = to_device(workload.batch(config.micro_batch_size), meter.device, dtype)
     t_steps = time.time()
-    times = run_steps(engine, lambda: workload.compute_loss(engine, batch), config.grad_accum_steps, meter, spec)
+    times = run_steps(engine, loss_of(workload, engine, batch, ds, mpu), config.grad_accum_steps, meter, spec)
     phases["steps_s"] = time.time() - t_steps
     if times.compile_s is not None:
         phases["compile_s"] = times.compile_s
@@ -214,14 +214,30 @@ def held_param_elements(model: Any) -> int:
     return sum(int(p.ds_tensor.numel()) if hasattr(p, "ds_tensor") else int(p.numel()) for p in model.parameters())
 
 
-def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> Any:
-    """``deepspeed.initialize`` with the candidate's JSON and its client optimizer, if any."""
-    from autofit.ds.apply import client_optimizer
+def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> tuple[Any, Any]:
+    """``deepspeed.initialize`` with the candidate's JSON, its client optimizer, if any, and under sequence
+    parallelism the SP groups DeepSpeed's Ulysses attention registered (:func:`autofit.ds.apply.sequence_parallel_mpu`);
+    returns the engine and that ``mpu`` (None without SP)."""
+    from autofit.ds.apply import client_optimizer, sequence_parallel_mpu
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = client_optimizer(model, ds)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds)
-    return engine
+    mpu = sequence_parallel_mpu(model, ds)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds,
+                                           mpu=mpu)
+    return engine, mpu
+
+
+def loss_of(workload: Any, engine: Any, batch: Any, ds: dict[str, Any], mpu: Any) -> Any:
+    """``() -> loss`` of one micro-batch: the workload's own, or under sequence parallelism this rank's shard of the
+    batch (the SP group's, :func:`autofit.ds.apply.shard_batch`) and the loss aggregated over the group
+    (:func:`autofit.ds.apply.causal_lm_loss`)."""
+    from autofit.ds.apply import LongContext, causal_lm_loss, shard_batch
+
+    if not LongContext.of(ds).own_loss:
+        return lambda: workload.compute_loss(engine, batch)
+    shard = shard_batch(batch, mpu)
+    return lambda: causal_lm_loss(engine, shard, ds, mpu)
 
 
 def optimizer_state_bytes(optimizer: Any) -> int:
