@@ -38,8 +38,10 @@ from autofit.ds import launchers
 from autofit.ds.collate import SequenceCollator
 
 HERE = Path(__file__).resolve().parent
-#: lengths of the random samples: not all a multiple of the SP degree, so the collator pads
-LENGTHS = (250, 256, 241)
+#: lengths of the random samples: not all a multiple of the SP degree, so the collator pads. All pad to one length:
+#: the Trainer's SP loader adapter all_gathers every SP rank's batch, which gloo (the CPU's backend) allows only for
+#: equal shapes (``UlyssesSPDataLoaderAdapter.refill``: "ProcessGroupGloo::allgather: invalid tensor size")
+LENGTHS = (255, 256, 255)
 
 
 def build_model(ds: dict[str, Any]) -> torch.nn.Module:
@@ -89,16 +91,19 @@ def train_deepspeed(ds: dict[str, Any], max_steps: int) -> dict[str, Any]:
     return {"losses": losses, "grad_norms": norms, "local_tokens": int(shard["input_ids"].shape[1])}
 
 
-def train_trainer(ds_path: Path, ds: dict[str, Any], max_steps: int, output_dir: str) -> dict[str, Any]:
+def train_trainer(ds: dict[str, Any], max_steps: int, output_dir: str) -> dict[str, Any]:
     """The Hugging Face Trainer with the JSON and the keywords ``autofit.ds.launchers.trainer_arguments`` derives."""
     from transformers import Trainer, TrainingArguments
 
     model = build_model(ds)
     apply.apply_to_model(model, ds, model.model.layers)
+    params = ds.get("optimizer", {}).get("params", {})  # the JSON's own numbers, this script's where "auto"
+    recipe = {trainer_key: params[key] if isinstance(params.get(key), (int, float)) else default
+              for key, trainer_key, default in (("lr", "learning_rate", 1e-4), ("weight_decay", "weight_decay", 0.0))}
     kwargs = launchers.trainer_arguments(ds, output_dir=output_dir, max_steps=max_steps, logging_steps=1,
                                          save_strategy="no", report_to="none", dataloader_num_workers=0,
-                                         learning_rate=1e-3, use_cpu=not torch.cuda.is_available())
-    args = TrainingArguments(**(kwargs | {"deepspeed": str(ds_path)}))
+                                         use_cpu=not torch.cuda.is_available(), **recipe)
+    args = TrainingArguments(**kwargs)  # deepspeed: the JSON, its train_batch_size left to accelerate under SP
     n = args.world_size * int(ds["train_micro_batch_size_per_gpu"]) * int(ds["gradient_accumulation_steps"])
     trainer = Trainer(model=model, args=args, train_dataset=samples(n * max_steps, model.config.vocab_size),
                       data_collator=SequenceCollator.for_json(ds))
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     path = Path(args.deepspeed)
     ds = json.loads(path.read_text())
     if args.loop == "trainer":
-        out = train_trainer(path, ds, args.max_steps, args.output_dir)
+        out = train_trainer(ds, args.max_steps, args.output_dir)
     else:
         out = train_deepspeed(ds, args.max_steps)
     print("RESULT " + json.dumps({"rank": int(os.environ["RANK"]), **out}), flush=True)
