@@ -52,7 +52,8 @@ def _sets(keys: dict) -> list[str]:
 
 def predicted_longest(folder: Path, budget: str) -> dict:
     """``autofit estimate --seq-len max`` for the fixed config (its answer and the config it names)."""
-    command = [sys.executable, "-m", "autofit.cli", "estimate", f"hf:{folder}", "--seq-len", "max", "--hardware", "cpu",
+    command = [sys.executable, "-c", "from autofit.cli import main; main()", "estimate", f"hf:{folder}", "--seq-len", "max",
+               "--hardware", "cpu",
                "--memory", budget, "--json"]
     for value in _sets({}):
         command += ["--set", value]

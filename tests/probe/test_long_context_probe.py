@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autofit.core.config import Config
+from autofit.core.errors import AutofitError
 from autofit.machine.device import get_hardware
 from autofit.probe.run import run_probe
 
@@ -42,8 +43,11 @@ def test_an_sp2_probe_of_a_tiny_hf_llama_measures_a_peak_and_a_step(keys: dict) 
     assert result.status == "ok", result.message
     assert len(result.per_rank_peak_bytes) == 2 and min(result.per_rank_peak_bytes) > 0
     assert result.step_time_s > 0 and result.tokens_per_s
-    predicted = _predicted_bytes(config, 2)
-    print(f"{config.label()}: measured {result.peak_bytes / 2**20:.1f} MiB, predicted {predicted / 2**20:.1f} MiB")
+    try:
+        predicted = f"{_predicted_bytes(config, 2) / 2**20:.1f} MiB"
+    except AutofitError as exc:  # tiled_mlp at one tile a rank: the rules refuse what the probe still runs
+        predicted = f"refused ({exc})"
+    print(f"{config.label()}: measured {result.peak_bytes / 2**20:.1f} MiB, predicted {predicted}")
 
 
 @pytest.mark.slow
