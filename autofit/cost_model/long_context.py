@@ -13,11 +13,14 @@ p, micro-batch b and trace-dtype bytes w, a rank holds ``t = b x s / p`` tokens:
   fewer than p replicated to p (``UlyssesSPAttentionHF``, :131-152): ``2 t (max(k, p) - k) d w`` more per layer
   that keeps its k and v. SP is ZeRO-3 only (:func:`autofit.core.rules.sp_needs_zero3`), whose traced peak holds
   no gradients, so the whole traced peak is activations.
-* **The peak's two moments.** The traced peak is the larger of the loss (the logits: ``(w + 4 + 4) t V`` -- the
-  logits, ``ForCausalLMLoss``'s fp32 upcast ``logits.float()`` (transformers/loss/loss_utils.py:61; none where w is
-  fp32 already) and cross-entropy's fp32 log-softmax; its gradient replaces it in backward) and a checkpointed layer's recompute (its MLP's
-  ``n_mlp t i w`` intermediates, :attr:`ModelFacts.mlp_intermediates`), on top of the saved layer inputs
-  ``n_ckpt t h w``. A technique shrinks its moment; the peak moves by how much the larger moment shrinks:
+* **The peak's two moments.** The traced peak is the larger of the loss and a checkpointed layer's recompute, on
+  top of the saved layer inputs ``n_ckpt t h w``. The loss: at least the logits ``(w + 4 + 4) t V`` (the logits,
+  ``ForCausalLMLoss``'s fp32 upcast ``logits.float()``, transformers/loss/loss_utils.py:61, none where w is fp32
+  already, and cross-entropy's fp32 log-softmax); fully checkpointed, where it is the larger moment, the trace's
+  own peak less the saved inputs. The layer: its saved-for-backward tensors, measured as the traces without and
+  with checkpointing differ (``(full - ckpt) / L + t h w`` at the loss), at least its MLP's ``n_mlp t i w``
+  intermediates (:attr:`ModelFacts.mlp_intermediates`), which TiledMLP replaces. A technique shrinks its moment;
+  the peak moves by how much the larger moment shrinks:
   ``peak' = traced / p - saved_delta - (max(loss, layer) - max(loss', layer'))``.
 * **TiledMLP** (``ulysses_sp.py:955-1076``) runs ``T = ceil((s/p) / h)`` tiles, its intermediates one tile at a
   time (``n_mlp (t / T) i w``) plus the ``x_grad`` it preallocates (``t h w``); an uncheckpointed layer saves only
@@ -35,6 +38,8 @@ p, micro-batch b and trace-dtype bytes w, a rank holds ``t = b x s / p`` tokens:
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from autofit.core.config import Config
 from autofit.core.hardware import Hardware
@@ -116,18 +121,41 @@ def long_context_activation_bytes(config: Config, facts: ModelFacts, traced_peak
     t, w, h = tokens_per_rank(config, facts), trace_bytes(config), facts.hidden_size
     n_ckpt = config.checkpointed_layers(facts.n_layers)
     n_full = facts.n_layers - n_ckpt
-    base = Config(micro_batch_size=config.micro_batch_size, sequence_parallel=config.sequence_parallel,
-                  precision=config.precision)
-    before = max(loss_moment_bytes(base, facts), layer_moment_bytes(base, facts) - sp_layer_bytes(base, facts))
-    after = max(loss_moment_bytes(config, facts), layer_moment_bytes(config, facts))
+    peak = traced_peak / config.sequence_parallel
+    saved = n_ckpt * t * h * w
+    mlp = facts.mlp_intermediates * t * facts.intermediate_size * w
+    layer = max(mlp, traced_layer_bytes(config, facts))  # one layer's saved tensors, what its recompute holds
+    loss = loss_moment_bytes(replace(config, tiled_loss=False), facts)
+    if n_full == 0 and peak - saved > max(loss, layer):
+        loss = peak - saved  # fully checkpointed and the loss the larger moment: the trace measured it
+    before = max(loss, layer)
+    tiled_mlp = (mlp / mlp_tiles(config, facts) + t * h * w) if config.tiled_mlp else mlp
+    after = max(loss / loss_tiles(facts) if config.tiled_loss else loss,
+                layer - mlp + tiled_mlp + sp_layer_bytes(config, facts))
     saved_delta = 0.0
     if config.offload_activations != "none":
         saved_delta += max(0, n_ckpt - OFFLOAD_DEVICE_INPUTS) * t * h * w
     if config.tiled_mlp:
-        saved_delta += n_full * facts.mlp_intermediates * t * facts.intermediate_size * w
-    kept_kv = n_full * replicated_kv_bytes(config, facts)
-    peak = traced_peak / config.sequence_parallel - saved_delta - (before - after) + kept_kv
-    return max(peak, (min(n_ckpt, OFFLOAD_DEVICE_INPUTS) if config.offload_activations != "none" else n_ckpt) * t * h * w)
+        saved_delta += n_full * (mlp - t * h * w)
+    peak = peak - saved_delta - (before - after) + n_full * replicated_kv_bytes(config, facts)
+    kept = min(n_ckpt, OFFLOAD_DEVICE_INPUTS) if config.offload_activations != "none" else n_ckpt
+    return max(peak, kept * t * h * w)
+
+
+def traced_layer_bytes(config: Config, facts: ModelFacts) -> float:
+    """One layer's saved-for-backward bytes on a rank, measured: the traces without and with every layer checkpointed
+    differ by ``L x (layer - its input)`` at the loss (``activation_bytes``); 0 where either trace is missing."""
+    try:
+        full = facts.profile(config.trace_dtype, config.attention, False)
+        ckpt = facts.profile(config.trace_dtype, config.attention, True)
+    except KeyError:
+        return 0.0
+    if not facts.n_layers:
+        return 0.0
+    b = config.micro_batch_size
+    per_layer = (full.at(b, "activation_bytes") - ckpt.at(b, "activation_bytes")) / facts.n_layers
+    return max(0.0, per_layer / config.sequence_parallel + tokens_per_rank(config, facts) * facts.hidden_size
+               * trace_bytes(config))
 
 
 def _any_on(config: Config) -> bool:

@@ -311,9 +311,10 @@ def _check_batch(ds_config: Mapping[str, Any], num_processes: int) -> None:
     if isinstance(train, int) and isinstance(micro, int) and isinstance(accumulation, int) \
             and train != micro * accumulation * data_parallel:
         # DeepSpeed's own check (runtime/config.py, _batch_assertion), before any process starts
+        ranks = f"num_processes={num_processes}" if sp_degree(ds_config) == 1 else \
+            f"data-parallel size {data_parallel} (num_processes={num_processes} / sequence_parallel_size {sp_degree(ds_config)})"
         raise AutofitError(f"the DeepSpeed JSON's train_batch_size {train} is not micro-batch {micro} x "
-                           f"accumulation {accumulation} x data-parallel size {data_parallel} (num_processes="
-                           f"{num_processes} / sequence_parallel_size {sp_degree(ds_config)})")
+                           f"accumulation {accumulation} x {ranks}")
 
 
 

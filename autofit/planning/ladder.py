@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from autofit.core.config import LONG_CONTEXT_KEYS, Config
+from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
 from autofit.core.recipe import Difference, Recipe, differences
@@ -56,6 +56,10 @@ BASELINE: dict[str, Any] = {
     "zero_stage": 0,
     "offload_optimizer": "none",
     "offload_params": "none",
+    "sequence_parallel": 1,
+    "tiled_mlp": False,
+    "tiled_loss": False,
+    "offload_activations": "none",
 }
 LADDER_KEYS = tuple(BASELINE)
 
@@ -77,8 +81,27 @@ def mixed_precision(hardware: Hardware) -> str:
     return "bf16" if hardware.supports_precision("bf16") else "fp16"
 
 
-def rungs(mixed: str, world_size: int) -> tuple[Rung, ...]:
-    """The six rungs in order, with ``mixed`` as the mixed precision and ZeRO over ``world_size`` ranks."""
+def rungs(mixed: str, world_size: int, long_context: bool = False) -> tuple[Rung, ...]:
+    """The six rungs in order, with ``mixed`` as the mixed precision and ZeRO over ``world_size`` ranks; for a causal
+    LM with a sequence (``long_context``) the long-context rungs after them (:func:`long_context_rungs`)."""
+    return _memory_rungs(mixed, world_size) + (long_context_rungs(world_size) if long_context else ())
+
+
+def long_context_rungs(world_size: int) -> tuple[Rung, ...]:
+    """The long-context techniques (docs/design.md, "Config keys"), each on top of the last: the tiled loss, TiledMLP,
+    the checkpointed inputs on the host, Ulysses SP over every rank (rules say where a rung cannot run: one rank, one
+    MLP tile, heads SP does not divide)."""
+    return (
+        Rung("+ tiled loss", "logits and loss in ceil(vocab/hidden) sequence tiles", {"tiled_loss": True}),
+        Rung("+ tiled MLP", "DeepSpeed's TiledMLP: ceil((seq/sp)/hidden) tiles, recomputed in backward",
+             {"tiled_mlp": True}),
+        Rung("+ activation offload", "the checkpointed layers' inputs in host memory", {"offload_activations": "cpu"}),
+        Rung("+ sequence parallelism", f"Ulysses SP over {world_size} ranks: seq/{world_size} tokens a rank",
+             {"sequence_parallel": world_size}),
+    )
+
+
+def _memory_rungs(mixed: str, world_size: int) -> tuple[Rung, ...]:
     zero2 = (f"optimizer states and gradients partitioned over {world_size} ranks" if world_size > 1 else
              "ZeRO-2 on one rank: nothing to partition (with --gpus N it splits optimizer states and gradients N ways)")
     return (
@@ -113,8 +136,6 @@ def ladder_space(ladder: tuple[Rung, ...], micro_batch_size: int) -> SearchSpace
     values["compile"] = ["off"]  # the ladder's rungs run eager
     # DeepSpeed's communication as every JSON had it before these were searched: the seed's ladder has no rung for them
     values["overlap_comm"], values["contiguous_gradients"], values["bucket_scale"] = [False], [True], [1]
-    for key in LONG_CONTEXT_KEYS:
-        values[key] = [getattr(Config(), key)]
     for config in rung_configs(Config(), ladder):
         for key in LADDER_KEYS:
             if getattr(config, key) not in values[key]:
@@ -158,7 +179,7 @@ def ladder_plan(entry: str, workload: Workload | SourcePlannedWorkload, hardware
     compared with."""
     fixed = dict(fixed or {})
     check_fixed(fixed)
-    ladder = rungs(mixed_precision(hardware), world_size)
+    ladder = rungs(mixed_precision(hardware), world_size, workload.sequence is not None)
     space = ladder_space(ladder, max(1, global_batch // world_size))
     plan = Plan.make(entry, workload, hardware, space, world_size=world_size, global_batch=global_batch,
                      fixed=fixed, facts=facts if facts is not None and covers(facts, space) else None,
@@ -261,7 +282,7 @@ class Ladder:
 
 def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
     """Every rung of ``plan`` (from :func:`ladder_plan`) priced with ``calibration`` (the prior when None)."""
-    ladder = rungs(mixed_precision(plan.hardware), plan.world_size)
+    ladder = rungs(mixed_precision(plan.hardware), plan.world_size, plan.facts.seq_len > 0)
     first = plan.candidates[0]  # every candidate shares the micro-batch, accumulation and attention
     base = first.with_(**BASELINE)
     recipe = plan.stated_recipe

@@ -35,6 +35,7 @@ from autofit.cost_model import ModelFacts, Prediction, predict
 from autofit.cost_model.facts import PeakPoint
 from autofit.planning.plan import Plan
 from autofit.planning.target import Target, prepare
+from autofit.workload.hf import HfEntry, load_config
 
 #: the longer of the two traced lengths where the config allows it
 TRACE_LENGTH = 4096
@@ -125,20 +126,21 @@ def longest_sequence(target: Target) -> Longest:
     plan = plans[1]
     if plan.facts.seq_len == 0:
         raise AutofitError(f"--seq-len max needs a causal LM; {plan.name} states no sequence")
-    rungs = tuple(_rung(plan, plans[0].facts, name, keys) for name, keys in RUNGS)
+    rungs: list[LongestRung] = []
+    for name, keys in RUNGS:  # a technique the rules refuse here keeps the rung before (no shorter multiple of sp)
+        rung = _rung(plan, plans[0].facts, name, keys)
+        rungs.append(rung if not rungs or rung.seq_len >= rungs[-1].seq_len else replace(rungs[-1], name=name))
     best = rungs[-1]
     prediction = None
     if best.config is not None:
         prediction = predict(best.config, facts_at_length(plans[0].facts, plan.facts, best.seq_len), plan.hardware,
                              plan.world_size, plan.coefficients)
     return Longest(name=plan.name, hardware=plan.hardware.name, world_size=plan.world_size, seq_len=best.seq_len,
-                   config=best.config, prediction=prediction, rungs=rungs, traced_lengths=(s1, s2),
+                   config=best.config, prediction=prediction, rungs=tuple(rungs), traced_lengths=(s1, s2),
                    max_position_embeddings=cap)
 
 
 def _max_positions(target: Target) -> int | None:
-    from autofit.workload.hf import HfEntry, load_config
-
     parsed = HfEntry.parse(target.entry or "")
     config = load_config(parsed.source, trust_remote_code=target.trust_remote_code)
     limit = getattr(config.get_text_config(), "max_position_embeddings", None)

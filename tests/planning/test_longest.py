@@ -1,0 +1,35 @@
+"""``--seq-len max`` (issue 38) on a tiny hf: Llama on the CPU preset: the longest length, its config, and a ladder
+in which every technique keeps or buys length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autofit.core.errors import AutofitError
+from autofit.planning.longest import longest_sequence
+from autofit.planning.target import Target, prepare
+
+LLAMA = "hf:" + str(Path(__file__).resolve().parents[2] / "examples" / "hf_configs" / "llama_gqa")
+
+
+def test_the_longest_sequence_on_two_cpu_ranks() -> None:
+    answer = longest_sequence(Target(entry=LLAMA, hardware="cpu", memory="1GiB", gpus=2, global_batch=2, space="cpu",
+                                     seq_len="max"))
+    assert answer.seq_len > 0 and answer.config is not None and answer.prediction is not None
+    assert answer.prediction.fits and answer.prediction.peak_bytes <= 2**30
+    lengths = [rung.seq_len for rung in answer.rungs]
+    assert lengths == sorted(lengths) and lengths[-1] == answer.seq_len
+    assert lengths[-1] > lengths[0]  # the long-context keys buy length
+    assert answer.seq_len % answer.config.sequence_parallel == 0
+    assert "the longest sequence that fits" in answer.text()
+    assert answer.to_dict()["ladder"][0]["rung"] == "no long-context technique"
+
+
+def test_seq_len_max_is_estimates_question() -> None:
+    with pytest.raises(AutofitError, match="--seq-len max is a question autofit estimate answers"):
+        prepare(Target(entry=LLAMA, hardware="cpu", seq_len="max"))
+    with pytest.raises(AutofitError, match="seq_len must be an integer >= 1 or max"):
+        Target(entry=LLAMA, seq_len="long")
+    assert Target(entry=LLAMA, seq_len="128").seq_len == 128
