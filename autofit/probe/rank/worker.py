@@ -115,15 +115,7 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
     workload = import_workload(spec["entry"], config.attention, torch)
     phases["imports_s"] = time.time() - t0
 
-    def on_exceeded(used: int) -> None:
-        message = f"rank {rank}: resident memory {used} B passed the budget {spec.get('budget_bytes')} B"
-        write_rank_result(out, RankResult(rank=rank, status="oom", oom_on="device", peak_bytes=used, phases_s=phases,
-                                          message=message))
-        os._exit(0)
-
-    meter = Meter(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded, device_budget_bytes=spec.get("memory_bytes"),
-                  later_outside_bytes=int(spec.get("nccl_bytes") or 0))
-    _METERS.append(meter)
+    meter = start_meter(Meter, torch, spec, rank, phases, out)
     snapshot_path = spec.get("memory_snapshot") if meter.cuda and rank == 0 else None
     if snapshot_path:
         snapshot.start_recording(torch)
@@ -134,9 +126,6 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
 
     t0 = time.time()
     engine, mpu = _initialize(deepspeed, model, ds)
-    from autofit.ds.apply import compile_engine
-
-    compile_engine(engine, ds)  # lazy: the first step builds the graph (run_steps times it as compile_s)
     phases["initialize_s"] = time.time() - t0
     initialize_peak_bytes = meter.peak_bytes(final=False)
 
@@ -169,6 +158,22 @@ def _run_real(spec: dict[str, Any], rank: int, phases: dict[str, float], out: Pa
         initialize_peak_bytes=initialize_peak_bytes,
         param_elements=param_elements,
     )
+
+
+def start_meter(meter_class: Any, torch: Any, spec: dict[str, Any], rank: int, phases: dict[str, float],
+                out: Path) -> Any:
+    """The rank's meter, started after the imports; past the CPU budget it writes this rank's ``oom`` and exits."""
+
+    def on_exceeded(used: int) -> None:
+        message = f"rank {rank}: resident memory {used} B passed the budget {spec.get('budget_bytes')} B"
+        write_rank_result(out, RankResult(rank=rank, status="oom", oom_on="device", peak_bytes=used, phases_s=phases,
+                                          message=message))
+        os._exit(0)
+
+    meter = meter_class(torch, spec["kind"], spec.get("budget_bytes"), on_exceeded,
+                        device_budget_bytes=spec.get("memory_bytes"), later_outside_bytes=int(spec.get("nccl_bytes") or 0))
+    _METERS.append(meter)
+    return meter
 
 
 def untrained_message(loss: float) -> str:
@@ -216,15 +221,16 @@ def held_param_elements(model: Any) -> int:
 
 def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> tuple[Any, Any]:
     """``deepspeed.initialize`` with the candidate's JSON, its client optimizer, if any, and under sequence
-    parallelism the SP groups DeepSpeed's Ulysses attention registered (:func:`autofit.ds.apply.sequence_parallel_mpu`);
-    returns the engine and that ``mpu`` (None without SP)."""
-    from autofit.ds.apply import client_optimizer, sequence_parallel_mpu
+    parallelism the SP groups DeepSpeed's Ulysses attention registered (:func:`autofit.ds.apply.sequence_parallel_mpu`),
+    then ``engine.compile()`` where the JSON says so; returns the engine and that ``mpu`` (None without SP)."""
+    from autofit.ds.apply import client_optimizer, compile_engine, sequence_parallel_mpu
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = client_optimizer(model, ds)
     mpu = sequence_parallel_mpu(model, ds)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds,
                                            mpu=mpu)
+    compile_engine(engine, ds)  # lazy: the first step builds the graph (run_steps times it as compile_s)
     return engine, mpu
 
 
