@@ -1,5 +1,5 @@
 """autofit.ds.long_context in one process: the tiles compute what the untiled model does; the batch and collator
-shapes; the Trainer's JSON under SP. Two-rank runs (Ulysses SP itself) are in tests/examples/test_long_context.py and
+shapes; the Trainer's JSON under SP. Two-rank runs (Ulysses SP itself) are in tests/examples/test_long_context_example.py and
 tests/probe/test_long_context_probe.py."""
 
 from __future__ import annotations
