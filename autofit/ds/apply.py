@@ -1,5 +1,6 @@
 """Apply what DeepSpeed's JSON cannot say: checkpointing (ratio, granularity), fp8 (torchao), a client optimizer,
-``engine.compile()``.
+``engine.compile()``, and the long-context keys (Ulysses SP, TiledMLP, the tiled loss, activation offload:
+:mod:`autofit.ds.long_context`, whose functions are re-exported here).
 
 ``emit.deepspeed_config`` writes these into the JSON's ``"autofit"`` section; a
 training script (and the probe) calls :func:`apply_to_model` before
@@ -34,6 +35,14 @@ from typing import Any
 from autofit.core.errors import AutofitError
 from autofit.core.recipe import HYPERPARAMETER_OPTIMIZERS, checked_hyperparameters
 from autofit.ds.fp8 import convertible_linear
+from autofit.ds.long_context import (
+    LongContext,
+    activation_offload_context,
+    apply_long_context,
+    causal_lm_loss,
+    sequence_parallel_mpu,
+    shard_batch,
+)
 from autofit.workload.types import find_attention_modules
 
 #: attribute set on a layer whose forward runs under checkpointing (so wrapping is idempotent)
@@ -236,8 +245,10 @@ def apply_to_model(model: Any, ds: dict[str, Any], layers: Sequence[Any],
 
     The checkpoint ratio and granularity (``attention_of``: the workload's hook naming each layer's attention,
     :meth:`autofit.workload.types.Workload.attention_of`), and for fp8 torchao's float8 conversion of the Linear
-    layers (DeepSpeed's ``bf16`` section runs the rest); the attention kernel is chosen when the model is
-    built, the client optimizer by :func:`client_optimizer`. Returns the number of checkpointed layers.
+    layers (DeepSpeed's ``bf16`` section runs the rest), ``tiled_mlp`` and ``tiled_loss``
+    (:func:`autofit.ds.long_context.apply_long_context`); the attention kernel is chosen when the model is
+    built, the client optimizer by :func:`client_optimizer`, the SP groups by :func:`sequence_parallel_mpu`.
+    Returns the number of checkpointed layers.
     """
     section = ds.get("autofit", {})
     n_ckpt = apply_checkpointing(model, layers, float(section.get("checkpoint_ratio", 0.0)),
@@ -245,6 +256,7 @@ def apply_to_model(model: Any, ds: dict[str, Any], layers: Sequence[Any],
     fp8 = section.get("fp8")
     if isinstance(fp8, dict):
         apply_fp8(model, str(fp8.get("recipe", "tensorwise")))
+    apply_long_context(model, ds, layers)
     return n_ckpt
 
 
@@ -334,3 +346,6 @@ def fill_hint(path: str, ds: Mapping[str, Any]) -> str | None:
     return (f"autofit: {path} leaves {', '.join(names)} \"auto\" (the HF Trainer fills them); for deepspeed.initialize, "
             f"Accelerate or Lightning fill them first: ds = autofit.ds.apply.fill_auto(json.load(open({str(path)!r})), "
             f"{keywords}), or give autofit {flags}")
+__all__ = ["LongContext", "activation_offload_context", "apply_checkpointing", "apply_fp8", "apply_to_model",
+           "build_context", "causal_lm_loss", "client_optimizer", "compile_engine", "sequence_parallel_mpu",
+           "shard_batch"]

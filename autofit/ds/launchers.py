@@ -210,7 +210,21 @@ def trainer_arguments(ds_config: Mapping[str, Any], /, **user_kwargs: Any) -> di
                                 field_names=_trainer_field_names())
     if sp_degree(ds_config) > 1 and "parallelism_config" not in user_kwargs:  # Ulysses SP (ds/sequence_parallel.py)
         keywords["parallelism_config"] = trainer_parallelism_config(ds_config)
-    return keywords
+    return with_sp_batch_left_to_accelerate(keywords, ds_config)
+
+
+def with_sp_batch_left_to_accelerate(keywords: dict[str, Any], ds_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Under sequence parallelism the Trainer gets the JSON as a dict with ``train_batch_size: "auto"``: transformers
+    checks it against ``world x micro x accumulation`` (``HfTrainerDeepSpeedConfig.trainer_config_process``, SP ranks
+    counted as data-parallel), and accelerate then sets ``micro x accumulation x world / sp`` before
+    ``deepspeed.initialize`` (``Accelerator._prepare_deepspeed``, accelerate/accelerator.py). A path the caller
+    passed is replaced by the JSON it names (``ds_config``)."""
+    if sp_degree(ds_config) == 1:
+        return keywords
+    given = keywords.get("deepspeed")
+    config = copy.deepcopy(dict(given if isinstance(given, Mapping) else ds_config))
+    config["train_batch_size"] = AUTO
+    return keywords | {"deepspeed": config}
 
 
 def _positive(name: str, value: int) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.ds.apply import compiles
+from autofit.ds.apply import activation_offload_context, compiles
 from autofit.probe.failure import first_line, oom_location
 from autofit.probe.rank import memory
 from autofit.probe.rank.meter import Meter
@@ -34,15 +35,18 @@ class StepTimes:
         return statistics.median(self.optimizer_times_s) if self.optimizer_times_s else 0.0
 
 
-def train_step(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: int, sync: Callable[[], None]) -> tuple:
-    """One optimizer step: (seconds in all, seconds of the optimizer's own ``engine.step``, last loss)."""
+def train_step(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: int, sync: Callable[[], None],
+               around: Callable[[], Any] = contextlib.nullcontext) -> tuple:
+    """One optimizer step: (seconds in all, seconds of the optimizer's own ``engine.step``, last loss). Each
+    micro-batch's forward and backward run inside ``around()`` (activation offload's context)."""
     sync()
     t0 = time.perf_counter()
     optimizer_s = 0.0
     loss = None
     for _ in range(grad_accum_steps):
-        loss = compute_loss()
-        engine.backward(loss)
+        with around():
+            loss = compute_loss()
+            engine.backward(loss)
         boundary = engine.is_gradient_accumulation_boundary()
         if boundary:
             sync()
@@ -66,7 +70,7 @@ def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: in
     """
 
     def step() -> tuple:
-        return train_step(engine, compute_loss, grad_accum_steps, meter.sync)
+        return train_step(engine, compute_loss, grad_accum_steps, meter.sync, lambda: activation_offload_context(ds))
 
     # the compiling step comes before the warm-up ones, which then run the compiled graph (a recompile a guard
     # triggers in the second step lands in warm-up, not in the timed steps)

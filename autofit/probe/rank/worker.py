@@ -24,7 +24,17 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from autofit.ds.apply import apply_to_model, build_context, client_optimizer, compile_engine, hf_deepspeed_config_class
+from autofit.ds.apply import (
+    LongContext,
+    apply_to_model,
+    build_context,
+    causal_lm_loss,
+    client_optimizer,
+    compile_engine,
+    hf_deepspeed_config_class,
+    sequence_parallel_mpu,
+    shard_batch,
+)
 from autofit.probe import snapshot
 from autofit.probe.failure import classify_exception
 from autofit.probe.rank.fake import run_fake
@@ -125,14 +135,14 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -
     build_peak_bytes, param_elements = meter.peak_bytes(final=False), held_param_elements(model)
 
     t0 = time.time()
-    engine = _initialize(deepspeed, model, ds)
+    engine, mpu = _initialize(deepspeed, model, ds)
     phases["initialize_s"] = time.time() - t0
     initialize_peak_bytes = meter.peak_bytes(final=False)
 
     dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
     batch = to_device(workload.batch(config.micro_batch_size), meter.device, dtype)
     t_steps = time.time()
-    times = run_steps(engine, lambda: workload.compute_loss(engine, batch), config.grad_accum_steps, meter, ds,
+    times = run_steps(engine, loss_of(workload, engine, batch, ds, mpu), config.grad_accum_steps, meter, ds,
                       spec.warmup_steps, spec.steps)
     phases["steps_s"] = time.time() - t_steps
     if times.compile_s is not None:
@@ -217,16 +227,28 @@ def held_param_elements(model: Any) -> int:
     return sum(int(p.ds_tensor.numel()) if hasattr(p, "ds_tensor") else int(p.numel()) for p in model.parameters())
 
 
-def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> Any:
-    """``deepspeed.initialize`` with the candidate's JSON and its client optimizer, if any; compiled where the JSON
-    says (lazily: the first step builds the graph, and :func:`autofit.probe.rank.steps.run_steps` times it as
-    ``compile_s``)."""
-
+def _initialize(deepspeed: Any, model: Any, ds: dict[str, Any]) -> tuple[Any, Any]:
+    """``deepspeed.initialize`` with the candidate's JSON, its client optimizer, if any, and under sequence
+    parallelism the SP groups DeepSpeed's Ulysses attention registered (:func:`autofit.ds.apply.sequence_parallel_mpu`),
+    then ``engine.compile()`` where the JSON says so; returns the engine and that ``mpu`` (None without SP)."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = client_optimizer(model, ds)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds)
-    compile_engine(engine, ds)
-    return engine
+    mpu = sequence_parallel_mpu(model, ds)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds,
+                                           mpu=mpu)
+    compile_engine(engine, ds)  # lazy: the first step builds the graph (run_steps times it as compile_s)
+    return engine, mpu
+
+
+def loss_of(workload: Any, engine: Any, batch: Any, ds: dict[str, Any], mpu: Any) -> Any:
+    """``() -> loss`` of one micro-batch: the workload's own, or under sequence parallelism this rank's shard of the
+    batch (the SP group's, :func:`autofit.ds.apply.shard_batch`) and the loss aggregated over the group
+    (:func:`autofit.ds.apply.causal_lm_loss`)."""
+
+    if not LongContext.of(ds).own_loss:
+        return lambda: workload.compute_loss(engine, batch)
+    shard = shard_batch(batch, mpu)
+    return lambda: causal_lm_loss(engine, shard, ds, mpu)
 
 
 def optimizer_state_bytes(optimizer: Any) -> int:
