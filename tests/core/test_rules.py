@@ -202,7 +202,7 @@ def test_an_empty_cxx_is_no_compiler_to_inductor_either() -> None:
     import subprocess
     import sys
 
-    code = ("from autofit.core.software import INDUCTOR_CXX, find_cxx\n"
+    code = ("from autofit.machine.software import INDUCTOR_CXX, find_cxx\n"
             "from torch._inductor.cpp_builder import get_cpp_compiler\n"
             "print('autofit', find_cxx(INDUCTOR_CXX))\n"
             "try:\n    print('inductor', get_cpp_compiler())\nexcept Exception as exc:\n    print('inductor fails', exc)\n")
@@ -241,7 +241,8 @@ def test_communication_knobs_are_pruned_at_zero0_and_on_one_rank():
     assert all(not c.overlap_comm and c.bucket_scale == 1 for c in one.candidates)
     reasons = describe_rejections(one.rejected)
     assert any("only add memory on one rank" in line for line in reasons)
-    eight = enumerate_candidates(space, hardware=h100, world_size=8, global_batch=64, fixed={}, searches_attention=True)
+    eight = enumerate_candidates(space, software=Software(), hardware=h100, world_size=8, global_batch=64, fixed={},
+                                 searches_attention=True)
     assert any(c.overlap_comm and c.bucket_scale == 4 for c in eight.candidates)
     assert all(not c.overlap_comm and c.bucket_scale == 1 for c in eight.candidates if c.zero_stage == 0)
     assert any("ZeRO 1-3 settings" in line for line in describe_rejections(eight.rejected))
