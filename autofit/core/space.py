@@ -218,6 +218,7 @@ def enumerate_candidates(
     searches_attention: bool,
     software: Software,
     checkpoints_attention: bool = True,
+    attention_kernels: tuple[str, ...] | None = None,
 ) -> Enumeration:
     """The candidates of ``space`` that can run on ``world_size`` ranks of ``hardware``.
 
@@ -228,8 +229,9 @@ def enumerate_candidates(
     this one).
     ``checkpoints_attention``: the workload's layers have attention sub-modules
     (:meth:`autofit.workload.types.Workload.checkpoints_attention`); without, ``checkpoint_granularity`` is ``block``.
-    A fixed value that cannot run raises :class:`AutofitError`, as does a space whose
-    every config is pruned.
+    ``attention_kernels``: those the model can be built with (:attr:`autofit.workload.types.Workload.kernels`); the
+    space's kernels are narrowed to them (or to the first of them where the space lists none of them).
+    A fixed value that cannot run raises :class:`AutofitError`, as does a space whose every config is pruned.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise AutofitError(f"world_size must be an integer >= 1, but got {world_size!r}")
@@ -246,7 +248,8 @@ def enumerate_candidates(
     ctx = Context(hardware=hardware, world_size=world_size, global_batch=global_batch,
                   software=software)
 
-    dims = dimensions(space, fixed, ctx, searches_attention=searches_attention, checkpoints_attention=checkpoints_attention)
+    dims = dimensions(space, fixed, ctx, searches_attention=searches_attention, checkpoints_attention=checkpoints_attention,
+                      attention_kernels=attention_kernels)
     check_fixed(fixed, dims, ctx)
     bad, rejected = pruned_assignments(dims, ctx)
 
@@ -264,7 +267,8 @@ def enumerate_candidates(
 
 
 def dimensions(
-    space: SearchSpace, fixed: dict[str, Any], ctx: Context, *, searches_attention: bool, checkpoints_attention: bool = True
+    space: SearchSpace, fixed: dict[str, Any], ctx: Context, *, searches_attention: bool, checkpoints_attention: bool = True,
+    attention_kernels: tuple[str, ...] | None = None,
 ) -> dict[str, tuple[Any, ...]]:
     """Each key's values after ``--set``, the attention and granularity collapses and a fixed accumulation."""
     dims = {key: (fixed[key],) if key in fixed else space.values[key] for key in SPACE_KEYS}
@@ -279,6 +283,11 @@ def dimensions(
                 f"--set attention={fixed['attention']} cannot run: the workload's model takes no attention keyword"
             )
         dims["attention"] = (DEFAULT_ATTENTION,)
+    elif attention_kernels:  # the kernels the model can be built with (an hf: model's transformers class flags)
+        if "attention" in fixed and fixed["attention"] not in attention_kernels:
+            raise AutofitError(f"--set attention={fixed['attention']} cannot run: the model can be built with "
+                               f"{', '.join(attention_kernels)} only")
+        dims["attention"] = tuple(k for k in dims["attention"] if k in attention_kernels) or attention_kernels[:1]
     if "grad_accum_steps" in fixed and ctx.global_batch is not None:
         dims["micro_batch_size"] = (micro_batch_for_accumulation(fixed, ctx.global_batch, ctx.world_size),)
     return dims

@@ -113,6 +113,7 @@ class Plan:
             global_batch=global_batch,
             fixed=fixed,
             searches_attention=workload.searches_attention,
+            attention_kernels=workload.kernels,
             checkpoints_attention=_checkpoints_attention(workload, space, fixed),
             software=software,
         )
