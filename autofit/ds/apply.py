@@ -7,7 +7,7 @@ training script (and the probe) calls :func:`apply_to_model` before
 
     ds = json.load(open("ds_config.json"))
     with build_context(ds):   # deepspeed.zero.Init(config_dict_or_path=ds) under ZeRO-3
-        model = workload.build_model(attention=ds["autofit"]["attention"])
+        model = workload.build_model(attention=ds["autofit"].get("attention"))
     apply_to_model(model, ds, workload.repeated_layers(model))
     optimizer = client_optimizer(model, ds)   # None when DeepSpeed builds it
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),

@@ -15,6 +15,7 @@ from autofit.core.errors import AutofitError
 from autofit.cost_model.facts import PeakPoint
 from autofit.ds.apply import apply_checkpointing
 from autofit.trace.layers import SegmentMarks
+from autofit.trace.sdpa import sdpa_as_dispatched
 from autofit.trace.structure import fp8_linear_flops
 from autofit.trace.tensors import (
     batch_tensors,
@@ -117,10 +118,11 @@ def make_tracker(counter: LiveBytes) -> Any:
 
 
 def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt: tuple[float, str], mode: str,
-                segments: dict[tuple[str, int], tuple[int, int]] | None = None) -> PeakPoint:
+               segments: dict[tuple[str, int], tuple[int, int]] | None = None, sdpa_dispatch: str = "cpu") -> PeakPoint:
     """Forward + backward of one micro-batch of ``n`` samples; live bytes exclude parameters.
     ``ckpt``: ``(checkpoint ratio, granularity)``, applied as :func:`autofit.ds.apply.apply_checkpointing` does;
-    ``segments``: filled with the peaks of each segment of the step (:class:`SegmentMarks`)."""
+    ``segments``: filled with the peaks of each segment of the step (:class:`SegmentMarks`); ``sdpa_dispatch``: the
+    target's SDPA dispatch (:func:`autofit.trace.sdpa.sdpa_as_dispatched`)."""
     import torch
 
 
@@ -143,7 +145,7 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
             activation_bytes_at_loss = 0
             flops = flop_counter()
             marking = counter.marks.tracking() if counter.marks else contextlib.nullcontext()
-            with flops, make_tracker(counter), marking:
+            with flops, make_tracker(counter), marking, sdpa_as_dispatched(sdpa_dispatch):
                 loss = workload.compute_loss(model, batch)
                 activation_bytes_at_loss = counter.live
                 if counter.marks:
@@ -172,6 +174,18 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
         memory_bound_bytes=counter.traffic.eager,
         fused_memory_bound_bytes=counter.traffic.fused,
     )
+
+
+def sdpa_labels(workload: Workload) -> set[str]:
+    """How SDPA runs this model's calls where no fused kernel takes them (:data:`autofit.trace.sdpa.MATH_BROADCAST`):
+    one forward of one sample on fake tensors, without gradients; nothing where it cannot run there."""
+    import torch
+
+    seen: set[str] = set()
+    with contextlib.suppress(Exception), fake_mode("fake"), torch.no_grad(), sdpa_as_dispatched("cuda", seen):
+        model = to_dtype(workload.build_model(attention="sdpa"), torch.bfloat16)
+        workload.compute_loss(model, cast_batch(workload.batch(1), torch.bfloat16))
+    return seen
 
 
 def ignore_existing(counter: LiveBytes, tensors: list[Any]) -> None:
