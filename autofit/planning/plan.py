@@ -117,8 +117,7 @@ class Plan:
             world_size=world_size,
             global_batch=global_batch,
             fixed=fixed,
-            searches_attention=workload.searches_attention,
-            attention_kernels=workload.kernels,
+            searches_attention=workload.searches_attention, attention_kernels=workload.kernels,
             checkpoints_attention=_checkpoints_attention(workload, space, fixed),
             software=software,
         )
@@ -139,9 +138,7 @@ class Plan:
             coefficients=coefficients or Coefficients.for_hardware(hardware),
             software=software,
             recipe=recipe,
-            hosts=tuple(hosts),
-            kernels=workload.kernels,
-            kernel_note=workload.kernel_note,
+            hosts=tuple(hosts), kernels=workload.kernels, kernel_note=workload.kernel_note,
         )
 
     @property

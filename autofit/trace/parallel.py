@@ -141,6 +141,8 @@ def _forked_step(key: _StepKey) -> _StepResult | None:
     try:
         point = step.trace_step(tracer.workload, n, dtype_name, attention, ckpt, tracer.mode, segments,
                                 tracer.sdpa_dispatch)
+    except AutofitError:  # a build error or a step too slow: the tracer would meet it again, so it ends the trace
+        raise
     except Exception:  # the step's own failure: reported when the tracer runs it in this process
         return None
     return point, segments

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
+import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,9 +31,59 @@ from autofit.trace.tensors import (
 from autofit.trace.traffic import Traffic, storage_key
 from autofit.workload.types import Workload
 
+#: environment variable: the most seconds one trace step may run (a positive number; unset or empty:
+#: :data:`TRACE_STEP_S`). A step past it ends the trace with :class:`TraceTooSlow`
+TRACE_STEP_ENV = "AUTOFIT_TRACE_STEP_S"
+#: the default limit of one trace step: a 70B model's cut steps take seconds; a state-space model's reference
+#: scan (transformers' ``MambaMixer.slow_forward``, a Python loop over the sequence in every layer) takes minutes
+TRACE_STEP_S = 180.0
+
+
+#: seconds of tracing after which each step says on stderr what it traces (a fast trace says nothing)
+PROGRESS_AFTER_S = 10.0
+#: when the current trace began and when it last said so (:func:`trace_started`, :func:`say_progress`)
+_PROGRESS = {"started": 0.0, "said": 0.0}
+
+
+def trace_started() -> None:
+    """A trace begins: the clock of :func:`say_progress`."""
+    _PROGRESS["started"] = _PROGRESS["said"] = time.perf_counter()
+
+
+def say_progress(name: str | None, what: str) -> None:
+    """One line on stderr, at most every :data:`PROGRESS_AFTER_S`, once the trace has run that long."""
+    now = time.perf_counter()
+    if _PROGRESS["started"] and now - _PROGRESS["said"] >= PROGRESS_AFTER_S:
+        _PROGRESS["said"] = now
+        print(f"autofit: tracing {name or 'the model'}: {now - _PROGRESS['started']:.0f} s so far, now {what} "
+              f"(each step at most {trace_step_limit_s():g} s, {TRACE_STEP_ENV})", file=sys.stderr, flush=True)
+
 
 class NeedsRealTensors(Exception):
     """The model does something fake tensors cannot (a data-dependent shape, a stricter meta kernel)."""
+
+
+class BuildFailed(AutofitError):
+    """The model could not be built for the trace: the same error would recur at any depth, so nothing is retried."""
+
+
+class TraceTooSlow(AutofitError):
+    """A trace step ran past :func:`trace_step_limit_s`."""
+
+
+def trace_step_limit_s() -> float:
+    """:data:`TRACE_STEP_ENV` in seconds, else :data:`TRACE_STEP_S`; a value that is not a positive number is an
+    error."""
+    text = os.environ.get(TRACE_STEP_ENV, "").strip()
+    if not text:
+        return TRACE_STEP_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise AutofitError(f"{TRACE_STEP_ENV}={text!r} is not a positive number of seconds")
+    return value
 
 
 @contextlib.contextmanager
@@ -58,6 +111,10 @@ class LiveBytes:
 
     live: int = 0
     grads: int = 0
+    deadline: float = float("inf")
+    """``time.perf_counter()`` past which the step is too slow (:class:`TraceTooSlow`)."""
+    name: str | None = None
+    """The traced model's name, for :class:`TraceTooSlow`."""
     peak_with_grads: int = 0
     peak_without_grads: int = 0
     tracked: set[int] = field(default_factory=set)
@@ -101,6 +158,11 @@ def make_tracker(counter: LiveBytes) -> Any:
                 if isinstance(tensor, torch.Tensor):
                     self._track(tensor)
             counter.note(kernel_workspace_bytes(func, args, out))
+            if time.perf_counter() > counter.deadline:
+                raise TraceTooSlow(f"a trace step of {counter.name} ran past {trace_step_limit_s():g} s "
+                                   f"({TRACE_STEP_ENV}): the model runs a slow loop on these tensors "
+                                   "(a state-space model's reference scan, without mamba-ssm and causal-conv1d); "
+                                   f"trace a shorter --seq-len, install its fused kernels, or raise {TRACE_STEP_ENV}")
             counter.traffic.record(func, args, kwargs, out)
             return out
 
@@ -125,11 +187,12 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
     target's SDPA dispatch (:func:`autofit.trace.sdpa.sdpa_as_dispatched`)."""
     import torch
 
-
     dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
+    limit_s = trace_step_limit_s()
+    say_progress(workload.name, f"{dtype_name} {attention} micro-batch {n}" + (" checkpointed" if ckpt[0] else ""))
     try:
         with fake_mode(mode):
-            model = to_dtype(workload.build_model(attention=attention), dtype)
+            model = to_dtype(built(workload, attention), dtype)
             model.train()
             layers = workload.repeated_layers(model)
             if ckpt[0]:
@@ -138,11 +201,11 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
             # layer marks whenever layers are cut or checkpointed: they also collect the checkpointed recompute's
             # reference cycles as each layer ends (autofit/trace/layers.py), which a whole trace counted too
             marked = segments is not None or bool(ckpt[0] and layers)
-            counter: LiveBytes = LiveBytes(marks=SegmentMarks(layers, lambda: counter.note()) if marked else None)
+            counter: LiveBytes = LiveBytes(deadline=time.perf_counter() + limit_s, name=workload.name)
+            counter.marks = SegmentMarks(layers, lambda: counter.note()) if marked else None
             ignore_existing(counter, [*model.parameters(), *model.buffers(), *batch_tensors(batch)])
             params = [p for p in model.parameters() if p.requires_grad]
             hooks = [p.register_post_accumulate_grad_hook(grad_hook(counter)) for p in params]
-            activation_bytes_at_loss = 0
             flops = flop_counter()
             marking = counter.marks.tracking() if counter.marks else contextlib.nullcontext()
             with flops, make_tracker(counter), marking, sdpa_as_dispatched(sdpa_dispatch):
@@ -159,6 +222,8 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
             del loss, model, batch, params
             if segments is not None:
                 segments.update(counter.segment_peaks)
+    except AutofitError:  # the build, or a step too slow: the same at any depth and on real tensors
+        raise
     except Exception as exc:
         if mode == "fake":  # data-dependent shapes, or kernels whose fake (meta) versions are stricter
             raise NeedsRealTensors(f"{type(exc).__name__}: {first_line(exc)}") from exc
@@ -174,6 +239,17 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
         memory_bound_bytes=counter.traffic.eager,
         fused_memory_bound_bytes=counter.traffic.fused,
     )
+
+
+def built(workload: Workload, attention: str) -> Any:
+    """The workload's model built with ``attention``; a failure is :class:`BuildFailed`, one line."""
+    try:
+        return workload.build_model(attention=attention)
+    except AutofitError:
+        raise
+    except Exception as exc:
+        raise BuildFailed(f"building {workload.name} with attention={attention} failed: {type(exc).__name__}: "
+                          f"{first_line(exc)}") from exc
 
 
 def sdpa_labels(workload: Workload) -> set[str]:

@@ -85,6 +85,7 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
                     sdpa_dispatch: str = "cpu") -> ModelFacts:
     """:func:`trace_workload` without the cache."""
     started = time.perf_counter()
+    step.trace_started()
     dtype_names = tuple(sorted({trace_dtype_of(p) for p in precisions}))
     attention_names = attentions if workload.searches_attention else ("sdpa",)
     n_layers = structure["n_layers"]

@@ -107,8 +107,11 @@ def model_class_for(config: Any, task: str, name_or_path: str, trust_remote_code
     if type(config) not in mapping:
         architectures = list(getattr(config, "architectures", None) or [])
         named = architectures[0] if architectures else type(config).__name__
+        fits = [t for t, (auto, _, _) in TASKS.items() if type(config) in getattr(transformers, auto)._model_mapping
+                and (t != "contrastive" or is_dual_encoder(config))]
+        hint = f"pass --task {' or '.join(fits)}" if fits else f"autofit's tasks are {', '.join(TASKS)}"
         raise AutofitError(f"hf:{name_or_path}: {type(config).__name__} has no {auto_name} class, so --task {task} "
-                           f"cannot build it; its config names {named} (autofit's tasks: {', '.join(TASKS)})")
+                           f"cannot build it (its config names {named}); {hint}")
     return _get_model_class(config, mapping)
 
 
