@@ -93,7 +93,8 @@ def test_a_task_the_model_cannot_train_is_one_line(tmp_path: Path) -> None:
 def test_contrastive_and_speech_tasks_train_with_their_own_losses(tmp_path: Path) -> None:
     from transformers import CLIPConfig, WhisperConfig
 
-    text = {"vocab_size": 64, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+    text = {"vocab_size": 64, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "hidden_size": 16,
+            "intermediate_size": 32, "num_hidden_layers": 1,
             "num_attention_heads": 2, "max_position_embeddings": 16}
     vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
               "image_size": 8, "patch_size": 4}
