@@ -84,11 +84,14 @@ class Workload:
         return takes and self.attention_kernels != ()
 
     @property
-    def kernels(self) -> tuple[str, ...]:
-        """The kernels the search may choose among: :attr:`attention_kernels`, all where None; () where the
-        model takes no ``attention`` keyword or has no attention."""
-        if not self.searches_attention:
+    def kernels(self) -> tuple[str, ...] | None:
+        """The kernels the search may choose among: :attr:`attention_kernels`, all where None; () where the model
+        has no attention (no kernel dimension: its JSON has no ``attention`` key); None where the model takes no
+        ``attention`` keyword (the kernel is whatever it builds)."""
+        if self.attention_kernels == ():
             return ()
+        if not self.searches_attention:
+            return None
         return ATTENTION_KERNELS if self.attention_kernels is None else tuple(self.attention_kernels)
 
     def build_model(self, attention: str | None = None) -> Any:
