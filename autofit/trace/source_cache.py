@@ -86,13 +86,9 @@ def _well_formed(answers: Any) -> TypeGuard[dict[str, Any]]:
             and isinstance(answers["name"], (str, type(None)))
             and (answers["tokens_per_sample"] is None or type(answers["tokens_per_sample"]) is int)
             and isinstance(answers["searches_attention"], bool)
-<<<<<<< HEAD
             and isinstance(answers["sequence"], (dict, type(None)))
-            and isinstance(answers["kernels"], list) and all(isinstance(k, str) for k in answers["kernels"])
-=======
             and (answers["kernels"] is None or isinstance(answers["kernels"], list)
                  and all(isinstance(k, str) for k in answers["kernels"]))
->>>>>>> families
             and isinstance(answers["kernel_note"], (str, type(None)))
             and isinstance(answers.get("checkpoints_attention", False), bool))
 
@@ -144,15 +140,13 @@ class SourcePlannedWorkload:
         return self._answer("searches_attention")
 
     @property
-<<<<<<< HEAD
     def sequence(self) -> SequenceShape | None:
         """:attr:`autofit.workload.types.Workload.sequence`, recorded."""
         answer = self._answer("sequence")
         return SequenceShape.from_dict(answer) if answer is not None else None
-    def kernels(self) -> tuple[str, ...]:
-=======
+
+    @property
     def kernels(self) -> tuple[str, ...] | None:
->>>>>>> families
         """:attr:`autofit.workload.types.Workload.kernels`, recorded."""
         kernels = self._answer("kernels")
         return None if kernels is None else tuple(kernels)
