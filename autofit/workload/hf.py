@@ -192,10 +192,13 @@ def hf_workload(name_or_path: str, *, seq_len: int | None, target_len: int | Non
     )
 
 
-def sequence_shape(config: Any, seq_len: int) -> SequenceShape:
+def sequence_shape(config: Any, seq_len: int) -> SequenceShape | None:
     """A causal LM's sequence, attention heads and hidden size, from its text config (``num_attention_heads``,
-    ``num_key_value_heads``: what DeepSpeed's ``register_with_transformers`` reads)."""
+    ``num_key_value_heads``: what DeepSpeed's ``register_with_transformers`` reads); None for a model without
+    attention heads (a state-space model: nothing for sequence parallelism to split)."""
     text = config.get_text_config()
+    if not getattr(text, "num_attention_heads", None):
+        return None
     heads = int(text.num_attention_heads)
     return SequenceShape(seq_len=seq_len, n_heads=heads, n_kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
                          hidden_size=int(getattr(text, "hidden_size", 0) or 0))
