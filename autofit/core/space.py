@@ -228,19 +228,19 @@ def enumerate_candidates(
     software: Software,
     checkpoints_attention: bool = True,
     sequence: SequenceShape | None = None,
+    attention_kernels: tuple[str, ...] | None = None,
 ) -> Enumeration:
     """The candidates of ``space`` that can run on ``world_size`` ranks of ``hardware``.
 
     ``fixed`` (from :func:`autofit.core.config.parse_set`) replaces a key's list by its value.
     ``global_batch`` (``--global-batch``; else the space's ``global_batch_size``, unless
     ``grad_accum_steps`` is fixed) sets ``grad_accum_steps = global / (micro x world)``.
-    ``software`` is what the machine that runs the candidates has (:func:`autofit.machine.software.detect_software` for
-    this one).
+    ``software`` is what the machine that runs the candidates has (this one's: :func:`~autofit.machine.software.detect_software`).
     ``checkpoints_attention``: the workload's layers have attention sub-modules
     (:meth:`autofit.workload.types.Workload.checkpoints_attention`); without, ``checkpoint_granularity`` is ``block``.
     ``sequence``: the workload's sequence and heads (an ``hf:`` causal LM's); without, the long-context keys are off.
-    A fixed value that cannot run raises :class:`AutofitError`, as does a space whose
-    every config is pruned.
+    ``attention_kernels``: those the model can be built with; the space's are narrowed to them (or their first).
+    A fixed value that cannot run raises :class:`AutofitError`, as does a space whose every config is pruned.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise AutofitError(f"world_size must be an integer >= 1, but got {world_size!r}")
@@ -257,7 +257,8 @@ def enumerate_candidates(
     ctx = Context(hardware=hardware, world_size=world_size, global_batch=global_batch,
                   software=software, sequence=sequence)
 
-    dims = dimensions(space, fixed, ctx, searches_attention=searches_attention, checkpoints_attention=checkpoints_attention)
+    dims = dimensions(space, fixed, ctx, searches_attention=searches_attention, checkpoints_attention=checkpoints_attention,
+                      attention_kernels=attention_kernels)
     check_fixed(fixed, dims, ctx)
     check_size(space, dims)
     bad, rejected = pruned_assignments(dims, ctx)
@@ -313,7 +314,8 @@ def surviving_points(dims: dict[str, tuple[Any, ...]], bad: dict[str, set[tuple[
 
 
 def dimensions(
-    space: SearchSpace, fixed: dict[str, Any], ctx: Context, *, searches_attention: bool, checkpoints_attention: bool = True
+    space: SearchSpace, fixed: dict[str, Any], ctx: Context, *, searches_attention: bool, checkpoints_attention: bool = True,
+    attention_kernels: tuple[str, ...] | None = None,
 ) -> dict[str, tuple[Any, ...]]:
     """Each key's values after ``--set``, the attention and granularity collapses and a fixed accumulation."""
     dims = {key: (fixed[key],) if key in fixed else space.values[key] for key in SPACE_KEYS}
@@ -328,6 +330,11 @@ def dimensions(
                 f"--set attention={fixed['attention']} cannot run: the workload's model takes no attention keyword"
             )
         dims["attention"] = (DEFAULT_ATTENTION,)
+    elif attention_kernels:  # the kernels the model can be built with (an hf: model's transformers class flags)
+        if "attention" in fixed and fixed["attention"] not in attention_kernels:
+            raise AutofitError(f"--set attention={fixed['attention']} cannot run: the model can be built with "
+                               f"{', '.join(attention_kernels)} only")
+        dims["attention"] = tuple(k for k in dims["attention"] if k in attention_kernels) or attention_kernels[:1]
     if ctx.sequence is None or not ctx.sequence.causal_lm:
         dims.update(_long_context_off(fixed))
     if "grad_accum_steps" in fixed and ctx.global_batch is not None:

@@ -234,7 +234,13 @@ def _stage12_states(config: Config, facts: ModelFacts, shard: float, device_kind
     # ZeRO-1 reduces only at the accumulation boundary: the parameters' own .grad (w Psi, accumulated_grad_bytes)
     # are still held when the step begins, whatever the bucket (measured: gpt-small, ZeRO-1 fp32 mb2, peaked at
     # 132.4 MiB with 256^2-element buckets and 131.6 MiB with 5e7-element ones)
-    step_held = max(bucket_bytes, w * psi) if config.zero_stage == 1 else bucket_bytes
+    # ZeRO-2 moves each gradient into the rank's partition as it is reduced (copy_grads_in_partition:
+    # ``grads_in_partition``, w bytes an element); the epilogue drops that name (_release_ipg_buffers) but
+    # ``averaged_gradients`` holds its views until the step has flattened them into a new tensor
+    # (flatten_dense_tensors_aligned, a copy in any precision): the partition, not the bucket, is what the step holds
+    # beside its flat copy (measured: a two-layer Qwen3-MoE, fp32 ZeRO-2 on the CPU, 16 K-element buckets, peaked at
+    # 190.9 MB, one 26.7 MB partition above the bucket-only price; a bucket as large as the partition hid it)
+    step_held = max(bucket_bytes, w * psi) if config.zero_stage == 1 else max(bucket_bytes, w * shard)
     return ModelStates(
         params=params, master=FP32 * shard, optimizer=optimizer, grads_resident=grads_resident,
         gathered_params=0.0,

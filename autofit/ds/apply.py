@@ -8,7 +8,7 @@ training script (and the probe) calls :func:`apply_to_model` before
 
     ds = fill_auto(json.load(open("ds_config.json")), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
     with build_context(ds):   # deepspeed.zero.Init(config_dict_or_path=ds) under ZeRO-3
-        model = workload.build_model(attention=ds["autofit"]["attention"])
+        model = workload.build_model(attention=ds["autofit"].get("attention"))
     apply_to_model(model, ds, workload.repeated_layers(model))
     optimizer = client_optimizer(model, ds)   # None when DeepSpeed builds it
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),

@@ -49,6 +49,11 @@ class EstimateResult:
     """The user's recipe the candidates were narrowed to (what each JSON's ``differs_from_recipe`` compares with)."""
     software: Software | None = None
     """What the rules assumed of the target's software (docs/design.md, "The target's software")."""
+    kernels: tuple[str, ...] | None = None
+    """The attention kernels planned (:attr:`autofit.planning.plan.Plan.kernels`); (): the model has no kernel
+    dimension, and its candidates' JSON has no ``attention`` key."""
+    kernel_note: str | None = None
+    """Why the kernels are fewer than every kernel, where they are."""
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -57,13 +62,26 @@ class EstimateResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "hardware": self.hardware.to_dict() | {"world_size": self.world_size},
-            "candidates": [c.to_dict() for c in self.candidates],
+            "candidates": [_without_kernel(c.to_dict()) if self.kernels == () else c.to_dict() for c in self.candidates],
             "rejected": [{"config": partial, "reason": reason} for partial, reason in self.rejected],
             # how a kernel was traced where not as itself: {"flash": "flash-attn" | "sdpa flash backend"}
             "attention_traces": dict(self.facts.attention_traces) if self.facts is not None else {},
             "recipe": self.recipe.to_dict() if self.recipe is not None else None,
             "software": self.software.to_dict() if self.software is not None else None,
+            # the kernel dimension: the kernels the model can be built with, and why where they are not all
+            "attention": {"kernels": list(self.kernels) if self.kernels is not None else None,
+                          "note": self.kernel_note},
         }
+
+
+def _without_kernel(candidate: dict[str, Any]) -> dict[str, Any]:
+    """A candidate's JSON without the ``attention`` key, for a model with no kernel to choose (a state-space model):
+    the config's and the DeepSpeed JSON's ``autofit`` section's."""
+    candidate["config"].pop("attention", None)
+    section = candidate["deepspeed"].get("autofit", {})
+    section.pop("attention", None)
+    section.get("config", {}).pop("attention", None)
+    return candidate
 
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
@@ -90,4 +108,6 @@ def estimate(plan: Plan) -> EstimateResult:
         facts=plan.facts,
         recipe=recipe,
         software=plan.software,
+        kernels=plan.kernels,
+        kernel_note=plan.kernel_note,
     )

@@ -70,6 +70,11 @@ class Plan:
     hosts: tuple[str, ...] = ()
     """``--hosts``: where the probes of several nodes run (:mod:`autofit.probe.nodes`); empty: the Slurm
     allocation, else simulated nodes here."""
+    kernels: tuple[str, ...] | None = None
+    """The attention kernels the model can be built with (:attr:`autofit.workload.types.Workload.kernels`); (): the
+    model has no kernel dimension (no attention, or no ``attention`` keyword); None: a plan made by hand."""
+    kernel_note: str | None = None
+    """Why :attr:`kernels` is narrower than every kernel (:attr:`autofit.workload.types.Workload.kernel_note`)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -93,9 +98,9 @@ class Plan:
         narrow: bool = True,
         hosts: tuple[str, ...] = (),
     ) -> Plan:
-        """Enumerate the space under its rules and trace the workload once for every candidate's needs
-        (``coefficients``: the prior, the device's own by default; ``facts``: a trace made earlier;
-        ``software``: what the machine runs, this one's by default, :func:`autofit.machine.software.detect_software`).
+        """Enumerate the space under its rules and trace the workload once for every candidate's needs (``coefficients``:
+        the prior, the device's own by default; ``facts``: a trace made earlier; ``software``: what the target runs,
+        this machine's by default, :func:`autofit.machine.software.detect_software`).
 
         ``recipe``: the user's (default: :func:`default_recipe`, AdamW in the device's precision, or what ``fixed``
         names); with ``narrow`` the space's optimizers and precisions are narrowed to it and its allowed
@@ -107,18 +112,14 @@ class Plan:
         recipe = _checked_recipe(recipe if recipe is not None else default_recipe(hardware, fixed), fixed)
         space = narrow_space(space, recipe) if narrow else space
         enumeration = enumerate_candidates(
-            space,
-            hardware=hardware,
-            world_size=world_size,
-            global_batch=global_batch,
-            fixed=fixed,
-            searches_attention=workload.searches_attention,
-            checkpoints_attention=_checkpoints_attention(workload, space, fixed),
-            software=software,
+            space, hardware=hardware, world_size=world_size, global_batch=global_batch, fixed=fixed,
+            searches_attention=workload.searches_attention, attention_kernels=workload.kernels,
+            checkpoints_attention=_checkpoints_attention(workload, space, fixed), software=software,
             sequence=workload.sequence,
         )
-        facts = facts or trace_for(workload, tuple(enumeration.candidates))
-        configs, no_room = within_nvme_room(tuple(enumeration.candidates), facts, hardware, world_size, software)
+        configs = tuple(enumeration.candidates)
+        facts = facts or trace_for(workload, configs, hardware.kind)
+        configs, no_room = within_nvme_room(configs, facts, hardware, world_size, software)
         return cls(
             entry=entry,
             name=workload.name or entry,
@@ -133,7 +134,7 @@ class Plan:
             coefficients=coefficients or Coefficients.for_hardware(hardware),
             software=software,
             recipe=recipe,
-            hosts=tuple(hosts),
+            hosts=tuple(hosts), kernels=workload.kernels, kernel_note=workload.kernel_note,
         )
 
     @property
@@ -219,9 +220,10 @@ def traces_needed(configs: tuple[Config, ...] | list[Config]) -> tuple[tuple[str
     return precisions, attentions
 
 
-def trace_request(configs: tuple[Config, ...] | list[Config]) -> dict[str, Any]:
+def trace_request(configs: tuple[Config, ...] | list[Config], device_kind: str = "cpu") -> dict[str, Any]:
     """The arguments of :func:`autofit.trace.trace_workload` for ``configs``: every precision class, attention
-    kernel, checkpoint ratio and granularity they use, their optimizers and micro-batches."""
+    kernel, checkpoint ratio and granularity they use, their optimizers and micro-batches, and the SDPA dispatch of
+    the device they run on (``device_kind``: ``cpu`` or ``cuda``, :mod:`autofit.trace.sdpa`)."""
 
     precisions, attentions = traces_needed(configs)
     ratios = tuple(sorted({c.checkpoint_ratio for c in configs}))
@@ -230,15 +232,16 @@ def trace_request(configs: tuple[Config, ...] | list[Config]) -> dict[str, Any]:
     largest = max((c.micro_batch_size for c in configs), default=1)
     return {"precisions": precisions, "attentions": attentions, "checkpoint_ratios": ratios,
             "optimizers": optimizers, "checkpoint_granularities": granularities,
-            "micro_batches": trace_micro_batches(largest)}
+            "micro_batches": trace_micro_batches(largest), "sdpa_dispatch": "cpu" if device_kind == "cpu" else "cuda"}
 
 
-def trace_for(workload: Workload | SourcePlannedWorkload, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
+def trace_for(workload: Workload | SourcePlannedWorkload, configs: tuple[Config, ...] | list[Config],
+              device_kind: str = "cpu") -> ModelFacts:
     """Trace ``workload`` at every precision class, attention kernel, checkpoint ratio and granularity the
     configs use (and count the states of the optimizers that need the model itself: Adam-mini); an entry's
     :class:`~autofit.trace.source_cache.SourcePlannedWorkload` answers from its record where it has one."""
 
-    request = trace_request(configs)
+    request = trace_request(configs, device_kind)
     if isinstance(workload, SourcePlannedWorkload):
         return workload.facts(request)
     return trace_workload(workload, **request)

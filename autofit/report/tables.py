@@ -41,6 +41,8 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
         console.print(f"software: {result.software.summary()}", markup=False)
     if len(result.candidates) > max_rows:
         console.print(f"... {len(result.candidates) - max_rows} more (--json lists all)")
+    if getattr(result, "kernel_note", None):
+        console.print(f"Attention: {result.kernel_note}", markup=False)
     traces = getattr(result.facts, "attention_traces", None) or {}
     for kernel, how in traces.items():
         console.print(f"{kernel} attention is predicted from a trace through the {how}", markup=False)

@@ -143,7 +143,10 @@ def _forked_step(key: _StepKey) -> _StepResult | None:
     tracer, dtype_name, attention, ckpt = _FORKED_RUNS[run]
     segments: dict[tuple[str, int], tuple[int, int]] = {}
     try:
-        point = step.trace_step(tracer.workload, n, dtype_name, attention, ckpt, tracer.mode, segments)
+        point = step.trace_step(tracer.workload, n, dtype_name, attention, ckpt, tracer.mode, segments,
+                                tracer.sdpa_dispatch)
+    except AutofitError:  # a build error or a step too slow: the tracer would meet it again, so it ends the trace
+        raise
     except BaseException as exc:  # the step's own failure: reported when the tracer runs it in this process
         if is_control(exc):
             raise

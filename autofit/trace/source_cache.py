@@ -45,9 +45,9 @@ if TYPE_CHECKING:
     from autofit.workload.types import Workload
 
 #: autofit files (besides :data:`autofit.trace.cache.TRACED_SOURCES`) whose code turns an entry into what is kept
-PLANNING_SOURCES = ("workload/hf.py", "workload/sources.py", "trace/source_cache.py")
+PLANNING_SOURCES = ("workload/hf.py", "workload/hf_tasks.py", "workload/sources.py", "trace/source_cache.py")
 #: what is kept of the workload itself
-WORKLOAD_FIELDS = ("name", "tokens_per_sample", "searches_attention", "sequence")
+WORKLOAD_FIELDS = ("name", "tokens_per_sample", "searches_attention", "sequence", "kernels", "kernel_note")
 
 
 def source_key(entry: str) -> str | None:
@@ -87,6 +87,9 @@ def _well_formed(answers: Any) -> TypeGuard[dict[str, Any]]:
             and (answers["tokens_per_sample"] is None or type(answers["tokens_per_sample"]) is int)
             and isinstance(answers["searches_attention"], bool)
             and isinstance(answers["sequence"], (dict, type(None)))
+            and (answers["kernels"] is None or isinstance(answers["kernels"], list)
+                 and all(isinstance(k, str) for k in answers["kernels"]))
+            and isinstance(answers["kernel_note"], (str, type(None)))
             and isinstance(answers.get("checkpoints_attention", False), bool))
 
 
@@ -141,6 +144,17 @@ class SourcePlannedWorkload:
         """:attr:`autofit.workload.types.Workload.sequence`, recorded."""
         answer = self._answer("sequence")
         return SequenceShape.from_dict(answer) if answer is not None else None
+
+    @property
+    def kernels(self) -> tuple[str, ...] | None:
+        """:attr:`autofit.workload.types.Workload.kernels`, recorded."""
+        kernels = self._answer("kernels")
+        return None if kernels is None else tuple(kernels)
+
+    @property
+    def kernel_note(self) -> str | None:
+        """:attr:`autofit.workload.types.Workload.kernel_note`, recorded."""
+        return self._answer("kernel_note")
 
     def checkpoints_attention(self) -> bool:
         """:meth:`autofit.workload.types.Workload.checkpoints_attention`, recorded."""

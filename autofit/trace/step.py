@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
+import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,6 +18,7 @@ from autofit.core.errors import AutofitError, is_control, user_code_error
 from autofit.cost_model.facts import PeakPoint
 from autofit.ds.apply import apply_checkpointing
 from autofit.trace.layers import SegmentMarks
+from autofit.trace.sdpa import sdpa_as_dispatched
 from autofit.trace.structure import fp8_linear_flops
 from autofit.trace.tensors import (
     batch_tensors,
@@ -27,9 +31,59 @@ from autofit.trace.tensors import (
 from autofit.trace.traffic import Traffic, storage_key
 from autofit.workload.types import Workload
 
+#: environment variable: the most seconds one trace step may run (a positive number; unset or empty:
+#: :data:`TRACE_STEP_S`). A step past it ends the trace with :class:`TraceTooSlow`
+TRACE_STEP_ENV = "AUTOFIT_TRACE_STEP_S"
+#: the default limit of one trace step: a 70B model's cut steps take seconds; a state-space model's reference
+#: scan (transformers' ``MambaMixer.slow_forward``, a Python loop over the sequence in every layer) takes minutes
+TRACE_STEP_S = 180.0
+
+
+#: seconds of tracing after which each step says on stderr what it traces (a fast trace says nothing)
+PROGRESS_AFTER_S = 10.0
+#: when the current trace began and when it last said so (:func:`trace_started`, :func:`say_progress`)
+_PROGRESS = {"started": 0.0, "said": 0.0}
+
+
+def trace_started() -> None:
+    """A trace begins: the clock of :func:`say_progress`."""
+    _PROGRESS["started"] = _PROGRESS["said"] = time.perf_counter()
+
+
+def say_progress(name: str | None, what: str) -> None:
+    """One line on stderr, at most every :data:`PROGRESS_AFTER_S`, once the trace has run that long."""
+    now = time.perf_counter()
+    if _PROGRESS["started"] and now - _PROGRESS["said"] >= PROGRESS_AFTER_S:
+        _PROGRESS["said"] = now
+        print(f"autofit: tracing {name or 'the model'}: {now - _PROGRESS['started']:.0f} s so far, now {what} "
+              f"(each step at most {trace_step_limit_s():g} s, {TRACE_STEP_ENV})", file=sys.stderr, flush=True)
+
 
 class NeedsRealTensors(Exception):
     """The model does something fake tensors cannot (a data-dependent shape, a stricter meta kernel)."""
+
+
+class BuildFailed(AutofitError):
+    """The model could not be built for the trace: the same error would recur at any depth, so nothing is retried."""
+
+
+class TraceTooSlow(AutofitError):
+    """A trace step ran past :func:`trace_step_limit_s`."""
+
+
+def trace_step_limit_s() -> float:
+    """:data:`TRACE_STEP_ENV` in seconds, else :data:`TRACE_STEP_S`; a value that is not a positive number is an
+    error."""
+    text = os.environ.get(TRACE_STEP_ENV, "").strip()
+    if not text:
+        return TRACE_STEP_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise AutofitError(f"{TRACE_STEP_ENV}={text!r} is not a positive number of seconds")
+    return value
 
 
 @contextlib.contextmanager
@@ -57,6 +111,10 @@ class LiveBytes:
 
     live: int = 0
     grads: int = 0
+    deadline: float = float("inf")
+    """``time.perf_counter()`` past which the step is too slow (:class:`TraceTooSlow`)."""
+    name: str | None = None
+    """The traced model's name, for :class:`TraceTooSlow`."""
     peak_with_grads: int = 0
     peak_without_grads: int = 0
     tracked: set[int] = field(default_factory=set)
@@ -100,6 +158,11 @@ def make_tracker(counter: LiveBytes) -> Any:
                 if isinstance(tensor, torch.Tensor):
                     self._track(tensor)
             counter.note(kernel_workspace_bytes(func, args, out))
+            if time.perf_counter() > counter.deadline:
+                raise TraceTooSlow(f"a trace step of {counter.name} ran past {trace_step_limit_s():g} s "
+                                   f"({TRACE_STEP_ENV}): the model runs a slow loop on these tensors "
+                                   "(a state-space model's reference scan, without mamba-ssm and causal-conv1d); "
+                                   f"trace a shorter --seq-len, install its fused kernels, or raise {TRACE_STEP_ENV}")
             counter.traffic.record(func, args, kwargs, out)
             return out
 
@@ -117,17 +180,19 @@ def make_tracker(counter: LiveBytes) -> Any:
 
 
 def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt: tuple[float, str], mode: str,
-                segments: dict[tuple[str, int], tuple[int, int]] | None = None) -> PeakPoint:
+               segments: dict[tuple[str, int], tuple[int, int]] | None = None, sdpa_dispatch: str = "cpu") -> PeakPoint:
     """Forward + backward of one micro-batch of ``n`` samples; live bytes exclude parameters.
     ``ckpt``: ``(checkpoint ratio, granularity)``, applied as :func:`autofit.ds.apply.apply_checkpointing` does;
-    ``segments``: filled with the peaks of each segment of the step (:class:`SegmentMarks`)."""
+    ``segments``: filled with the peaks of each segment of the step (:class:`SegmentMarks`); ``sdpa_dispatch``: the
+    target's SDPA dispatch (:func:`autofit.trace.sdpa.sdpa_as_dispatched`)."""
     import torch
 
-
     dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
+    limit_s = trace_step_limit_s()
+    say_progress(workload.name, f"{dtype_name} {attention} micro-batch {n}" + (" checkpointed" if ckpt[0] else ""))
     try:
         with fake_mode(mode):
-            model = to_dtype(workload.build_model(attention=attention), dtype)
+            model = to_dtype(built(workload, attention), dtype)
             model.train()
             layers = workload.repeated_layers(model)
             if ckpt[0]:
@@ -136,14 +201,14 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
             # layer marks whenever layers are cut or checkpointed: they also collect the checkpointed recompute's
             # reference cycles as each layer ends (autofit/trace/layers.py), which a whole trace counted too
             marked = segments is not None or bool(ckpt[0] and layers)
-            counter: LiveBytes = LiveBytes(marks=SegmentMarks(layers, lambda: counter.note()) if marked else None)
+            counter: LiveBytes = LiveBytes(deadline=time.perf_counter() + limit_s, name=workload.name)
+            counter.marks = SegmentMarks(layers, lambda: counter.note()) if marked else None
             ignore_existing(counter, [*model.parameters(), *model.buffers(), *batch_tensors(batch)])
             params = [p for p in model.parameters() if p.requires_grad]
             hooks = [p.register_post_accumulate_grad_hook(grad_hook(counter)) for p in params]
-            activation_bytes_at_loss = 0
             flops = flop_counter()
             marking = counter.marks.tracking() if counter.marks else contextlib.nullcontext()
-            with flops, make_tracker(counter), marking:
+            with flops, make_tracker(counter), marking, sdpa_as_dispatched(sdpa_dispatch):
                 loss = workload.compute_loss(model, batch)
                 activation_bytes_at_loss = counter.live
                 if counter.marks:
@@ -157,14 +222,12 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
             del loss, model, batch, params
             if segments is not None:
                 segments.update(counter.segment_peaks)
+    except AutofitError:  # the build, or a step too slow: the same at any depth and on real tensors
+        raise
     except BaseException as exc:
         if is_control(exc):
             raise
-        if not isinstance(exc, Exception):  # sys.exit, a BaseException subclass: the workload's, never retried
-            raise user_code_error(f"tracing {workload.name} ({dtype_name}, {attention})", exc) from exc
-        if mode == "fake":  # data-dependent shapes, or kernels whose fake (meta) versions are stricter
-            raise NeedsRealTensors(f"{type(exc).__name__}: {first_line(exc)}") from exc
-        raise AutofitError(f"tracing {workload.name} ({dtype_name}, {attention}) failed: {type(exc).__name__}: {exc}") from exc
+        raise _step_failure(exc, f"tracing {workload.name} ({dtype_name}, {attention})", mode) from exc
     return PeakPoint(
         micro_batch_size=n,
         peak_with_grads_bytes=counter.peak_with_grads,
@@ -176,6 +239,29 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
         memory_bound_bytes=counter.traffic.eager,
         fused_memory_bound_bytes=counter.traffic.fused,
     )
+
+
+def built(workload: Workload, attention: str) -> Any:
+    """The workload's model built with ``attention``; a failure is :class:`BuildFailed`, one line."""
+    try:
+        return workload.build_model(attention=attention)
+    except AutofitError:
+        raise
+    except Exception as exc:
+        raise BuildFailed(f"building {workload.name} with attention={attention} failed: {type(exc).__name__}: "
+                          f"{first_line(exc)}") from exc
+
+
+def sdpa_labels(workload: Workload) -> set[str]:
+    """How SDPA runs this model's calls where no fused kernel takes them (:data:`autofit.trace.sdpa.MATH_BROADCAST`):
+    one forward of one sample on fake tensors, without gradients; nothing where it cannot run there."""
+    import torch
+
+    seen: set[str] = set()
+    with contextlib.suppress(Exception), fake_mode("fake"), torch.no_grad(), sdpa_as_dispatched("cuda", seen):
+        model = to_dtype(workload.build_model(attention="sdpa"), torch.bfloat16)
+        workload.compute_loss(model, cast_batch(workload.batch(1), torch.bfloat16))
+    return seen
 
 
 def ignore_existing(counter: LiveBytes, tensors: list[Any]) -> None:
@@ -193,3 +279,13 @@ def grad_hook(counter: LiveBytes) -> Any:
             counter.note()
 
     return hook
+
+
+def _step_failure(exc: BaseException, what: str, mode: str) -> Exception:
+    """What a failed step raises: the workload's own exit or BaseException as one error line, never retried; on fake
+    tensors a retry on real ones (data-dependent shapes, or kernels whose fake versions are stricter); else one line."""
+    if not isinstance(exc, Exception):  # sys.exit, a BaseException subclass
+        return user_code_error(what, exc)
+    if mode == "fake":
+        return NeedsRealTensors(f"{type(exc).__name__}: {first_line(exc)}")
+    return AutofitError(f"{what} failed: {type(exc).__name__}: {exc}")

@@ -18,6 +18,7 @@ from autofit.trace.cache import cached_trace
 from autofit.trace.layers import cut_workload
 from autofit.trace.parallel import trace_in_parallel, trace_workers_setting
 from autofit.trace.scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, scaled_point
+from autofit.trace.sdpa import DISPATCHES
 from autofit.trace.structure import model_structure
 from autofit.trace.tensors import (
     first_line,
@@ -43,6 +44,7 @@ def trace_workload(
     optimizers: tuple[str, ...] = (),
     checkpoint_granularities: tuple[str, ...] = ("block",),
     micro_batches: tuple[int, ...] = TRACE_MICRO_BATCHES,
+    sdpa_dispatch: str = "cpu",
 ) -> ModelFacts:
     """Trace ``workload`` for each precision class and attention kernel, with and without checkpointing,
     at each of ``micro_batches`` (:func:`trace_micro_batches`; other sizes are interpolated between them).
@@ -56,6 +58,9 @@ def trace_workload(
     hold the activations, which a straight line between none and all cannot know. A model of at
     least :data:`SCALE_MIN_LAYERS` alike repeated layers is traced cut to a few of them and extrapolated
     (:mod:`autofit.trace.scaling`; the partial ratio composed); if that cannot fit, it is traced whole.
+
+    ``sdpa_dispatch``: the target's (``cuda``, ``cpu``): SDPA is traced as that device dispatches it
+    (:mod:`autofit.trace.sdpa`: attention dropout where CUDA's fused kernels take it).
     """
     import torch
 
@@ -66,18 +71,22 @@ def trace_workload(
         model = workload.build_model()
     request = {"precisions": precisions, "attentions": attentions, "checkpoint_ratios": checkpoint_ratios,
                "optimizers": optimizers, "checkpoint_granularities": checkpoint_granularities,
-               "micro_batches": micro_batches}
+               "micro_batches": micro_batches, "sdpa_dispatch": sdpa_dispatch}
+    if sdpa_dispatch not in DISPATCHES:
+        raise AutofitError(f"sdpa_dispatch must be one of {', '.join(DISPATCHES)}, but got {sdpa_dispatch!r}")
     facts = cached_trace(workload, model, request, lambda: _trace_workload(
         workload, _structure(workload, optimizers, model), precisions, attentions, checkpoint_ratios,
-        checkpoint_granularities, micro_batches))
+        checkpoint_granularities, micro_batches, sdpa_dispatch))
     return replace(facts, trace_seconds=time.perf_counter() - started)
 
 
 def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: tuple[str, ...],
                     attentions: tuple[str, ...], checkpoint_ratios: tuple[float, ...],
-                    checkpoint_granularities: tuple[str, ...], micro_batches: tuple[int, ...]) -> ModelFacts:
+                    checkpoint_granularities: tuple[str, ...], micro_batches: tuple[int, ...],
+                    sdpa_dispatch: str = "cpu") -> ModelFacts:
     """:func:`trace_workload` without the cache."""
     started = time.perf_counter()
+    step.trace_started()
     dtype_names = tuple(sorted({trace_dtype_of(p) for p in precisions}))
     attention_names = attentions if workload.searches_attention else ("sdpa",)
     n_layers = structure["n_layers"]
@@ -87,9 +96,9 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
     if structure["layers_alike"] and n_layers >= SCALE_MIN_LAYERS:
         with contextlib.suppress(CannotScale, step.NeedsRealTensors):
             scaled = _scaled_profiles(workload, structure, (dtype_names, attention_names), granularities, n_middle,
-                                      micro_batches)
+                                      micro_batches, sdpa_dispatch)
     if scaled is None:
-        tracer = _Tracer(workload, structure)
+        tracer = _Tracer(workload, structure, sdpa_dispatch=sdpa_dispatch)
         profiles: dict[str, ActivationProfile] = {}
         for dtype_name in dtype_names:
             for attention in attention_names:
@@ -102,17 +111,21 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
         mode, traces = tracer.mode, tracer.attention_traces
     else:
         (profiles, traces), mode = scaled, "fake-scaled"
+    if "sdpa" in attention_names and workload.searches_attention:
+        labelled = cut_workload(workload, CUT_LAYERS["full"][0]) if scaled is not None else workload
+        traces = {**traces, **{"sdpa": label for label in sorted(step.sdpa_labels(labelled))[:1]}}  # noqa: B035
     facts = _facts(workload, structure, profiles, n_layers, mode, time.perf_counter() - started)
     return replace(facts, attention_traces=dict(traces))
 
 
 def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple[tuple[str, ...], tuple[str, ...]],
-                     granularities: tuple[str, ...], n_middle: int,
-                     micro_batches: tuple[int, ...]) -> tuple[dict[str, ActivationProfile], dict[str, str]]:
+                     granularities: tuple[str, ...], n_middle: int, micro_batches: tuple[int, ...],
+                     sdpa_dispatch: str = "cpu") -> tuple[dict[str, ActivationProfile], dict[str, str]]:
     """Profiles of all the layers from the model cut to :data:`CUT_LAYERS` of them, on fake tensors;
     ``kinds``: the dtypes and attention kernels to trace."""
     n_layers = structure["n_layers"]
-    tracers = {k: _Tracer(cut_workload(workload, k), structure, cut_layers=k) for cut in CUT_LAYERS.values() for k in cut}
+    tracers = {k: _Tracer(cut_workload(workload, k), structure, cut_layers=k, sdpa_dispatch=sdpa_dispatch)
+               for cut in CUT_LAYERS.values() for k in cut}
     trace_in_parallel(tracers, kinds, granularities, micro_batches)
     profiles: dict[str, ActivationProfile] = {}
     for dtype_name in kinds[0]:
@@ -221,8 +234,10 @@ class _Tracer:
     segment (:mod:`autofit.trace.scaling`); such a tracer never falls back to real tensors.
     """
 
-    def __init__(self, workload: Workload, structure: dict[str, Any], cut_layers: int = 0) -> None:
+    def __init__(self, workload: Workload, structure: dict[str, Any], cut_layers: int = 0,
+                 sdpa_dispatch: str = "cpu") -> None:
         self.workload = workload
+        self.sdpa_dispatch = sdpa_dispatch
         self.structure = structure
         self.cut_layers = cut_layers
         self.mode = "fake"
@@ -280,7 +295,7 @@ class _Tracer:
 
     def _run(self, n: int, dtype_name: str, kernel: str, ckpt: tuple[float, str]) -> PeakPoint:
         segments: dict[tuple[str, int], tuple[int, int]] | None = {} if self.cut_layers else None
-        point = step.trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode, segments)
+        point = step.trace_step(self.workload, n, dtype_name, kernel, ckpt, self.mode, segments, self.sdpa_dispatch)
         if segments is not None:
             self._recorded.append(segments)
         return point

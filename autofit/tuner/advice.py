@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from autofit.core.config import Config
+from autofit.core.config import OPTIMIZERS, Config
 from autofit.core.hardware import Hardware
+from autofit.core.recipe import substitutes_of
+from autofit.core.rules import RULES, Context
 from autofit.core.units import format_bytes
 from autofit.cost_model import Prediction
 from autofit.cost_model.calibrate import Calibration
@@ -13,13 +15,17 @@ from autofit.tuner.records import TrialRecord
 
 #: world sizes tried when saying how many GPUs would make the smallest candidate fit
 GPU_COUNTS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: an idea: the samples/s its config is predicted to train at (0 where no speed is known) and what it says
+Idea = tuple[float, str]
 
 
 def nothing_fits(
     records: list[TrialRecord], usable: Plan, calibration: Calibration, device: Hardware, margin: float
 ) -> str:
-    """One paragraph: what was measured, what the smallest candidate needs, and what would make it fit
-    on this kind of device (GPU counts and offload on GPUs; a budget on a CPU, which is its own host)."""
+    """One paragraph: what was measured, what the smallest candidate needs, and the nearest ways to make it fit,
+    fastest predicted first: micro-batch 1 with checkpointing, offload, the recipe's substitutes not yet allowed
+    (``--allow adamw8bit``: the numerics change, so only named), more GPUs on GPUs or a budget on a CPU (its own
+    host)."""
     ranked = usable.price(calibration)
     smallest_config, smallest = min(ranked, key=lambda cp: cp[1].peak_bytes)
     text = (
@@ -29,10 +35,11 @@ def nothing_fits(
         + _smallest_need(smallest_config, smallest)
     )
     on_gpus = device.kind == "cuda" or usable.world_size > 1
-    ideas = (_gpu_ideas if on_gpus else _cpu_ideas)(smallest_config, usable, calibration, records, margin)
-    ideas += _lean_idea(smallest_config, usable, calibration)
+    found = (_gpu_ideas if on_gpus else _cpu_ideas)(smallest_config, usable, calibration, records, margin)
+    found += _lean_idea(smallest_config, usable, calibration) + _recipe_ideas(smallest_config, usable, calibration)
+    ideas = [idea for _, idea in sorted(found, key=lambda speed_idea: -speed_idea[0])]
     if ideas:
-        return text + " It would fit with " + "; or ".join(ideas) + "."
+        return text + " It would fit with (fastest predicted first) " + "; or ".join(ideas) + "."
     if smallest.peak_bytes <= usable.hardware.memory_bytes:  # the device holds it, the node's host RAM does not
         return text + " Nodes with more host RAM, or fewer ranks per node, are needed."
     if on_gpus:
@@ -64,35 +71,67 @@ def _measured(records: list[TrialRecord]) -> str:
 
 def _gpu_ideas(
     smallest: Config, usable: Plan, calibration: Calibration, records: list[TrialRecord], margin: float
-) -> list[str]:
+) -> list[Idea]:
     """More GPUs with ZeRO-3 sharding; ZeRO-3 with everything offloaded to the CPU."""
     facts, budget, world_size = usable.facts, usable.hardware, usable.world_size
-    ideas = []
+    ideas: list[Idea] = []
     sharded = smallest.with_(zero_stage=3)
     for n in GPU_COUNTS:
         if n <= world_size:
             continue
         p = calibration.predict(at_world(sharded, n, usable.global_batch), facts, budget, n)
         if p.fits:
-            ideas.append(f"{n} GPUs with ZeRO-3 sharding (about {format_bytes(p.peak_bytes)} each)")
+            ideas.append((p.samples_per_s, f"{n} GPUs with ZeRO-3 sharding (about {format_bytes(p.peak_bytes)} each, "
+                                           f"{p.samples_per_s:.3g} samples/s)"))
             break
     offloaded = sharded.with_(offload_optimizer="cpu", offload_params="cpu")
     p = calibration.predict(offloaded, facts, budget, world_size)
     if p.fits:
-        ideas.append(f"ZeRO-3 with optimizer and parameters offloaded to the CPU (about {format_bytes(p.peak_bytes)})")
+        ideas.append((p.samples_per_s, f"ZeRO-3 with optimizer and parameters offloaded to the CPU (about "
+                                       f"{format_bytes(p.peak_bytes)}, {p.samples_per_s:.3g} samples/s)"))
     return ideas
 
 
 def _cpu_ideas(
     smallest: Config, usable: Plan, calibration: Calibration, records: list[TrialRecord], margin: float
-) -> list[str]:
+) -> list[Idea]:
     """The budget that would do: the smallest measured peak (or the smallest prediction) over the margin."""
     measured = [r.peak_bytes for r in records if r.phase == "search" and r.status == "ok" and r.peak_bytes > 0]
-    need = min(measured) if measured else calibration.predict(smallest, usable.facts, usable.hardware, 1).peak_bytes
-    return [f"--memory {format_bytes(int(need / (1.0 - margin)) + 1)} or more"]
+    p = calibration.predict(smallest, usable.facts, usable.hardware, 1)
+    need = min(measured) if measured else p.peak_bytes
+    return [(p.samples_per_s, f"--memory {format_bytes(int(need / (1.0 - margin)) + 1)} or more "
+                              f"({p.samples_per_s:.3g} samples/s)")]
 
 
-def _lean_idea(smallest: Config, usable: Plan, calibration: Calibration) -> list[str]:
+def _recipe_ideas(smallest: Config, usable: Plan, calibration: Calibration) -> list[Idea]:
+    """Each substitute of the recipe the user has not allowed (:func:`autofit.core.recipe.substitutes_of`) that the
+    rules let run here and that makes the smallest candidate fit: ``--allow adamw8bit`` where 8-bit states fit. One
+    already allowed was in the space the search tried, so it is not offered again."""
+    recipe = usable.stated_recipe
+    ctx = Context(hardware=usable.hardware, world_size=usable.world_size, global_batch=usable.global_batch,
+                  software=usable.software)
+    found: list[Idea] = []
+    for value in substitutes_of(recipe.optimizer, recipe.precision):
+        if value in recipe.allow:
+            continue
+        if value == "adam_mini" and not usable.facts.adam_mini_state_numel:  # its states are counted by its own step
+            continue  # in the trace (autofit.ds.optim.adam_mini_state_numel), which a space without it did not run
+        key = "optimizer" if value in OPTIMIZERS else "precision"
+        config = smallest.with_(**{key: value})
+        if any(rule.check(ctx, *(getattr(config, k) for k in rule.keys)) for rule in RULES):
+            continue
+        try:
+            p = calibration.predict(config, usable.facts, usable.hardware, usable.world_size)
+        except KeyError:  # a precision the plan did not trace (fp32 recipe, bf16 substitute): not priced, not offered
+            continue
+        if p.fits:
+            found.append((p.samples_per_s, f"--allow {value} (about {format_bytes(p.peak_bytes)}, "
+                                           f"{p.samples_per_s:.3g} samples/s; it changes the recipe's {key}, "
+                                           "docs/recipe.md)"))
+    return found
+
+
+def _lean_idea(smallest: Config, usable: Plan, calibration: Calibration) -> list[Idea]:
     """Micro-batch 1 with full checkpointing, where the space did not allow it."""
     if smallest.micro_batch_size == 1 and smallest.checkpoint_ratio >= 1.0:
         return []
@@ -100,10 +139,9 @@ def _lean_idea(smallest: Config, usable: Plan, calibration: Calibration) -> list
     p = calibration.predict(lean, usable.facts, usable.hardware, usable.world_size)
     if not p.fits:
         return []
-    return [
-        f"micro-batch 1 with full checkpointing (about {format_bytes(p.peak_bytes)}): allow them in the space, "
-        f"with a global batch divisible by {usable.world_size}"
-    ]
+    return [(p.samples_per_s,
+             f"micro-batch 1 with full checkpointing (about {format_bytes(p.peak_bytes)}, {p.samples_per_s:.3g} "
+             f"samples/s): allow them in the space, with a global batch divisible by {usable.world_size}")]
 
 
 def at_world(config: Config, n: int, global_batch: int | None) -> Config:

@@ -24,9 +24,8 @@ resolve_trust_remote_code``).
 
 from __future__ import annotations
 
-import copy
+import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -34,23 +33,22 @@ from urllib.parse import parse_qsl, quote
 
 from autofit.core.errors import AutofitError
 from autofit.core.sequence import SequenceShape
-from autofit.workload.types import Workload, find_attention_modules, longest_module_list
+from autofit.workload.hf_tasks import (
+    ATTN_IMPLEMENTATION,
+    TASKS,
+    TOKEN_TASKS,
+    batch_maker,
+    check_task,
+    kernels_of,
+    layers_of,
+    model_builder,
+    model_class_for,
+    sequence_lengths,
+    task_from_config,
+)
+from autofit.workload.types import Workload
 
 PREFIX = "hf:"
-#: the training tasks an ``hf:`` entry builds: task -> (transformers Auto class, its ``*_MAPPING_NAMES`` in
-#: ``transformers/models/auto/modeling_auto.py``, the architecture-name suffix of a model outside that mapping)
-TASKS: dict[str, tuple[str, str, str]] = {
-    "causal-lm": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "ForCausalLM"),
-    "seq2seq": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "ForSeq2SeqLM"),
-    "masked-lm": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "ForMaskedLM"),
-    "classification": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-                       "ForSequenceClassification"),
-    "vision-classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-                              "ForImageClassification"),
-}
-#: autofit's attention kernels -> transformers' ``attn_implementation`` (``modeling_utils.py``)
-ATTN_IMPLEMENTATION = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
-_TEXT_TASKS = ("causal-lm", "seq2seq", "masked-lm", "classification")
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
 
@@ -178,21 +176,29 @@ def hf_workload(name_or_path: str, *, seq_len: int | None, target_len: int | Non
                         trust_remote_code=trust_remote_code)
     config = load_config(name_or_path, trust_remote_code=trust_remote_code)
     task = options.task or task_from_config(config, name_or_path)
-    lengths = sequence_lengths(config, task, options, name_or_path)
+    check_task(config, task, name_or_path)
+    lengths = sequence_lengths(config, task, options.seq_len, options.target_len, name_or_path)
+    # the kernels the class can be built with, read from transformers' flags before anything is built or traced
+    kernels, note = kernels_of(model_class_for(config, task, name_or_path, trust_remote_code), config)
     return Workload(
-        model=_model_builder(config, task, options),
-        batch=_batch_maker(config, task, lengths),
-        layers=encoder_decoder_blocks if task == "seq2seq" else attention_blocks,
-        tokens_per_sample=sum(lengths) if lengths else None,
+        model=model_builder(config, task, options.attention, trust_remote_code),
+        batch=batch_maker(config, task, lengths),
+        layers=layers_of(task),
+        tokens_per_sample=sum(lengths) if lengths and task in TOKEN_TASKS else None,
         name=display_name(name_or_path),
         sequence=sequence_shape(config, lengths[0]) if task == "causal-lm" else None,
+        attention_kernels=kernels,
+        kernel_note=note,
     )
 
 
-def sequence_shape(config: Any, seq_len: int) -> SequenceShape:
+def sequence_shape(config: Any, seq_len: int) -> SequenceShape | None:
     """A causal LM's sequence, attention heads and hidden size, from its text config (``num_attention_heads``,
-    ``num_key_value_heads``: what DeepSpeed's ``register_with_transformers`` reads)."""
+    ``num_key_value_heads``: what DeepSpeed's ``register_with_transformers`` reads); None for a model without
+    attention heads (a state-space model: nothing for sequence parallelism to split)."""
     text = config.get_text_config()
+    if not getattr(text, "num_attention_heads", None):
+        return None
     heads = int(text.num_attention_heads)
     return SequenceShape(seq_len=seq_len, n_heads=heads, n_kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
                          hidden_size=int(getattr(text, "hidden_size", 0) or 0))
@@ -216,16 +222,23 @@ def load_config(name_or_path: str, *, trust_remote_code: bool = False) -> Any:
     folder = Path(name_or_path).expanduser()
     if folder.is_dir() and not (folder / "config.json").is_file():  # transformers 5 reads it as a config of no type
         raise AutofitError(not_found_message(name_or_path, hub_offline()))
+    # config.json is there (above): an OSError is then about the code its auto_map names (a module the folder lacks,
+    # or one of another repository, org/repo--module.Class, not in the local cache)
+    remote_folder = folder.is_dir() and trust_remote_code
     try:
         return read(local_files_only=True)
     except OSError as exc:  # transformers' cached_file: neither a folder with config.json nor in the cache
-        if _looks_local(name_or_path) or hub_offline():
+        if remote_folder and hub_offline():
+            raise AutofitError(remote_code_missing(name_or_path, exc)) from exc
+        if not remote_folder and (_looks_local(name_or_path) or hub_offline()):
             raise AutofitError(not_found_message(name_or_path, hub_offline())) from exc
     try:
         return read(local_files_only=False)
     except AutofitError:
         raise
     except Exception as exc:  # OSError from transformers, or the HTTP client's own connection errors
+        if remote_folder:
+            raise AutofitError(remote_code_missing(name_or_path, exc)) from exc
         raise AutofitError(f"{not_found_message(name_or_path, False)} ({_first_line(exc)})") from exc
 
 
@@ -238,6 +251,18 @@ def not_found_message(name_or_path: str, offline: bool) -> str:
             f"Hub is reachable (`hf download {name_or_path} config.json`), or give hf:PATH to a folder with config.json")
 
 
+def remote_code_missing(name_or_path: str, exc: BaseException) -> str:
+    """The one line for a folder whose config.json names code (``auto_map``) that is not beside it: a module file
+    the folder lacks, or one in another repository (``org/repo--module.Class``) not in the local cache."""
+    try:
+        auto_map = json.loads((Path(name_or_path).expanduser() / "config.json").read_text()).get("auto_map") or {}
+    except (OSError, ValueError, AttributeError):
+        auto_map = {}
+    code = auto_map.get("AutoConfig", "its auto_map's code") if isinstance(auto_map, dict) else "its auto_map's code"
+    return (f"hf:{name_or_path}: config.json is there, but the code it names ({code}) is not: put its .py files "
+            f"beside config.json, or fetch that repository once where the Hub is reachable ({_first_line(exc)})")
+
+
 def hub_offline() -> bool:
     """Whether the Hub must not be asked: ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` as huggingface_hub reads them
     (``huggingface_hub/constants.py``), or set in this process since it imported."""
@@ -247,112 +272,10 @@ def hub_offline() -> bool:
         os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE") for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
-def task_from_config(config: Any, name_or_path: str) -> str:
-    """The task of the config's first ``architectures`` class: the Auto mapping that lists it, else its name's
-    suffix (``LlamaForCausalLM`` -> causal-lm); one AutofitError line where it names no task."""
-    from transformers.models.auto import modeling_auto
-
-    architectures = list(getattr(config, "architectures", None) or [])
-    for architecture in architectures[:1]:
-        # transformers' own mappings first: T5ForConditionalGeneration is seq2seq, LlavaForConditionalGeneration not
-        for task, (_, mapping, _) in TASKS.items():
-            if architecture in _class_names(getattr(modeling_auto, mapping)):
-                return task
-        for task, (_, _, suffix) in TASKS.items():  # a class of the repository's own code
-            if architecture.endswith(suffix):
-                return task
-    named = f"names {architectures[0]}" if architectures else "names no architectures"
-    raise AutofitError(f"hf:{name_or_path}: cannot tell the task (its config {named}); pass --task "
-                       f"(one of {', '.join(TASKS)})")
-
-
-def sequence_lengths(config: Any, task: str, options: HfOptions, name_or_path: str) -> tuple[int, ...]:
-    """Tokens per sample of each stack: ``(seq_len,)``, ``(seq_len, target_len)`` for seq2seq; () for vision, an
-    image workload (throughput in images/s, ``Workload.tokens_per_sample`` None)."""
-    if task not in _TEXT_TASKS:
-        if options.seq_len is not None:
-            raise AutofitError(f"hf:{name_or_path} ({task}) takes its input size from the config's image_size, "
-                               f"but got seq_len={options.seq_len}")
-        return ()
-    if options.seq_len is None:
-        raise AutofitError(f"hf:{name_or_path} ({task}) needs a sequence length: pass --seq-len (seq_len=N)")
-    limit = getattr(config.get_text_config(), "max_position_embeddings", None)
-    longest = max(options.seq_len, options.target_len or 0)
-    if isinstance(limit, int) and longest > limit:
-        raise AutofitError(f"hf:{name_or_path}: seq_len={longest} is past the config's "
-                           f"max_position_embeddings={limit}")
-    if task == "seq2seq":
-        return options.seq_len, options.target_len or options.seq_len
-    return (options.seq_len,)
-
-
 def display_name(name_or_path: str) -> str:
     """A Hub name as is, a local folder by its own name."""
     path = Path(name_or_path).expanduser()
     return path.resolve().name if path.is_dir() else name_or_path
-
-
-def attention_blocks(model: Any) -> list[Any]:
-    """The longest ``nn.ModuleList`` whose blocks hold attention: a decoder's layers, not a per-layer list of
-    experts (an MoE in transformers < 5, or in remote code, keeps more experts than layers); else the longest."""
-    from torch import nn
-
-    best: list[Any] = []
-    for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) > len(best) \
-                and all(find_attention_modules(block) for block in module):
-            best = list(module)
-    return best or longest_module_list(model)
-
-
-def encoder_decoder_blocks(model: Any) -> list[Any]:
-    """The encoder's blocks, then the decoder's, in execution order: an encoder-decoder keeps two lists of equal
-    length (T5's ``encoder.block`` and ``decoder.block``), and the longest alone would be the encoder's half."""
-    return [*attention_blocks(model.get_encoder()), *attention_blocks(model.get_decoder())]
-
-
-def _model_builder(config: Any, task: str, options: HfOptions) -> Callable[..., Any]:
-    """``(attention=None) -> nn.Module``: a fresh fp32 model of ``config`` for ``task``, random weights."""
-    import transformers
-
-    auto_class = getattr(transformers, TASKS[task][0])
-
-    def build(attention: str | None = options.attention) -> Any:
-        import torch
-
-        kwargs: dict[str, Any] = {"dtype": torch.float32, "trust_remote_code": options.trust_remote_code}
-        if attention is not None:
-            if attention not in ATTN_IMPLEMENTATION:
-                raise AutofitError(f"attention must be one of {', '.join(ATTN_IMPLEMENTATION)}, but got {attention=}")
-            kwargs["attn_implementation"] = ATTN_IMPLEMENTATION[attention]
-        # a copy: from_config writes the dtype and the kernel into the config it is given
-        return auto_class.from_config(copy.deepcopy(config), **kwargs)
-
-    return build
-
-
-def _batch_maker(config: Any, task: str, lengths: tuple[int, ...]) -> Callable[[int], dict[str, Any]]:
-    """``(n) -> batch``: random CPU tensors of ``n`` samples, the inputs and labels ``task``'s model takes."""
-    text = config.get_text_config()
-    vocab = int(getattr(text, "vocab_size", 0) or 0)
-    n_labels = int(getattr(config, "num_labels", 2))
-
-    def batch(n: int) -> dict[str, Any]:
-        import torch
-
-        if task == "vision-classification":
-            size = _pair(_image_size(config))
-            pixels = torch.randn(n, int(getattr(config, "num_channels", 3)), size[0], size[1])
-            return {"pixel_values": pixels, "labels": torch.randint(0, n_labels, (n,))}
-        input_ids = torch.randint(0, vocab, (n, lengths[0]))
-        if task in ("causal-lm", "masked-lm"):  # the causal model shifts the labels itself
-            return {"input_ids": input_ids, "labels": input_ids.clone()}
-        mask = torch.ones(n, lengths[0], dtype=torch.long)
-        if task == "seq2seq":  # the model makes decoder_input_ids from the labels (shift_right)
-            return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.randint(0, vocab, (n, lengths[1]))}
-        return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.randint(0, n_labels, (n,))}
-
-    return batch
 
 
 def _option_value(entry: str, key: str, text: str) -> Any:
@@ -366,22 +289,6 @@ def _option_value(entry: str, key: str, text: str) -> Any:
             raise AutofitError(f"hf entry {entry!r}: trust_remote_code must be true or false, but got {text!r}")
         return text.lower() in _TRUE
     return text
-
-
-def _class_names(mapping: Any) -> set[str]:
-    """The class names an Auto mapping lists (a value may be one name or a tuple of them)."""
-    names: set[str] = set()
-    for value in mapping.values():
-        names.update((value,) if isinstance(value, str) else value)
-    return names
-
-
-def _image_size(config: Any) -> Any:
-    return getattr(config, "image_size", 224)
-
-
-def _pair(value: Any) -> tuple[int, int]:
-    return (int(value[0]), int(value[1])) if isinstance(value, (tuple, list)) else (int(value), int(value))
 
 
 def _looks_local(name_or_path: str) -> bool:

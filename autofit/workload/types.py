@@ -17,6 +17,9 @@ from typing import Any
 from autofit.core.errors import AutofitError
 from autofit.core.sequence import SequenceShape
 
+#: the attention kernels a workload's ``model(attention=...)`` may be asked for
+ATTENTION_KERNELS = ("eager", "sdpa", "flash")
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -41,6 +44,14 @@ class Workload:
     sequence: SequenceShape | None = None
     """The sequence length and attention heads of a causal LM (an ``hf:`` entry's), which the long-context keys need
     (:mod:`autofit.core.sequence`); None: they stay off."""
+    attention_kernels: tuple[str, ...] | None = None
+    """The kernels ``model(attention=...)`` can be built with; None: every kernel (:data:`ATTENTION_KERNELS`); ():
+    the model has no attention to choose a kernel for (a state-space model). An ``hf:`` entry reads them from
+    transformers' class flags (:func:`autofit.workload.hf_tasks.supported_kernels`), so a kernel the model refuses
+    (Gemma-2 and sdpa) is never searched."""
+    kernel_note: str | None = None
+    """Why :attr:`attention_kernels` is narrower than every kernel, in a sentence the report and the estimate JSON
+    repeat; None where nothing was narrowed."""
 
     def __post_init__(self) -> None:
         if not callable(self.model):
@@ -55,6 +66,9 @@ class Workload:
             raise AutofitError(f"Workload.attention_modules must be callable or None, but got {self.attention_modules!r}")
         if self.sequence is not None and not isinstance(self.sequence, SequenceShape):
             raise AutofitError(f"Workload.sequence must be a SequenceShape or None, but got {self.sequence!r}")
+        if self.attention_kernels is not None and not set(self.attention_kernels) <= set(ATTENTION_KERNELS):
+            raise AutofitError(f"Workload.attention_kernels must name kernels of {', '.join(ATTENTION_KERNELS)}, "
+                               f"but got {self.attention_kernels!r}")
         if self.tokens_per_sample is not None and (
             not isinstance(self.tokens_per_sample, int) or self.tokens_per_sample < 1
         ):
@@ -62,11 +76,23 @@ class Workload:
 
     @property
     def searches_attention(self) -> bool:
-        """True when ``model`` accepts an ``attention`` keyword."""
+        """True when ``model`` accepts an ``attention`` keyword and can be built with some kernel."""
         try:
-            return "attention" in inspect.signature(self.model).parameters
+            takes = "attention" in inspect.signature(self.model).parameters
         except (TypeError, ValueError):
             return False
+        return takes and self.attention_kernels != ()
+
+    @property
+    def kernels(self) -> tuple[str, ...] | None:
+        """The kernels the search may choose among: :attr:`attention_kernels`, all where None; () where the model
+        has no attention (no kernel dimension: its JSON has no ``attention`` key); None where the model takes no
+        ``attention`` keyword (the kernel is whatever it builds)."""
+        if self.attention_kernels == ():
+            return ()
+        if not self.searches_attention:
+            return None
+        return ATTENTION_KERNELS if self.attention_kernels is None else tuple(self.attention_kernels)
 
     def build_model(self, attention: str | None = None) -> Any:
         """A fresh model; ``attention`` is passed only where the workload accepts it."""

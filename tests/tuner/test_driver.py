@@ -76,7 +76,7 @@ def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path, stora
         run_search(plan, SearchSettings(trials=3), storage=storage, out_path=out, prober=_no_probe)
     message = str(info.value)
     # how many depends on what the cost model adds per rank (NCCL's buffers, ZeRO's buckets): a count above one
-    found = re.search(r"It would fit with (\d+) GPUs with ZeRO-3 sharding", message)
+    found = re.search(r"(\d+) GPUs with ZeRO-3 sharding", message)
     assert found is not None and int(found.group(1)) > 1, message
     assert not out.exists()
 

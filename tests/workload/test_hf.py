@@ -13,7 +13,8 @@ from torch import nn
 from autofit import AutofitError
 from autofit.probe.spec import probe_spec
 from autofit.workload.entry import load_workload
-from autofit.workload.hf import HfEntry, HfOptions, attention_blocks, hf_workload, load_config, task_from_config, with_hf_options
+from autofit.workload.hf import HfEntry, HfOptions, hf_workload, load_config, task_from_config, with_hf_options
+from autofit.workload.hf_tasks import attention_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,114 @@
+"""An ``hf:`` model's attention kernels come from its class (transformers' flags), and tasks it cannot train are one
+line: Gemma-2 plans with the kernels it takes, Mamba with none, CLIP and Whisper with their own losses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from autofit import AutofitError
+from autofit.core.software import Software
+from autofit.core.space import space_from_dict
+from autofit.machine.device import get_hardware
+from autofit.planning.estimate import estimate
+from autofit.planning.plan import Plan
+from autofit.workload.hf import hf_workload
+
+#: one candidate of every kernel the space lists, the rest fixed (one small trace)
+SPACE = {"global_batch_size": 2, "micro_batch_size": [2], "precision": ["bf16"], "optimizer": ["adamw"],
+         "zero_stage": [0], "checkpoint_ratio": [0.0], "compile": ["off"], "overlap_comm": [False],
+         "bucket_scale": [1], "offload_optimizer": ["none"], "offload_params": ["none"]}
+
+
+def _folder(tmp_path: Path, config: object, name: str) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    config.save_pretrained(folder)  # type: ignore[attr-defined]
+    return str(folder)
+
+
+def _one_line(info: pytest.ExceptionInfo[AutofitError], *fragments: str) -> None:
+    message = str(info.value)
+    assert "\n" not in message and all(f in message for f in fragments), message
+
+
+def _plan(entry: str, workload: object, kernels: list[str]) -> Plan:
+    space = space_from_dict(SPACE | {"attention": kernels}, name="kernels")
+    return Plan.make(entry, workload, get_hardware("h100-80gb"), space, software=Software())  # type: ignore[arg-type]
+
+
+def test_a_model_without_sdpa_plans_with_the_kernels_it_takes(tmp_path: Path) -> None:
+    from transformers import Gemma2Config
+
+    config = Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, architectures=["Gemma2ForCausalLM"])
+    folder = _folder(tmp_path, config, "gemma2")
+    workload = hf_workload(folder, seq_len=16)
+    assert workload.kernels == ("eager", "flash") and "_supports_sdpa = False" in workload.kernel_note
+    result = estimate(_plan(folder, workload, ["sdpa"]))  # the space's only kernel refused: the model's first
+    assert {c.config.attention for c in result.candidates} == {"eager"}
+    assert result.to_dict()["attention"] == {"kernels": ["eager", "flash"], "note": workload.kernel_note}
+    with pytest.raises(AutofitError) as info:
+        _plan(folder, workload, ["eager"]).make(folder, workload, get_hardware("h100-80gb"),
+                                                space_from_dict(SPACE | {"attention": ["eager"]}, name="k"),
+                                                fixed={"attention": "sdpa"}, software=Software())
+    _one_line(info, "--set attention=sdpa cannot run", "eager, flash")
+
+
+def test_a_model_without_attention_plans_without_an_attention_key(tmp_path: Path) -> None:
+    from transformers import MambaConfig
+
+    config = MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+                         architectures=["MambaForCausalLM"])
+    folder = _folder(tmp_path, config, "mamba")
+    workload = hf_workload(folder, seq_len=4)
+    assert workload.kernels == () and not workload.searches_attention and "no attention" in workload.kernel_note
+    out = estimate(_plan(folder, workload, ["eager", "sdpa", "flash"])).to_dict()
+    assert len(out["candidates"]) == 1 and out["attention"]["kernels"] == []
+    candidate = out["candidates"][0]
+    assert "attention" not in candidate["config"] and "attention" not in candidate["deepspeed"]["autofit"]
+    assert "attention" not in json.dumps(candidate["deepspeed"]["autofit"]["config"])
+
+
+def test_a_task_the_model_cannot_train_is_one_line(tmp_path: Path) -> None:
+    from transformers import CLIPConfig, Speech2TextConfig, WhisperConfig
+
+    clip = _folder(tmp_path, CLIPConfig(architectures=["CLIPModel"]), "clip")
+    with pytest.raises(AutofitError) as info:
+        hf_workload(clip, seq_len=None, task="vision-classification")
+    _one_line(info, "contrastive dual encoder", "--task contrastive")
+    whisper = _folder(tmp_path, WhisperConfig(architectures=["WhisperForConditionalGeneration"]), "whisper")
+    with pytest.raises(AutofitError) as info:
+        hf_workload(whisper, seq_len=16, task="seq2seq")
+    _one_line(info, "no AutoModelForSeq2SeqLM class", "speech-seq2seq")
+    speech = _folder(tmp_path, Speech2TextConfig(architectures=["Speech2TextForConditionalGeneration"]), "s2t")
+    with pytest.raises(AutofitError) as info:
+        hf_workload(speech, seq_len=16)
+    _one_line(info, "cannot make the speech input of speech_to_text")
+
+
+def test_contrastive_and_speech_tasks_train_with_their_own_losses(tmp_path: Path) -> None:
+    from transformers import CLIPConfig, WhisperConfig
+
+    text = {"vocab_size": 64, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "hidden_size": 16,
+            "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16}
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "image_size": 8, "patch_size": 4}
+    clip = _folder(tmp_path, CLIPConfig(text_config=text, vision_config=vision, projection_dim=8,
+                                        architectures=["CLIPModel"]), "clip")
+    whisper = _folder(tmp_path, WhisperConfig(vocab_size=64, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                              decoder_start_token_id=3, d_model=16, encoder_layers=1, decoder_layers=1,
+                                              encoder_attention_heads=2, decoder_attention_heads=2, num_mel_bins=8,
+                                              max_source_positions=8, max_target_positions=16,
+                                              encoder_ffn_dim=32, decoder_ffn_dim=32,
+                                              architectures=["WhisperForConditionalGeneration"]), "whisper")
+    for folder, layers in ((clip, 3), (whisper, 2)):
+        workload = hf_workload(folder, seq_len=8)
+        model = workload.build_model()
+        assert len(workload.repeated_layers(model)) == layers and workload.tokens_per_sample is None
+        loss = workload.compute_loss(model, workload.batch(2))
+        assert loss.dim() == 0 and torch.isfinite(loss)
+        loss.backward()
