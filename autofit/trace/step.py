@@ -242,12 +242,16 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
 
 
 def built(workload: Workload, attention: str) -> Any:
-    """The workload's model built with ``attention``; a failure is :class:`BuildFailed`, one line."""
+    """The workload's model built with ``attention``; a failure is :class:`BuildFailed`, one line, but for one that
+    fake tensors cause (a data-dependent value read while building, as a ViT's position ids): that build is retried on
+    real tensors (:class:`NeedsRealTensors`)."""
     try:
         return workload.build_model(attention=attention)
     except AutofitError:
         raise
     except Exception as exc:
+        if _of_fake_tensors(exc):
+            raise NeedsRealTensors(f"{type(exc).__name__}: {first_line(exc)}") from exc
         raise BuildFailed(f"building {workload.name} with attention={attention} failed: {type(exc).__name__}: "
                           f"{first_line(exc)}") from exc
 
@@ -289,3 +293,9 @@ def _step_failure(exc: BaseException, what: str, mode: str) -> Exception:
     if mode == "fake":
         return NeedsRealTensors(f"{type(exc).__name__}: {first_line(exc)}")
     return AutofitError(f"{what} failed: {type(exc).__name__}: {exc}")
+
+
+def _of_fake_tensors(exc: BaseException) -> bool:
+    """Whether ``exc`` is fake tensors' own (torch/_subclasses/fake_tensor.py, torch/fx/experimental/symbolic_shapes.py:
+    a data-dependent output or shape), not the model's."""
+    return type(exc).__module__.startswith(("torch._subclasses", "torch.fx.experimental"))

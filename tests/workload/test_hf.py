@@ -254,7 +254,8 @@ ESTIMATED = _memory_accuracy().HF_TWINS
 #: one candidate with every key fixed: bf16, ZeRO-2, half the blocks checkpointed (the blocks matter)
 FIXED = {"micro_batch_size": 4, "checkpoint_ratio": 0.5, "checkpoint_granularity": "block", "precision": "bf16",
          "optimizer": "adamw", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none",
-         "attention": "sdpa", "compile": "off", "overlap_comm": False, "contiguous_gradients": True, "bucket_scale": 1}
+         "attention": "sdpa", "compile": "off", "overlap_comm": False, "contiguous_gradients": True, "bucket_scale": 1,
+         "sequence_parallel": 1, "tiled_mlp": False, "tiled_loss": False, "offload_activations": "none"}
 
 
 def _estimated_peak(entry: str, hardware: str = "h100-80gb") -> tuple[int, int]:
