@@ -70,12 +70,13 @@ def fits(folder: Path, seq_len: int, budget_bytes: int, keys: dict, world: int =
     """One probe of the fixed config at ``seq_len`` under the budget: whether it ran within it, and what it measured."""
     from autofit.machine.device import get_hardware
     from autofit.probe.run import run_probe
+    from autofit.probe.spec import probe_spec
 
     config = Config(**(BASE | keys))
     hardware = get_hardware("cpu", budget_bytes)
     t0 = time.monotonic()
-    result = run_probe(f"hf:{folder}?seq_len={seq_len}", config, hardware, world_size=world, steps=1, warmup_steps=1,
-                       timeout_s=600)
+    spec = probe_spec(f"hf:{folder}?seq_len={seq_len}", config, hardware, world_size=world, steps=1, warmup_steps=1)
+    result = run_probe(spec, timeout_s=600)
     row = {"seq_len": seq_len, "status": result.status, "peak_bytes": result.peak_bytes, "wall_s": time.monotonic() - t0,
            "message": result.message}
     print(f"  probe seq {seq_len}: {result.status} peak {result.peak_bytes / 2**20:.1f} MiB", flush=True)

@@ -12,6 +12,7 @@ from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.machine.device import get_hardware
 from autofit.probe.run import run_probe
+from autofit.probe.spec import probe_spec
 
 pytest.importorskip("transformers")
 pytest.importorskip("deepspeed")
@@ -39,7 +40,7 @@ def _predicted_bytes(config: Config, world_size: int) -> int:
                          ids=["sp2", "sp2-tiled"])
 def test_an_sp2_probe_of_a_tiny_hf_llama_measures_a_peak_and_a_step(keys: dict) -> None:
     config = _config(**keys)
-    result = run_probe(ENTRY, config, CPU, world_size=2, steps=1, warmup_steps=1, timeout_s=START_S)
+    result = run_probe(probe_spec(ENTRY, config, CPU, world_size=2, steps=1, warmup_steps=1), timeout_s=START_S)
     assert result.status == "ok", result.message
     assert len(result.per_rank_peak_bytes) == 2 and min(result.per_rank_peak_bytes) > 0
     assert result.step_time_s > 0 and result.tokens_per_s
@@ -52,7 +53,7 @@ def test_an_sp2_probe_of_a_tiny_hf_llama_measures_a_peak_and_a_step(keys: dict) 
 
 @pytest.mark.slow
 def test_a_tiled_loss_and_tiled_mlp_probe_on_one_rank_runs() -> None:
-    result = run_probe(ENTRY, _config(zero_stage=0, tiled_mlp=True, tiled_loss=True, checkpoint_ratio=1.0), CPU,
-                       steps=1, warmup_steps=1, timeout_s=START_S)
+    config = _config(zero_stage=0, tiled_mlp=True, tiled_loss=True, checkpoint_ratio=1.0)
+    result = run_probe(probe_spec(ENTRY, config, CPU, steps=1, warmup_steps=1), timeout_s=START_S)
     assert result.status == "ok", result.message
     assert result.peak_bytes > 0
