@@ -19,8 +19,9 @@ Two ways, the same JSON:
   ``sequence_parallel_mpu`` before ``deepspeed.initialize(mpu=...)``, ``shard_batch`` and ``causal_lm_loss`` each
   step, forward and backward inside ``activation_offload_context``.
 
-Each rank prints one ``RESULT {json}`` line: its losses (and grad norms), so that runs at different SP degrees can
-be compared (every SP group sees the same batches: data-parallel size is world / sp).
+Each rank prints one ``RESULT {json}`` line and writes the same JSON to ``<output-dir>/result-rank<N>.json``: its
+losses (and grad norms), so that runs at different SP degrees can be compared (every SP group sees the same batches:
+data-parallel size is world / sp). Read the files: the ranks share one stdout, where two lines can interleave.
 """
 
 from __future__ import annotations
@@ -128,7 +129,11 @@ def main(argv: list[str] | None = None) -> None:
         out = train_trainer(ds, args.max_steps, args.output_dir)
     else:
         out = train_deepspeed(ds, args.max_steps)
-    print("RESULT " + json.dumps({"rank": int(os.environ["RANK"]), **out}), flush=True)
+    rank = int(os.environ["RANK"])
+    line = json.dumps({"rank": rank, **out})
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(args.output_dir) / f"result-rank{rank}.json").write_text(line + "\n")
+    print("RESULT " + line, flush=True)
 
 
 if __name__ == "__main__":
