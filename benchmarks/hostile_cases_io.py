@@ -88,7 +88,7 @@ def _():
     return one_line_error(r), fmt(r)
 
 
-@case("C07-os-exit", "exit", "os._exit(0) at import: exit != 0 (needs out-of-process loading)")
+@case("C07-os-exit", "exit", "os._exit(0) at import: exit != 0 (the entry is loaded in a forked child first)")
 def _():
     r = est_entry("osexit", at_import="os._exit(0)")
     return r.rc not in (0, None), fmt(r)
@@ -109,7 +109,7 @@ def _():
     return r.rc not in (0, None), f"{fmt(r)} out exists={out.exists()}"
 
 
-@case("C10-estimate-hang-limit", "stall", "an entry that never returns: estimate ends with an error (AUTOFIT_LOAD_TIMEOUT_S=3, proposed) within 30 s")  # noqa: E501
+@case("C10-estimate-hang-limit", "stall", "an entry that never returns: estimate ends with an error (AUTOFIT_LOAD_TIMEOUT_S=3) within 30 s")  # noqa: E501
 def _():
     r = est_entry("hang", at_call="import time; time.sleep(10**6)", timeout=30,
                   env=base_env(AUTOFIT_LOAD_TIMEOUT_S="3"))
@@ -142,7 +142,7 @@ def _():
     return st["state"] == "failed", f"worker rc={res.rc}; state={st['state']}"
 
 
-@case("C14-worker-hang", "stall", "a queued entry that never returns: search given back/failed with the reason (AUTOFIT_LOAD_TIMEOUT_S=5, proposed), not `running` with a live lease")  # noqa: E501
+@case("C14-worker-hang", "stall", "a queued entry that never returns: search given back/failed with the reason (AUTOFIT_LOAD_TIMEOUT_S=5), not `running` with a live lease")  # noqa: E501
 def _():
     root = WORK / "root-w-hang"
     entry = make_entry(root, at_call="import time; time.sleep(10**6)")
@@ -159,6 +159,41 @@ def _():
         pass
     proc.wait()
     return st["state"] != "running", f"after 25 s: state={st['state']} worker alive={alive}"
+
+
+def _building_in(folder: Path) -> list[int]:
+    """Live processes working under ``folder`` (a build's ninja and compilers work in its build directory)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and Path(os.readlink(entry / "cwd")).is_relative_to(folder)
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
+                alive.append(int(entry.name))
+        except OSError:
+            continue
+    return alive
+
+
+@case("C15-op-build-killed", "stall", "a worker killed (SIGKILL) while DeepSpeed builds an op: no ninja or compiler left running within 15 s")  # noqa: E501
+def _():
+    ext = WORK / "ext-killed"
+    ext.mkdir(exist_ok=True)
+    code = "from autofit.probe.ops import load_ops; load_ops(('cpu_adam',), 'cpu', 600)"
+    proc = subprocess.Popen([PY, "-c", code], env=base_env(TORCH_EXTENSIONS_DIR=str(ext)), cwd=WORK,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(_building_in(ext)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    started = len(_building_in(ext))
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while _building_in(ext) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _building_in(ext)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return started >= 2 and not left, f"building before the kill: {started} processes; after: {len(left)}"
 
 
 # ================================================================ D. secrets

@@ -34,6 +34,7 @@ from typing import Any
 
 from autofit.core.software import OP_BUILDERS, Software, ops_needed
 from autofit.core.storage_url import without_secrets
+from autofit.machine.lifetime import PARENT_PID_ENV, end_session_with_parent, kill_session, parent_from_env
 from autofit.machine.software import detect_software
 
 #: a lock younger than this may belong to a build that has not started ninja yet
@@ -130,20 +131,31 @@ def prepare_ops(candidates: list[Any], hardware: Any, software: Software | None 
 
 
 def load_ops(ops: tuple[str, ...], device_kind: str, timeout_s: float) -> dict[str, str]:
-    """Build or load ``ops`` in one subprocess (a build that crashes must not take the caller down)."""
-    env = without_secrets(os.environ)
+    """Build or load ``ops`` in one subprocess (a build that crashes must not take the caller down). It leads a
+    session of its own, the build's ``ninja`` and compilers in it, which ends with the build, at the timeout and
+    when the caller dies (:mod:`autofit.machine.lifetime`): a killed worker leaves no build behind."""
+    env = without_secrets(os.environ) | {PARENT_PID_ENV: str(os.getpid())}
     if device_kind == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
+    build = subprocess.Popen([sys.executable, "-m", "autofit.probe.ops", *ops], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        done = subprocess.run([sys.executable, "-m", "autofit.probe.ops", *ops], env=env, capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+        stdout, stderr = build.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return dict.fromkeys(ops, f"not built within {timeout_s:g} s")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    finally:
+        _end_session(build)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return dict.fromkeys(ops, f"exit {done.returncode}: {tail}"[:300])
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
+        return dict.fromkeys(ops, f"exit {build.returncode}: {tail}"[:300])
     return {str(k): str(v) for k, v in json.loads(lines[-1]).items()}
+
+
+def _end_session(build: subprocess.Popen[str]) -> None:
+    """Kill what is left of the build's session (nothing after a build that finished) and reap the build."""
+    kill_session(build.pid)
+    build.wait()
 
 
 def _load_all(ops: list[str]) -> dict[str, str]:
@@ -164,6 +176,7 @@ def _load_all(ops: list[str]) -> dict[str, str]:
 
 
 if __name__ == "__main__":
+    end_session_with_parent(parent_from_env(os.getppid()))
     print(json.dumps(_load_all(sys.argv[1:])))
     sys.stdout.flush()
     os._exit(0)

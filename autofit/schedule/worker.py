@@ -50,7 +50,7 @@ from autofit.schedule.store import optuna_storage
 from autofit.tuner import SearchSettings, run_search
 from autofit.tuner.storage import database_errors, transient
 from autofit.tuner.storage import short_error as _short
-from autofit.workload.entry import load_workload
+from autofit.workload.preflight import load_workload_in_time
 from autofit.workload.sources import sources_digest, workload_fingerprint
 
 if TYPE_CHECKING:
@@ -340,7 +340,7 @@ def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
     if request.get("sources") is not None and sources_digest(request["entry"]) != request["sources"]:
         raise AutofitError(f"{request['entry']} is not the workload that was queued (its source files changed since "
                            "`schedule add`; nothing of it was run); add the search again")
-    workload = load_workload(request["entry"])
+    workload = load_workload_in_time(request["entry"])
     if workload_fingerprint(request["entry"], workload) != attrs.get("workload_fp"):
         raise AutofitError(f"{request['entry']} is not the workload that was queued (its file or model changed); "
                            "add the search again")

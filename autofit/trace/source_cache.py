@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from autofit.core.sequence import SequenceShape
 from autofit.trace import cache, trace_workload
 from autofit.trace.parallel import trace_workers_setting
-from autofit.workload.entry import is_loadable, load_workload
+from autofit.workload.entry import is_loadable
+from autofit.workload.preflight import load_workload_in_time
 from autofit.workload.sources import entry_source, import_root, local_sources
 
 if TYPE_CHECKING:
@@ -113,10 +114,10 @@ class SourcePlannedWorkload:
 
     @property
     def workload(self) -> Workload:
-        """The real workload, loaded once (:func:`autofit.workload.entry.load_workload`)."""
+        """The real workload, loaded once (:func:`autofit.workload.preflight.load_workload_in_time`)."""
         if self._loaded is None:
 
-            self._loaded = load_workload(self.entry)
+            self._loaded = load_workload_in_time(self.entry)
         return self._loaded
 
     def _answer(self, name: str) -> Any:
@@ -182,11 +183,11 @@ class SourcePlannedWorkload:
 def planned_workload(entry: str) -> Workload | SourcePlannedWorkload:
     """What a plan of ``entry`` reads its workload from: a :class:`SourcePlannedWorkload` where ``entry`` has a
     :func:`source_key` (on a miss its workload is loaded at once, as without the record, so a bad entry fails
-    here), else the workload itself (:func:`autofit.workload.entry.load_workload`)."""
+    here), else the workload itself (:func:`autofit.workload.preflight.load_workload_in_time`)."""
 
     key = source_key(entry)
     if key is None:
-        return load_workload(entry)
+        return load_workload_in_time(entry)
     planned = SourcePlannedWorkload(entry, key)
     if not planned.recorded:
         planned.workload  # noqa: B018 - loaded now: a miss does what a plan without the record does

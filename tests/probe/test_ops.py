@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -110,3 +111,52 @@ def test_every_probe_clears_stale_locks_first(tmp_path, monkeypatch):
     result = run_probe(probe_spec(missing, Config(optimizer="sgd"), get_hardware("cpu"), 1, steps=1, warmup_steps=0), timeout_s=120)
     assert result.status == "error"
     assert not lock.exists()
+
+
+def _building_in(folder: Path) -> list[int]:
+    """Processes working under ``folder`` (a build's ninja and compilers work in its build directory), zombies not
+    counted."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            works_here = Path(os.readlink(entry / "cwd")).is_relative_to(folder)
+            zombie = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if works_here and not zombie:
+            alive.append(int(entry.name))
+    return alive
+
+
+def _wait(until, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not until() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return bool(until())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="reads /proc")
+@pytest.mark.parametrize("end", ["caller killed", "timeout"])
+def test_an_op_build_ends_with_its_caller_and_its_timeout_compilers_included(tmp_path: Path, end: str) -> None:
+    """A worker killed with SIGKILL, or a build past its timeout, leaves no ninja or compiler running (a fresh
+    TORCH_EXTENSIONS_DIR: the cpu_adam build really starts)."""
+    timeout = 600 if end == "caller killed" else 8
+    code = f"from autofit.probe.ops import load_ops; print(load_ops(('cpu_adam',), 'cpu', {timeout}), flush=True)"
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), DS_ACCELERATOR="cpu",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    caller = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert _wait(lambda: len(_building_in(tmp_path)) >= 2, 120), "the build never started"
+        if end == "caller killed":
+            caller.kill()
+        else:
+            assert "not built within 8 s" in caller.communicate(timeout=120)[0]
+        caller.wait()
+        assert _wait(lambda: not _building_in(tmp_path), 15), _building_in(tmp_path)
+    finally:
+        caller.kill()
+        for pid in _building_in(tmp_path):  # on a failure: no compiler left behind by the test itself
+            os.kill(pid, 9)

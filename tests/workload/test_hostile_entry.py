@@ -4,10 +4,11 @@ itself; run through the real CLI (``python -m autofit``) or a real interpreter."
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
-from hostile_helpers import FIXED, autofit, make_entry, one_line_error, python
+from hostile_helpers import FIXED, autofit, env, make_entry, one_line_error, python
 
 pytestmark = pytest.mark.slow
 
@@ -59,3 +60,38 @@ print(json.dumps([ma.WHO, mb.WHO, ma.common.WHO, mb.common.WHO, sys.path == befo
     res = python(code)
     assert res.returncode == 0, res.stderr[-600:]
     assert json.loads(res.stdout.splitlines()[-1]) == ["a", "b", "a", "b", True, False]
+
+
+def test_an_entry_that_ends_the_process_at_import_is_one_error_line_not_success(tmp_path: Path) -> None:
+    res = autofit("estimate", make_entry(tmp_path, at_import="os._exit(0)"), *FIXED, "--json")
+    assert one_line_error(res, "ended the process while loading (exit status 0)"), (res.returncode, res.stderr[-600:])
+    assert res.stdout == ""
+
+
+def test_an_entry_that_never_loads_ends_at_the_time_limit_with_what_it_started(tmp_path: Path) -> None:
+    marker = tmp_path / "sleeper.pid"
+    entry = make_entry(tmp_path, at_import="import subprocess, time\n"
+                                           "child = subprocess.Popen(['sleep', '1000'], process_group=0)\n"
+                                           f"open({str(marker)!r}, 'w').write(str(child.pid))\n"
+                                           "time.sleep(10**6)")
+    started = time.monotonic()
+    res = autofit("estimate", entry, *FIXED, environ=env(AUTOFIT_LOAD_TIMEOUT_S="3"), timeout=120)
+    assert one_line_error(res, "did not finish within 3 s (AUTOFIT_LOAD_TIMEOUT_S)"), (res.returncode, res.stderr[-600:])
+    assert time.monotonic() - started < 60
+    sleeper = int(marker.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(sleeper)  # the entry's own subprocess ended with it, in a process group of its own
+
+
+def test_a_load_time_limit_that_is_no_positive_number_is_refused(tmp_path: Path) -> None:
+    res = autofit("estimate", make_entry(tmp_path), *FIXED, environ=env(AUTOFIT_LOAD_TIMEOUT_S="nan"))
+    assert one_line_error(res, "AUTOFIT_LOAD_TIMEOUT_S='nan' is not a positive number"), res.stderr[-600:]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

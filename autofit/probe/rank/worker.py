@@ -13,11 +13,9 @@ Memory is metered by :mod:`autofit.probe.rank.meter` (docs/design.md, "Memory, m
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
-import signal
 import sys
 import time
 import traceback
@@ -35,6 +33,7 @@ from autofit.ds.apply import (
     sequence_parallel_mpu,
     shard_batch,
 )
+from autofit.machine.lifetime import die_with_parent, parent_from_env
 from autofit.probe import snapshot
 from autofit.probe.failure import classify_exception
 from autofit.probe.rank.fake import run_fake
@@ -91,28 +90,11 @@ def failure_result(rank: int, phases: dict[str, float], exc: BaseException, trac
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the parent dies (no probe outlives its search).
-
-    The parent may already be gone before the request is made: then this process was re-parented,
-    and its parent pid no longer is the one the launcher passed in ``AUTOFIT_PARENT_PID`` (under
-    torch's elastic agent: the parent seen at start). A parent pid of 1 alone proves nothing:
-    autofit itself is PID 1 in a container without an init process.
-    """
-    try:
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != expected_parent_pid(dict(os.environ), _PPID_AT_START):
-            os._exit(1)
-    except OSError:
-        pass
-
-
-def expected_parent_pid(env: dict[str, str], ppid_at_start: int) -> int:
-    """The pid this worker's parent must have: the launcher's, unless an elastic agent started it."""
-    if "TORCHELASTIC_RUN_ID" in env or "AUTOFIT_PARENT_PID" not in env:
-        return ppid_at_start
-    return int(env["AUTOFIT_PARENT_PID"])
+    """SIGKILLed when the parent dies (no probe outlives its search): :func:`autofit.machine.lifetime.die_with_parent`,
+    the parent being the launcher that passed ``AUTOFIT_PARENT_PID``, or under torch's elastic agent the parent seen
+    at start."""
+    parent = _PPID_AT_START if "TORCHELASTIC_RUN_ID" in os.environ else parent_from_env(_PPID_AT_START)
+    die_with_parent(parent)
 
 
 def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -> RankResult:
