@@ -5,6 +5,7 @@ naming the value otherwise."""
 from __future__ import annotations
 
 import math
+import os
 import re
 
 from autofit.core.errors import AutofitError
@@ -75,6 +76,13 @@ def finite(name: str, value: object, lo: float | None = None, hi: float | None =
         high = "" if hi is None else f"{' and' if low else ''} <= {hi:g}"
         raise AutofitError(f"{name} must be a finite number{low}{high}, but got {value!r}")
     return number
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """The environment variable ``name`` as a finite positive number of seconds, ``default`` where it is unset or
+    empty; anything else is one :class:`AutofitError` naming it."""
+    text = os.environ.get(name, "").strip()
+    return default if not text else finite(name, text, 0, above=True)
 
 
 def whole(name: str, value: object, lo: int = 1, hi: int | None = None, *, or_none: bool = False) -> int:

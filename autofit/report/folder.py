@@ -320,9 +320,7 @@ def _memory_breakdown(result: SearchResult, path: Path) -> None:
     ax.set_ylabel("MiB")
     ax.set_title("Predicted memory breakdown (calibrated); * = winner")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def _scatter(result: SearchResult, path: Path) -> None:
@@ -353,9 +351,7 @@ def _scatter(result: SearchResult, path: Path) -> None:
     ax.set_ylabel("samples/s")
     ax.set_title("Memory vs throughput")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def _timeline(result: SearchResult, path: Path) -> None:
@@ -385,9 +381,14 @@ def _timeline(result: SearchResult, path: Path) -> None:
         twin = ax.twinx()
         twin.step(*zip(*best_line, strict=True), where="post", color="black", lw=1)
         twin.set_ylabel("best samples/s so far")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 __all__ = ["write_report", "report_sections"]
+
+
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    """Lay ``fig`` out, write it to ``path`` and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 import time
 import weakref
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autofit.core.errors import AutofitError, is_control, user_code_error
+from autofit.core.units import seconds_from_env
 from autofit.cost_model.facts import PeakPoint
 from autofit.ds.apply import apply_checkpointing
 from autofit.trace.layers import SegmentMarks
@@ -72,18 +72,8 @@ class TraceTooSlow(AutofitError):
 
 
 def trace_step_limit_s() -> float:
-    """:data:`TRACE_STEP_ENV` in seconds, else :data:`TRACE_STEP_S`; a value that is not a positive number is an
-    error."""
-    text = os.environ.get(TRACE_STEP_ENV, "").strip()
-    if not text:
-        return TRACE_STEP_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise AutofitError(f"{TRACE_STEP_ENV}={text!r} is not a positive number of seconds")
-    return value
+    """:data:`TRACE_STEP_ENV` in seconds, else :data:`TRACE_STEP_S` (:func:`autofit.core.units.seconds_from_env`)."""
+    return seconds_from_env(TRACE_STEP_ENV, TRACE_STEP_S)
 
 
 @contextlib.contextmanager

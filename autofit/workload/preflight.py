@@ -16,7 +16,6 @@ secrets in its environment (:func:`autofit.core.storage_url.without_secrets`).
 
 from __future__ import annotations
 
-import math
 import os
 import select
 import signal
@@ -24,6 +23,7 @@ import time
 
 from autofit.core.errors import AutofitError
 from autofit.core.storage_url import without_secrets
+from autofit.core.units import seconds_from_env
 from autofit.machine.lifetime import die_with_parent, end_session_with_parent, kill_session
 from autofit.workload.entry import is_loadable, load_workload
 from autofit.workload.types import Workload
@@ -39,18 +39,8 @@ _LOADED, _RAISED = b"ok", b"error"
 
 
 def load_timeout_s() -> float:
-    """:data:`LOAD_TIMEOUT_ENV` in seconds, else :data:`LOAD_TIMEOUT_S`; a value that is not a finite positive
-    number is an error."""
-    text = os.environ.get(LOAD_TIMEOUT_ENV, "").strip()
-    if not text:
-        return LOAD_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise AutofitError(f"{LOAD_TIMEOUT_ENV}={text!r} is not a positive number of seconds")
-    return value
+    """:data:`LOAD_TIMEOUT_ENV` in seconds, else :data:`LOAD_TIMEOUT_S` (:func:`autofit.core.units.seconds_from_env`)."""
+    return seconds_from_env(LOAD_TIMEOUT_ENV, LOAD_TIMEOUT_S)
 
 
 def load_workload_in_time(entry: str) -> Workload:

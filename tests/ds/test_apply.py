@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from compiled_script import Net  # the tiny residual MLP the compiled-engine script trains
 
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
@@ -20,28 +21,6 @@ from autofit.ds.apply import (
     n_checkpointed,
 )
 from autofit.ds.emit import deepspeed_config
-
-
-class Block(torch.nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up = torch.nn.Linear(width, 4 * width)
-        self.down = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(x)))
-
-
-class Net(torch.nn.Module):
-    def __init__(self, width: int = 16, n_layers: int = 4) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(Block(width) for _ in range(n_layers))
-        self.head = torch.nn.Linear(width, 1)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return ((self.head(x).squeeze(-1) - y) ** 2).mean()
 
 
 @pytest.mark.parametrize(

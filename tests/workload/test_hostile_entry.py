@@ -87,7 +87,7 @@ def test_an_entry_that_never_loads_ends_at_the_time_limit_with_what_it_started(t
 
 def test_a_load_time_limit_that_is_no_positive_number_is_refused(tmp_path: Path) -> None:
     res = autofit("estimate", make_entry(tmp_path), *FIXED, environ=env(AUTOFIT_LOAD_TIMEOUT_S="nan"))
-    assert one_line_error(res, "AUTOFIT_LOAD_TIMEOUT_S='nan' is not a positive number"), res.stderr[-600:]
+    assert one_line_error(res, "AUTOFIT_LOAD_TIMEOUT_S must be a finite number > 0, but got 'nan'"), res.stderr[-600:]
 
 
 def _alive(pid: int) -> bool:
