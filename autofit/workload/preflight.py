@@ -7,7 +7,7 @@ returns (a socket read, a lock, ``input()``) holds a plan or a worker's lease fo
 from outside: the child reports on a pipe when the load returned (or raised: the error is then the parent's own
 load to report, in its usual line), and a child that ended without a word, or did not answer within
 :func:`load_timeout_s`, is one :class:`AutofitError` line. The child is forked, not spawned: autofit and torch
-are already imported, so the honest path pays the entry's own import time again, not an interpreter's start.
+are already imported, so the honest path pays the entry's own code again, not an interpreter's start nor torch's import.
 
 The child leads its own session (the subprocesses an entry starts end with it), ends with its parent
 (:mod:`autofit.machine.lifetime`), writes nothing to autofit's stdout or stderr, and runs without the storage's
@@ -26,6 +26,7 @@ from autofit.core.storage_url import without_secrets
 from autofit.core.units import seconds_from_env
 from autofit.machine.lifetime import die_with_parent, end_session_with_parent, kill_session
 from autofit.workload.entry import is_loadable, load_workload
+from autofit.workload.hf import HfEntry, is_hf_entry
 from autofit.workload.types import Workload
 
 #: environment variable: the most seconds loading an entry point may take (a positive number; unset or empty:
@@ -53,11 +54,16 @@ def load_workload_in_time(entry: str) -> Workload:
 def check_entry_loads(entry: str, timeout_s: float) -> None:
     """Load ``entry`` in a forked child: an :class:`AutofitError` where the child ended without a word (an exit at
     import) or did not finish within ``timeout_s``; nothing where it loaded or raised (the caller's own load
-    reports the error). Where no fork is (Windows), or ``entry`` is no entry point, nothing is checked."""
-    if not is_loadable(entry) or not hasattr(os, "fork"):
+    reports the error). Where no fork is (Windows), or loading ``entry`` runs no user code (:func:`runs_user_code`),
+    nothing is checked."""
+    if not runs_user_code(entry) or not hasattr(os, "fork"):
         return
+    # autofit's own dependencies, which every entry imports and the plan needs next: imported once, before the
+    # fork, not in the child and again here (torch alone takes 2-4 s on the 2-core development machine)
+    import torch  # noqa: F401
+
     if entry.startswith("hf:"):
-        import transformers  # noqa: F401 - autofit's own dependency: imported once, before the fork, not twice
+        import transformers  # noqa: F401
 
     read_end, write_end = os.pipe()
     parent = os.getpid()
@@ -83,6 +89,15 @@ def check_entry_loads(entry: str, timeout_s: float) -> None:
         os.close(read_end)
         if not reaped:
             _end(pid)
+
+
+def runs_user_code(entry: str) -> bool:
+    """Whether loading ``entry`` runs code a user wrote: an entry point does, an ``hf:`` entry only with
+    ``trust_remote_code`` (the repository's own code); without it only transformers' code runs, on a config (a Hub
+    fetch has huggingface_hub's own timeouts). A :class:`Workload` handed over as an object is loaded already."""
+    if not is_loadable(entry):
+        return False
+    return not is_hf_entry(entry) or HfEntry.parse(entry).options.trust_remote_code
 
 
 def _child(entry: str, parent: int, read_end: int, write_end: int) -> None:

@@ -95,3 +95,16 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_trusted_repositorys_code_that_ends_the_process_is_one_error_line(tmp_path: Path) -> None:
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    (folder / "configuration_tiny.py").write_text("import os\nos._exit(0)\n")
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "autofit_tiny_remote", "architectures": ["TinyRemoteForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_tiny.TinyRemoteConfig"}, "hidden_size": 64,
+    }))
+    res = autofit("estimate", f"hf:{folder}", "--seq-len", "8", "--trust-remote-code", *FIXED,
+                  environ=env(HF_HOME=str(tmp_path / "hf-home"), HF_HUB_OFFLINE="1"))
+    assert one_line_error(res, "ended the process while loading (exit status 0)"), (res.returncode, res.stderr[-600:])
