@@ -44,6 +44,10 @@ LONGEST_TRIED = 2**28
 #: memory-like attributes of a traced point (linear in the length) and time-like ones (a s + c s^2)
 LINEAR_ATTRS = ("peak_with_grads_bytes", "peak_without_grads_bytes", "activation_bytes")
 QUADRATIC_ATTRS = ("flops", "fp8_flops", "memory_bound_bytes", "fused_memory_bound_bytes")
+#: elements past which a tensor's flat index no longer fits an int32: Triton kernels that index in int32 fail there
+#: with "an illegal memory access" (Liger-Kernel issue #803, from ALST's authors: Liger's RMSNorm at a
+#: ``[1, 555_000, 4096]`` hidden state; flash-attn 2 too, flash-attn 3 not)
+INT32_ELEMENTS = 2**31
 #: the ladder's rungs: a name and the long-context keys it lets vary (cumulative)
 RUNGS = (("no long-context technique", ()), ("+ tiled loss", ("tiled_loss",)),
          ("+ tiled MLP", ("tiled_loss", "tiled_mlp")),
@@ -85,6 +89,19 @@ class Longest:
     """The two lengths the model was traced at."""
     max_position_embeddings: int | None
     """The config's own limit (the answer may pass it: positions are the rope scaling's question, not memory's)."""
+    int32_tokens: int | None = None
+    """Tokens a rank past which its hidden states ``[1, s / sp, h]`` have more than 2^31 elements
+    (:data:`INT32_ELEMENTS`), None where the hidden size is unknown."""
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """The answer's tokens on one rank (``seq_len / sp``)."""
+        return self.seq_len // (self.config.sequence_parallel if self.config else 1)
+
+    @property
+    def past_int32(self) -> bool:
+        """Whether a rank's hidden states at the answer pass 2^31 elements (memory allows it; int32 kernels do not)."""
+        return self.int32_tokens is not None and self.tokens_per_rank > self.int32_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.name, "hardware": self.hardware, "world_size": self.world_size,
@@ -94,7 +111,8 @@ class Longest:
                 "ladder": [{"rung": r.name, "seq_len": r.seq_len,
                             "config": r.config.label() if r.config else None} for r in self.rungs],
                 "traced_lengths": list(self.traced_lengths),
-                "max_position_embeddings": self.max_position_embeddings}
+                "max_position_embeddings": self.max_position_embeddings,
+                "int32_tokens_per_rank": self.int32_tokens, "past_int32": self.past_int32}
 
     def text(self) -> str:
         """What ``autofit estimate --seq-len max`` prints."""
@@ -110,6 +128,11 @@ class Longest:
                      "memory linear in the length, FLOPs a s + c s^2)")
         if self.max_position_embeddings and self.seq_len > self.max_position_embeddings:
             lines.append(f"  note: past the config's max_position_embeddings={self.max_position_embeddings}")
+        if self.past_int32:
+            lines.append(f"  note: {self.tokens_per_rank:,} tokens a rank make hidden states of more than 2^31 elements "
+                         f"(past {self.int32_tokens:,}): kernels that index in int32 (Triton's, as Liger's RMSNorm and "
+                         "loss; flash-attn 2) fail there with an illegal memory access; memory allows it, those "
+                         "kernels do not")
         return "\n".join(lines)
 
 
@@ -137,7 +160,8 @@ def longest_sequence(target: Target) -> Longest:
                              plan.world_size, plan.coefficients)
     return Longest(name=plan.name, hardware=plan.hardware.name, world_size=plan.world_size, seq_len=best.seq_len,
                    config=best.config, prediction=prediction, rungs=tuple(rungs), traced_lengths=(s1, s2),
-                   max_position_embeddings=cap)
+                   max_position_embeddings=cap,
+                   int32_tokens=INT32_ELEMENTS // plan.facts.hidden_size if plan.facts.hidden_size else None)
 
 
 def _max_positions(target: Target) -> int | None:

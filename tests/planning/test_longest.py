@@ -33,3 +33,20 @@ def test_seq_len_max_is_estimates_question() -> None:
     with pytest.raises(AutofitError, match="seq_len must be an integer >= 1 or max"):
         Target(entry=LLAMA, seq_len="long")
     assert Target(entry=LLAMA, seq_len="128").seq_len == 128
+
+
+def test_an_answer_past_int32_hidden_states_says_so() -> None:
+    """Memory may allow hidden states of more than 2^31 elements on a rank; kernels indexing in int32 do not."""
+    from autofit.core.config import Config
+    from autofit.planning.longest import INT32_ELEMENTS, Longest
+
+    hidden = 4096
+    def answer(seq_len: int, sp: int) -> Longest:
+        return Longest(name="m", hardware="h100-80gb", world_size=sp, seq_len=seq_len,
+                       config=Config(zero_stage=3, sequence_parallel=sp), prediction=None, rungs=(),
+                       traced_lengths=(2048, 4096), max_position_embeddings=None,
+                       int32_tokens=INT32_ELEMENTS // hidden)
+    past = answer(600_000, 1)  # [1, 600_000, 4096]: 2.46e9 elements
+    assert past.past_int32 and "more than 2^31 elements" in past.text() and past.to_dict()["past_int32"]
+    assert not answer(500_000, 1).past_int32  # 2.05e9: under
+    assert not answer(4_000_000, 8).past_int32  # 500,000 tokens a rank
