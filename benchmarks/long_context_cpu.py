@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from autofit.core.config import Config  # noqa: E402
 from autofit.core.units import parse_bytes  # noqa: E402
+from autofit.cost_model.facts import ModelFacts  # noqa: E402
+from autofit.planning.estimate import EstimateResult  # noqa: E402
 
 MODELS = {"llama-gqa": HERE / "models" / "long_context" / "llama_gqa", "qwen2": HERE / "models" / "long_context" / "qwen2"}
 RESULTS = HERE / "results" / "long_context_cpu.json"
@@ -66,8 +68,23 @@ def predicted_longest(folder: Path, budget: str) -> dict:
     return {"seq_len": int(answer["seq_len"]), "label": answer.get("label"), "ladder": answer.get("ladder")}
 
 
-def fits(folder: Path, seq_len: int, budget_bytes: int, keys: dict, world: int = 1) -> tuple[bool, dict]:
-    """One probe of the fixed config at ``seq_len`` under the budget: whether it ran within it, and what it measured."""
+def traced_facts(folder: Path, seq_len: int, keys: dict, world: int = 1) -> tuple[ModelFacts, EstimateResult]:
+    """The model's traced facts, as ``autofit estimate`` prices the fixed config with them (and the estimate)."""
+    import autofit
+
+    result = autofit.estimate(f"hf:{folder}", hardware="cpu", gpus=world, seq_len=seq_len, set=BASE | keys)
+    return result.facts, result
+
+
+def fits(folder: Path, seq_len: int, budget_bytes: int, keys: dict, facts: ModelFacts,
+         world: int = 1) -> tuple[bool, dict]:
+    """One probe of the fixed config at ``seq_len`` under the budget: whether it ran within it, and what it measured.
+
+    ``facts``: the traced model the estimate priced. The probe's DeepSpeed JSON takes its ZeRO buckets from them
+    (the hidden size, :mod:`autofit.ds.buckets`), as the candidate's JSON does; without them the probe would run
+    autofit's buckets for an unknown model (50 M-element reduce and prefetch buckets, persistence 1e5), not the
+    config the estimate priced: on ZeRO-3 the reduce bucket alone then holds every gradient (``torch.empty(
+    reduce_bucket_size)`` in stage3.py, its pages written on the CPU), 18.6 MiB a rank on the GQA Llama here."""
     from autofit.machine.device import get_hardware
     from autofit.probe.run import run_probe
     from autofit.probe.spec import probe_spec
@@ -75,14 +92,19 @@ def fits(folder: Path, seq_len: int, budget_bytes: int, keys: dict, world: int =
     config = Config(**(BASE | keys))
     hardware = get_hardware("cpu", budget_bytes)
     t0 = time.monotonic()
-    spec = probe_spec(f"hf:{folder}?seq_len={seq_len}", config, hardware, world_size=world, steps=1, warmup_steps=1)
+    spec = probe_spec(f"hf:{folder}?seq_len={seq_len}", config, hardware, world_size=world, steps=1, warmup_steps=1,
+                      facts=facts)
     result = run_probe(spec, timeout_s=600)
+    zero = spec.deepspeed["zero_optimization"]
     row = {"seq_len": seq_len, "status": result.status, "peak_bytes": result.peak_bytes, "wall_s": time.monotonic() - t0,
-           "message": result.message}
+           "message": result.message, "buckets": {k: zero[k] for k in ("reduce_bucket_size", "stage3_prefetch_bucket_size",
+                                                                       "stage3_param_persistence_threshold")}}
     print(f"  probe seq {seq_len}: {result.status} peak {result.peak_bytes / 2**20:.1f} MiB", flush=True)
     if result.status not in ("ok", "oom"):
         raise SystemExit(f"probe at {seq_len} ended {result.status}: {result.message}")
-    return result.status == "ok", row
+    # the RSS watchdog samples, so a short spike past the budget can end ``ok``: the run fits when its peak (VmHWM,
+    # read by the rank itself) is within the budget too
+    return result.status == "ok" and result.peak_bytes <= budget_bytes, row
 
 
 def bisect_longest(folder: Path, start: int, budget_bytes: int, unit: int = 64, tolerance: float = 0.04) -> dict:
@@ -90,9 +112,10 @@ def bisect_longest(folder: Path, start: int, budget_bytes: int, unit: int = 64, 
     bracket until it is within ``tolerance``."""
     rounded = max(unit, start // unit * unit)
     probes: list[dict] = []
+    facts, _ = traced_facts(folder, rounded, {})  # the buckets' hidden size does not change with the length
 
     def ok(seq_len: int) -> bool:
-        fit, row = fits(folder, seq_len, budget_bytes, {})
+        fit, row = fits(folder, seq_len, budget_bytes, {}, facts)
         probes.append(row)
         return fit
 
@@ -113,23 +136,23 @@ def bisect_longest(folder: Path, start: int, budget_bytes: int, unit: int = 64, 
     return {"found": lo, "first_failing": hi, "probes": probes}
 
 
-def predicted_peak(folder: Path, seq_len: int, keys: dict, world: int) -> int:
-    import autofit
-
-    result = autofit.estimate(f"hf:{folder}", hardware="cpu", gpus=world, seq_len=seq_len, set=BASE | keys)
+def predicted_peak(folder: Path, seq_len: int, keys: dict, world: int) -> tuple[int, ModelFacts]:
+    """The estimate's peak for the fixed config, and the facts it priced it with."""
+    facts, result = traced_facts(folder, seq_len, keys, world)
     if not result.candidates:
         raise SystemExit(f"estimate refused {keys}: {result.rejected}")
-    return int(result.candidates[0].prediction.peak_bytes)
+    return int(result.candidates[0].prediction.peak_bytes), facts
 
 
 def peaks(folder: Path, seq_len: int, cases: tuple) -> list[dict]:
     rows = []
     for name, keys, world in cases:
-        predicted = predicted_peak(folder, seq_len, keys, world)
-        _, measured = fits(folder, seq_len, 2**40, keys, world)
+        predicted, facts = predicted_peak(folder, seq_len, keys, world)
+        _, measured = fits(folder, seq_len, 2**40, keys, facts, world)
         error = predicted / measured["peak_bytes"] - 1 if measured["peak_bytes"] else None
         rows.append({"case": name, "world_size": world, "seq_len": seq_len, "predicted_bytes": predicted,
-                     "measured_bytes": measured["peak_bytes"], "relative_error": error, "step_s": measured["wall_s"]})
+                     "measured_bytes": measured["peak_bytes"], "relative_error": error, "step_s": measured["wall_s"],
+                     "buckets": measured["buckets"]})
         print(f"{name}: predicted {predicted / 2**20:.1f} MiB, measured {measured['peak_bytes'] / 2**20:.1f} MiB "
               f"({error:+.1%})" if error is not None else f"{name}: no measurement", flush=True)
     return rows

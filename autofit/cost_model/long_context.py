@@ -11,8 +11,14 @@ p, micro-batch b and trace-dtype bytes w, a rank holds ``t = b x s / p`` tokens:
   buffers of the layer being run -- a contiguous input copy and an output for q, k, v and the attention output
   (``ulysses_sp.py:192-197``, ``deepspeed/sequence/layer.py:328``): ``2 t w (2 h + 2 max(k, p) d)`` -- and kv heads
   fewer than p replicated to p (``UlyssesSPAttentionHF``, :131-152): ``2 t (max(k, p) - k) d w`` more per layer
-  that keeps its k and v. SP is ZeRO-3 only (:func:`autofit.core.rules.sp_needs_zero3`), whose traced peak holds
-  no gradients, so the whole traced peak is activations.
+  that keeps its k and v; and the attention output twice, ``t h w`` more per layer that keeps it: the exchange back
+  ends in a new tensor (``_partition_global_sequence``, :223-226, ``rearrange`` then ``reshape(...).contiguous()``),
+  which the output projection saves for backward beside the core's own output, which SDPA saves for its backward;
+  without SP the projection's input is a view of that output (transformers' ``sdpa_attention_forward``:
+  ``transpose(1, 2).contiguous()`` of an output laid out ``[b, s, heads, d]`` copies nothing), one tensor.
+  Measured on two CPU ranks (a 4-layer GQA Llama, 512 tokens a rank): 4 x 0.5 MiB of ``(s/p, b, p, h/p)`` copies live
+  at the peak under SP, nothing of the kind without it. SP is ZeRO-3 only (:func:`autofit.core.rules.sp_needs_zero3`),
+  whose traced peak holds no gradients, so the whole traced peak is activations.
 * **The peak's two moments.** The traced peak is the larger of the loss and a checkpointed layer's recompute, on
   top of the saved layer inputs ``n_ckpt t h w``. The loss: at least the logits ``(w + 4 + 4) t V`` (the logits,
   ``ForCausalLMLoss``'s fp32 upcast ``logits.float()``, transformers/loss/loss_utils.py:61, none where w is fp32
@@ -90,12 +96,22 @@ def layer_moment_bytes(config: Config, facts: ModelFacts) -> float:
 
 
 def sp_layer_bytes(config: Config, facts: ModelFacts) -> float:
-    """Under SP: the all-to-all copies and outputs of one layer (``2 t w (2 h + 2 max(k, p) d)``) and its kv heads
-    replicated to p (``2 t (max(k, p) - k) d w``); 0 without SP."""
+    """Under SP: the all-to-all copies and outputs of one layer (``2 t w (2 h + 2 max(k, p) d)``) and what it keeps
+    for backward beyond the traced layer (:func:`sp_saved_bytes`); 0 without SP."""
     p = config.sequence_parallel
     if p == 1:
         return 0.0
-    return 2 * exchanged_bytes(config, facts) + replicated_kv_bytes(config, facts)
+    return 2 * exchanged_bytes(config, facts) + sp_saved_bytes(config, facts)
+
+
+def sp_saved_bytes(config: Config, facts: ModelFacts) -> float:
+    """What one layer saves for backward under SP beyond its traced tensors divided by p: its kv heads replicated to
+    p (``2 t (max(k, p) - k) d w``) and the attention output's second copy (``t h w``, the exchange back's
+    contiguous output that the output projection saves beside the core's own, module docstring); 0 without SP."""
+    if config.sequence_parallel == 1:
+        return 0.0
+    output_copy = tokens_per_rank(config, facts) * facts.hidden_size * trace_bytes(config)
+    return replicated_kv_bytes(config, facts) + output_copy
 
 
 def exchanged_bytes(config: Config, facts: ModelFacts) -> float:
@@ -137,7 +153,7 @@ def long_context_activation_bytes(config: Config, facts: ModelFacts, traced_peak
         saved_delta += max(0, n_ckpt - OFFLOAD_DEVICE_INPUTS) * t * h * w
     if config.tiled_mlp:
         saved_delta += n_full * (mlp - t * h * w)
-    peak = peak - saved_delta - (before - after) + n_full * replicated_kv_bytes(config, facts)
+    peak = peak - saved_delta - (before - after) + n_full * sp_saved_bytes(config, facts)
     kept = min(n_ckpt, OFFLOAD_DEVICE_INPUTS) if config.offload_activations != "none" else n_ckpt
     return max(peak, kept * t * h * w)
 
