@@ -252,8 +252,8 @@ def markdown(data: dict[str, Any]) -> str:
     def pct(x: float | None) -> str:
         return "" if x is None else f"{100 * x:+.0f}%"
 
-    rows = [[r["id"] + (" (anchor)" if r["id"] in ANCHORS else ""), r["model"], r["gpu"], str(r["gpus"]), f"{r['micro_batch']}x{r['grad_accum']}",
-             f"{r['checkpoint_ratio']:g}", f"{r['published_tokens_per_gpu']:,.0f}",
+    rows = [[r["id"] + (" (anchor)" if r["id"] in ANCHORS else ""), r["model"], r["gpu"], str(r["gpus"]),
+             f"{r['micro_batch']}x{r['grad_accum']}", f"{r['checkpoint_ratio']:g}", f"{r['published_tokens_per_gpu']:,.0f}",
              f"{r['before_predicted_tokens_per_gpu']:,.0f}", pct(r["before_error"]),
              f"{r['after_predicted_tokens_per_gpu']:,.0f}", pct(r["after_error"]), r["framework"]] for r in data["rows"]]
     b, a = data["before"], data["after"]
