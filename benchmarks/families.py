@@ -11,8 +11,9 @@ model page in :data:`FAMILIES`). For each:
   ZeRO-0 without checkpointing and ZeRO-2 with it (a mixture of experts at ZeRO-2 and ZeRO-3, both checkpointed):
   predicted against measured peak.
 
-Usage: ``python benchmarks/families.py [--only NAME,...] [--workers 2]``; writes ``benchmarks/results/families.json``
-and ``families.md``.
+Usage: ``python benchmarks/families.py [--only NAME,...] [--workers 2] [--probes-only]``; writes
+``benchmarks/results/families.json`` and ``families.md``. ``--probes-only`` probes the small copies again and keeps
+each family's full-size plan as the last results file has it.
 """
 
 from __future__ import annotations
@@ -163,9 +164,11 @@ def probes(family: Family, folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def run_family(family: Family, where: Path) -> dict[str, Any]:
-    print(f"{family.name}: planning at full size, probing a small copy", file=sys.stderr, flush=True)
-    return {"name": family.name, "moe": family.moe, "full": full_size(family),
+def run_family(family: Family, where: Path, full: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``family`` planned at full size (``full``: that plan as an earlier run left it) and its small copy probed."""
+    print(f"{family.name}: {'kept its full-size plan' if full else 'planning at full size'}, probing a small copy",
+          file=sys.stderr, flush=True)
+    return {"name": family.name, "moe": family.moe, "full": full or full_size(family),
             "probes": probes(family, small_copy(family, where))}
 
 
@@ -198,11 +201,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated family names (default: all)")
     parser.add_argument("--workers", type=int, default=2, help="families run at once")
+    parser.add_argument("--probes-only", action="store_true",
+                        help="probe the small copies only; keep the full-size plans of the last results file")
     args = parser.parse_args()
     chosen = [f for f in FAMILIES if not args.only or f.name in args.only.split(",")]
+    plans: dict[str, dict[str, Any]] = {}
+    if args.probes_only:
+        plans = {r["name"]: r["full"] for r in json.loads((RESULTS / "families.json").read_text())["rows"]}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as where, ThreadPoolExecutor(args.workers) as pool:
-        rows = list(pool.map(lambda f: run_family(f, Path(where)), chosen))
+        rows = list(pool.map(lambda f: run_family(f, Path(where), plans.get(f.name)), chosen))
     result = {"rows": rows, "summary": summary(rows), "total_s": round(time.perf_counter() - started, 1),
               "setup": {"full": " ".join(FULL), "probe": " ".join(PROBE)}}
     RESULTS.mkdir(exist_ok=True)

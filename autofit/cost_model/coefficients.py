@@ -72,6 +72,9 @@ class Coefficients:
     runtime_16bit_extra_bytes: int = 0
     """What ``kernel_footprint_bytes`` gains when the model computes in 16 bits (bf16, fp16): on the CPU their
     matmuls run through oneDNN's JIT kernels instead of MKL's, with their own primitives and code pages."""
+    checkpoint_footprint_bytes: int = 0
+    """What checkpointing adds to ``kernel_footprint_bytes`` where the model's checkpointed run is not measured (CPU:
+    the unwinder's pages that non-reentrant checkpointing's early stop maps, :mod:`autofit.probe.footprint`)."""
     runtime_at_init_bytes: int = 0
     """The part of ``runtime_overhead_bytes`` already held while ``deepspeed.initialize`` runs (the
     communicator's buffers); the rest appears with the first forward and backward."""
@@ -144,12 +147,19 @@ class Coefficients:
             # no-op context, ``resolves_data_dependency()`` True): gloo's collectives run in line, nothing overlaps
             overlap_efficiency=0.0,
             # the examples' rows (benchmarks/memory_accuracy.py --quick on gpt, hf_bert, mlp; 18 rows, ZeRO 0-3,
-            # fp32 and bf16): measured peak less the priced tensors less the model's measured kernel footprint,
-            # 8.5-16.1 MiB, median 12.2: DeepSpeed's engine, the optimizer's kernels, allocator arenas
+            # fp32 and bf16): measured peak less the priced tensors less the model's measured kernel footprint
+            # (beyond initialize, checkpointed where the row checkpoints: autofit.probe.footprint), 9.4-15.3 MiB but
+            # one ZeRO-3 row at 5.9, median 12.3: the build's and initialize's own (9-10 MiB, runtime_at_init_bytes),
+            # the step's: DeepSpeed's engine, the optimizer's kernels, allocator arenas. (Against footprints from a
+            # bare process, never checkpointed, older measurements of the same rows gave 12.2: the checkpointed rows'
+            # unwinder pages it absorbed and the double-counted pages it gave back roughly cancel in the median, but
+            # not row by row -- issue 39's small copies without checkpointing were 10-16% over, with it 0-6%)
             runtime_overhead_bytes=12 * MIB,
             # where the model's own is not measured: the examples' fp32 footprints (autofit.probe.footprint:
-            # gpt 20.0, hf_bert 18.4, mlp 15.2 MiB), the median
-            kernel_footprint_bytes=18 * MIB,
+            # gpt 19.0, hf_bert 17.0, mlp 14.2 MiB), the median ...
+            kernel_footprint_bytes=17 * MIB,
+            # ... and what checkpointing adds to it (the same: gpt 3.4, hf_bert 2.9, mlp 3.2 MiB), the median
+            checkpoint_footprint_bytes=int(3.2 * MIB),
             # the same config in bf16 and fp32 on the three examples (gpt, mlp, hf_bert; ZeRO 0, 1, 2;
             # micro-batches 4 and 16): bf16's peak sits 4.4-8.7 MiB, median 6.0, further above its
             # prediction than fp32's does, every tensor priced alike (benchmarks/memory_accuracy.py rows); their

@@ -37,6 +37,13 @@ class PeakPoint:
     :mod:`autofit.trace.traffic`)."""
 
 
+def footprint_key(dtype: str, checkpointed: bool) -> str:
+    """The key of :attr:`ModelFacts.kernel_footprint_bytes`: the traced dtype (``fp32``, ``bf16``), with
+    ``+checkpointed`` where the model ran with its layers checkpointed (:mod:`autofit.probe.footprint`: the
+    unwinder's pages that non-reentrant checkpointing's early stop maps)."""
+    return f"{dtype}+checkpointed" if checkpointed else dtype
+
+
 #: the key part of a checkpointed trace, by checkpoint granularity
 _CKPT = {"block": "ckpt", "attention": "attnckpt"}
 
@@ -147,8 +154,9 @@ class ModelFacts:
     """How a searched kernel was traced where not as itself: ``{"flash": "flash-attn" | "sdpa flash backend"}``."""
     kernel_footprint_bytes: dict[str, int] = field(default_factory=dict)
     """CPU only: what running the model leaves resident in a fresh process beyond its tensors (kernel code,
-    oneDNN's primitives, allocator arenas), by traced dtype (``fp32``, ``bf16``): measured, not traced
-    (:mod:`autofit.probe.footprint`); empty where not measured."""
+    oneDNN's primitives, allocator arenas), by traced dtype (``fp32``, ``bf16``) and whether its layers ran
+    checkpointed (:func:`footprint_key`): measured, not traced (:mod:`autofit.probe.footprint`); empty where not
+    measured."""
     trace_mode: str = "fake"
     """``fake`` (shapes only), ``fake-scaled`` (shapes only, the model cut to 2 and 3 of its alike
     layers and extrapolated: :mod:`autofit.trace.scaling`) or ``real`` (data-dependent models, traced

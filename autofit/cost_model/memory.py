@@ -45,7 +45,7 @@ from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.hardware import Hardware
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.cuda_runtime import cublas_workspace_bytes, outside_allocator_bytes, runtime_bytes
-from autofit.cost_model.facts import ModelFacts
+from autofit.cost_model.facts import ModelFacts, footprint_key
 from autofit.cost_model.fp8 import fp8_cast_bytes
 from autofit.cost_model.long_context import long_context_activation_bytes
 from autofit.cost_model.states import model_states
@@ -118,13 +118,24 @@ def predict_memory(
 def kernel_footprint_bytes(config: Config, facts: ModelFacts, hardware: Hardware, coefficients: Coefficients) -> int:
     """What the model's kernels hold resident on a CPU device (code pages, oneDNN primitives): the model's own,
     measured (:mod:`autofit.probe.footprint`), else the coefficients' default; nothing on a GPU, whose memory
-    holds no code (its context is :attr:`Hardware.context_bytes`)."""
+    holds no code (its context is :attr:`Hardware.context_bytes`).
+
+    A config that checkpoints any layer takes the footprint measured with its layers checkpointed: non-reentrant
+    checkpointing (torch/utils/checkpoint.py) stops each recompute by raising ``_StopRecomputationError`` through
+    libtorch's C++ frames, which maps the unwinder's tables into the process (:mod:`autofit.probe.footprint`);
+    where only the plain run was measured, :attr:`Coefficients.checkpoint_footprint_bytes` is added to it."""
     if hardware.kind != "cpu":
         return 0
-    measured = facts.kernel_footprint_bytes.get(config.trace_dtype)
+    checkpointed = config.checkpointed_layers(facts.n_layers) > 0
+    unwinder = coefficients.checkpoint_footprint_bytes if checkpointed else 0
+    measured = facts.kernel_footprint_bytes.get(footprint_key(config.trace_dtype, checkpointed))
     if measured is not None:
         return measured
-    return coefficients.kernel_footprint_bytes + (coefficients.runtime_16bit_extra_bytes if config.precision != "fp32" else 0)
+    plain = facts.kernel_footprint_bytes.get(config.trace_dtype)
+    if plain is not None:
+        return plain + unwinder
+    return (coefficients.kernel_footprint_bytes + unwinder
+            + (coefficients.runtime_16bit_extra_bytes if config.precision != "fp32" else 0))
 
 
 #: what ``torch.compile`` (inductor) keeps resident on a CPU device: dynamo, inductor and the compiled graphs' code.

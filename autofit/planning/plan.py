@@ -22,6 +22,7 @@ from autofit.core.space import SearchSpace, enumerate_candidates
 from autofit.core.units import format_bytes
 from autofit.cost_model import Coefficients, ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration
+from autofit.cost_model.facts import footprint_key
 from autofit.cost_model.states import optimizer_state_bytes
 from autofit.ds.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 from autofit.machine.software import detect_software
@@ -248,12 +249,15 @@ def trace_for(workload: Workload | SourcePlannedWorkload, configs: tuple[Config,
 
 
 def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
-    """``facts`` with the model's kernel footprint measured for every precision the configs compute in, on a CPU
-    device (:mod:`autofit.probe.footprint`, a few seconds each). A model too large to run here, one whose
-    measurement fails, or a :class:`Workload` object with no entry point (:func:`autofit.workload.entry.is_loadable`: the
-    measuring process cannot load it) keeps the cost model's default."""
+    """``facts`` with the model's kernel footprint measured for every precision the configs compute in, plain and
+    checkpointed (both in one process), on a CPU device (:mod:`autofit.probe.footprint`, a few seconds each). A
+    model too large to run here, one whose measurement fails, or a :class:`Workload` object with no entry point
+    (:func:`autofit.workload.entry.is_loadable`: the measuring process cannot load it) keeps the cost model's
+    default."""
 
-    needed = tuple(sorted({c.trace_dtype for c in configs} - set(facts.kernel_footprint_bytes)))
+    needed = tuple(sorted({c.trace_dtype for c in configs
+                           if footprint_key(c.trace_dtype, c.checkpointed_layers(facts.n_layers) > 0)
+                           not in facts.kernel_footprint_bytes}))
     if not needed or not is_loadable(entry) or 4 * facts.n_params > REAL_TRACE_LIMIT_BYTES:
         return facts
     attention = Counter(c.attention for c in configs).most_common(1)[0][0]

@@ -11,11 +11,23 @@ in bf16, over eight architectures. No count of the traced operators predicted it
 runs on fake tensors, which touch no kernel.
 
 So on a CPU device autofit measures it: ``python -m autofit.probe.footprint ENTRY PRECISION
-ATTENTION OUT`` imports what a probe imports (:func:`autofit.probe.rank.worker.import_workload`), takes
-the same baseline, builds the model in that precision, runs :data:`FOOTPRINT_STEPS` forward and
-backward passes of one sample, frees the model and writes what stays resident. The cost model adds
-it to the runtime (:attr:`autofit.cost_model.facts.ModelFacts.kernel_footprint_bytes`). Where it is
-not measured (a GPU, a model too large to run here, a failure), the runtime's default stands.
+ATTENTION OUT`` imports what a probe imports (:func:`autofit.probe.rank.worker.import_workload`), builds the
+model in that precision and initializes it as a probe does (DeepSpeed, ZeRO-0), runs :data:`FOOTPRINT_STEPS`
+forward and backward passes of one sample and writes what they left resident beyond the initialized process
+(:func:`measure`). The cost model adds it to the runtime
+(:attr:`autofit.cost_model.facts.ModelFacts.kernel_footprint_bytes`). Where it is not measured (a GPU, a model
+too large to run here, a failure), the runtime's default stands.
+
+Checkpointing leaves more resident, whatever the model: non-reentrant checkpointing
+(torch/utils/checkpoint.py, ``early_stop`` on by default) ends each recompute by raising
+``_StopRecomputationError`` from a saved tensor's unpack hook, through libtorch's C++ frames, and the C++
+unwinder reads libtorch_cpu's and libtorch_python's unwind tables (``.eh_frame``, ``.gcc_except_table``: 17.3 and
+5.6 MiB in libtorch_cpu 2.13) to get there. Those pages stay mapped: measured from ``/proc/self/smaps``, a first
+checkpointed forward and backward adds 2.9 MiB of libtorch_cpu and 0.9 of libtorch_python to a process that ran
+the same model plainly (a two-layer MLP), and 0.3 and 0.1 with ``set_checkpoint_early_stop(False)``. So the
+same process then runs the model again with every repeated layer checkpointed (as :func:`autofit.ds.apply.
+apply_checkpointing` wraps them) and writes what is resident after that too, under
+:func:`autofit.cost_model.facts.footprint_key`'s checkpointed key.
 """
 
 from __future__ import annotations
@@ -28,7 +40,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from autofit.cost_model.facts import footprint_key
+from autofit.ds.apply import apply_checkpointing
 from autofit.ds.emit import write_json_atomic
 from autofit.probe.launch import free_port, rank_env
 from autofit.probe.rank.memory import rss_bytes
@@ -42,9 +57,11 @@ FOOTPRINT_TIMEOUT_S = 300.0
 
 
 @functools.cache
-def measured_footprint_bytes(entry: str, precision: str, attention: str) -> int | None:
-    """Bytes a fresh process holds after ``entry``'s model ran in ``precision`` (``fp32``, ``bf16``), beyond
-    its imports and with the model freed; None when the measurement fails (the caller keeps its default)."""
+def measured_footprints(entry: str, precision: str, attention: str) -> dict[str, int] | None:
+    """``{key: bytes}`` a fresh process holds after ``entry``'s model ran in ``precision`` (``fp32``, ``bf16``),
+    beyond its imports and with the model freed: plainly, and then (where the workload has repeated layers)
+    checkpointed too, keyed by :func:`autofit.cost_model.facts.footprint_key`; None when the measurement fails
+    (the caller keeps its default)."""
     env = rank_env(dict(os.environ), 0, 1, free_port(), "cpu")
     with tempfile.TemporaryDirectory(prefix="autofit-footprint-") as workdir:
         out = Path(workdir) / "footprint.json"
@@ -56,28 +73,65 @@ def measured_footprint_bytes(entry: str, precision: str, attention: str) -> int 
             return None
         if not out.exists():
             return None
-        return int(json.loads(out.read_text())["bytes"])
+        data = json.loads(out.read_text())
+    found = {footprint_key(precision, False): int(data["bytes"])}
+    if data.get("checkpointed_bytes") is not None:
+        found[footprint_key(precision, True)] = int(data["checkpointed_bytes"])
+    return found
 
 
-def measure(entry: str, precision: str, attention: str) -> int:
-    """In this (fresh) process: RSS left by :data:`FOOTPRINT_STEPS` passes of one sample, less the baseline."""
-    import deepspeed  # noqa: F401  (a probe imports it before its baseline)
-    import torch
+def measured_footprint_bytes(entry: str, precision: str, attention: str, checkpointed: bool = False) -> int | None:
+    """One of :func:`measured_footprints`: the plain run's, or the checkpointed one's (None where not measured)."""
+    found = measured_footprints(entry, precision, attention)
+    return None if found is None else found.get(footprint_key(precision, checkpointed))
 
 
-    workload = import_workload(entry, attention, torch)
-    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-    baseline = rss_bytes()
-    model = to_dtype(workload.build_model(attention=attention), dtype)
+def _passes(workload: Any, model: Any, dtype: Any) -> None:
+    """:data:`FOOTPRINT_STEPS` forward and backward passes of one sample, gradients dropped after each."""
     model.train()
     for _ in range(FOOTPRINT_STEPS):
         loss = workload.compute_loss(model, cast_batch(workload.batch(1), dtype))
         loss.backward()
         del loss
         model.zero_grad(set_to_none=True)
-    del model
+
+
+def measure(entry: str, precision: str, attention: str) -> dict[str, int | None]:
+    """In this (fresh) process, under the rank's environment the parent set: the model built in ``precision`` and
+    handed to ``deepspeed.initialize`` (ZeRO-0, no optimizer), then the RSS :data:`FOOTPRINT_STEPS` passes of one
+    sample add beyond that (``bytes``); then, where the workload has repeated layers, what as many passes with each of
+    them checkpointed have added in all (``checkpointed_bytes``; None where it has none). The model's parameters are
+    held at every reading.
+
+    Measured beyond ``initialize``, not beyond the imports: what the build and ``initialize`` make resident (the
+    weight initialisers' code, gloo's and the shared-memory communicator's buffers, the copies' code the passes call
+    again) is in every probe whatever the model, and priced there (:attr:`Coefficients.runtime_overhead_bytes`,
+    ``runtime_at_init_bytes``); a footprint from a bare process counted the part the passes touch again a second
+    time (measured beyond the imports and beyond ``initialize``: 15.9 and 13.8 MiB on a two-layer StarCoder2, 17.9
+    and 15.8 on examples/hf_configs/llama_gqa, 20.0 and 19.0 on examples/gpt.py: by how much depends on the model)."""
+    import deepspeed
+    import torch
+
+
+    workload = import_workload(entry, attention, torch)
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    model = to_dtype(workload.build_model(attention=attention), dtype)
+    ds: dict[str, Any] = {"train_batch_size": 1, "zero_optimization": {"stage": 0}}
+    if precision != "fp32":
+        ds["bf16"] = {"enabled": True}
+    deepspeed.initialize(model=model, config=ds)
     gc.collect()
-    return max(0, rss_bytes() - baseline)
+    initialized = rss_bytes()
+    _passes(workload, model, dtype)
+    gc.collect()
+    plain = max(0, rss_bytes() - initialized)
+    try:
+        apply_checkpointing(model, workload.repeated_layers(model), 1.0)
+    except Exception:  # no repeated layers to wrap: no checkpointed config runs on this model
+        return {"bytes": plain, "checkpointed_bytes": None}
+    _passes(workload, model, dtype)
+    gc.collect()
+    return {"bytes": plain, "checkpointed_bytes": max(plain, rss_bytes() - initialized)}
 
 
 def main(argv: list[str]) -> int:
@@ -85,14 +139,17 @@ def main(argv: list[str]) -> int:
         print("usage: python -m autofit.probe.footprint ENTRY PRECISION ATTENTION OUT", file=sys.stderr)
         return 2
     entry, precision, attention, out = argv[1:5]
-    write_json_atomic(Path(out), {"bytes": measure(entry, precision, attention)})
+    write_json_atomic(Path(out), measure(entry, precision, attention))
     return 0
 
 
 def footprints_for(entry: str, precisions: tuple[str, ...], attention: str) -> dict[str, int]:
-    """``{precision: bytes}`` for the precisions measured; those that failed are left out."""
-    measured = {p: measured_footprint_bytes(entry, p, attention) for p in precisions}
-    return {p: b for p, b in measured.items() if b is not None}
+    """``{key: bytes}`` (:func:`autofit.cost_model.facts.footprint_key`) for the precisions measured, plain and
+    checkpointed; those that failed are left out."""
+    found: dict[str, int] = {}
+    for precision in precisions:
+        found |= measured_footprints(entry, precision, attention) or {}
+    return found
 
 
 if __name__ == "__main__":

@@ -8,12 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from autofit.core.config import Config
 from autofit.core.recipe import Recipe
 from autofit.core.space import space_from_dict
 from autofit.cost_model import Coefficients, predict
+from autofit.cost_model.facts import footprint_key
 from autofit.machine.device import get_hardware
-from autofit.planning.plan import Plan, with_kernel_footprints
-from autofit.probe.footprint import measured_footprint_bytes
+from autofit.planning.plan import Plan, trace_for, with_kernel_footprints
+from autofit.probe.footprint import measured_footprint_bytes, measured_footprints
+from autofit.probe.run import run_probe
+from autofit.probe.spec import probe_spec
 from autofit.workload.entry import load_workload
 
 #: the recipe the tests' space is written for
@@ -49,7 +53,7 @@ def test_a_cpu_plan_prices_the_models_measured_footprint_in_place_of_the_default
     cpu = get_hardware("cpu")
     plan = Plan.make(entry("convnet"), workload, cpu, space, recipe=SGD_FP32)
     measured = plan.facts.kernel_footprint_bytes
-    assert set(measured) == {"fp32"}
+    assert "fp32" in measured and set(measured) <= {"fp32", footprint_key("fp32", True)}
     config = plan.candidates[0]
     unmeasured = replace(plan.facts, kernel_footprint_bytes={})
     default = Coefficients.for_hardware(cpu).kernel_footprint_bytes
@@ -65,3 +69,32 @@ def test_a_gpu_plan_measures_no_footprint_and_a_failed_measurement_keeps_the_def
     # an entry point that cannot load: the measurement fails, and the facts stay as they were
     assert measured_footprint_bytes(entry("broken"), "fp32", "sdpa") is None
     assert with_kernel_footprints(gpu_plan.facts, entry("broken"), list(gpu_plan.candidates)) == gpu_plan.facts
+
+
+def test_checkpointing_leaves_the_unwinders_pages_resident_beside_the_models_kernels() -> None:
+    """Non-reentrant checkpointing ends each recompute by raising ``_StopRecomputationError`` through libtorch's C++
+    frames (torch/utils/checkpoint.py, early stop); the unwinder's tables it reads stay mapped, so the same model
+    run checkpointed after its plain run leaves more resident, though it calls no kernel the plain run did not."""
+    found = measured_footprints(entry("tiny"), "fp32", "sdpa")
+    assert found is not None
+    assert found[footprint_key("fp32", True)] > found[footprint_key("fp32", False)] + MIB
+
+
+def test_checkpointing_moves_the_predicted_peak_as_much_as_the_measured_one() -> None:
+    """The tiny MLP probed at ZeRO-0 with and without checkpointing: its activations are a few KiB, so what
+    checkpointing changes in the measured peak is the runtime beside the tensors (the unwinder's pages, above),
+    and the prediction must move with it. Priced with the plain run's footprint for both, it moved by the
+    activations alone, and a runtime constant fitted over checkpointed and plain rows alike overpriced every
+    plain one (issue 39's small copies: ZeRO-0 without checkpointing 10-16% over)."""
+    cpu = get_hardware("cpu")
+    configs = [Config(precision="fp32", zero_stage=0, optimizer="adamw", micro_batch_size=4, checkpoint_ratio=ratio,
+                      attention="sdpa") for ratio in (0.0, 1.0)]
+    facts = with_kernel_footprints(trace_for(load_workload(entry("tiny")), configs), entry("tiny"), configs)
+    measured = []
+    for config in configs:
+        result = run_probe(probe_spec(entry("tiny"), config, cpu, 1, steps=1, warmup_steps=1), timeout_s=300.0)
+        assert result.status == "ok", result.message
+        measured.append(result.peak_bytes)
+    predicted = [predict(config, facts, cpu, 1).peak_bytes for config in configs]
+    assert measured[1] - measured[0] > MIB  # what checkpointing costs here is not the activations'
+    assert predicted[1] - predicted[0] == pytest.approx(measured[1] - measured[0], abs=MIB)
