@@ -138,6 +138,11 @@ class Coefficients:
                 # messages show (NCCL's doc/PERFORMANCE.md: small sizes are latency-bound)
                 collective_latency_s=30e-6,
             )
+        return cls._cpu_prior(hardware)
+
+    @classmethod
+    def _cpu_prior(cls, hardware: Hardware) -> Coefficients:
+        """:meth:`for_hardware` on the CPU, each value with where it comes from."""
         return cls(
             compute_efficiency={"fp32": 0.35, "bf16": 0.35, "fp16": 0.35},
             micro_batch_overhead_s=0.002,
