@@ -134,6 +134,14 @@ class LiveBytes:
             self.segment_peaks[key] = (max(with_grads, live), max(without_grads, live - self.grads))
 
 
+def makes_tensors(func: Any) -> bool:
+    """Whether ``func``'s schema returns tensors: a step too slow is stopped only before such an op. A metadata query
+    (``prim::device``, ``aten::sym_size``) can come from C++ that cannot unwind a Python exception (autograd's
+    ``InputMetadata`` asks the output's device inside ``set_history``): raised there, the process aborts
+    (``terminate called after throwing an instance of 'python_error'``)."""
+    return any("Tensor" in str(ret.type) for ret in func._schema.returns)
+
+
 def make_tracker(counter: LiveBytes) -> Any:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -143,16 +151,16 @@ def make_tracker(counter: LiveBytes) -> Any:
         """Counts every storage an op creates until that storage is freed."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if time.perf_counter() > counter.deadline and makes_tensors(func):
+                raise TraceTooSlow(f"a trace step of {counter.name} ran past {trace_step_limit_s():g} s "
+                                   f"({TRACE_STEP_ENV}): the model runs a slow loop on these tensors "
+                                   "(a state-space model's reference scan, without mamba-ssm and causal-conv1d); "
+                                   f"trace a shorter --seq-len, install its fused kernels, or raise {TRACE_STEP_ENV}")
             out = func(*args, **(kwargs or {}))
             for tensor in tree_leaves(out):
                 if isinstance(tensor, torch.Tensor):
                     self._track(tensor)
             counter.note(kernel_workspace_bytes(func, args, out))
-            if time.perf_counter() > counter.deadline:
-                raise TraceTooSlow(f"a trace step of {counter.name} ran past {trace_step_limit_s():g} s "
-                                   f"({TRACE_STEP_ENV}): the model runs a slow loop on these tensors "
-                                   "(a state-space model's reference scan, without mamba-ssm and causal-conv1d); "
-                                   f"trace a shorter --seq-len, install its fused kernels, or raise {TRACE_STEP_ENV}")
             counter.traffic.record(func, args, kwargs, out)
             return out
 

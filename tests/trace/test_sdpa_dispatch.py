@@ -3,7 +3,6 @@ eager (MHA, GQA, MQA); a CPU target's math path is kept; Falcon's broadcast head
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from autofit.machine.device import get_hardware
 from autofit.planning.plan import Plan
 from autofit.trace import trace_workload
 from autofit.trace.sdpa import MATH_BROADCAST
-from autofit.trace.step import TRACE_STEP_ENV, BuildFailed, TraceTooSlow
+from autofit.trace.step import BuildFailed
 from autofit.workload.hf import hf_workload
 from autofit.workload.types import Workload
 
@@ -68,31 +67,6 @@ def test_broadcast_heads_are_labelled_as_sdpas_math_path(tmp_path: Path) -> None
     assert facts.attention_traces.get("sdpa") == MATH_BROADCAST
 
 
-class _Slow(nn.Module):
-    """A Python loop of many small ops, as a state-space model's reference scan runs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(8, 8)
-
-    def forward(self, x):  # noqa: ANN001, ANN201
-        for _ in range(10_000):
-            x = self.layer(x).tanh()
-            time.sleep(0.001)
-        return x.sum()
-
-
-def test_a_trace_step_past_its_limit_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    monkeypatch.setenv(TRACE_STEP_ENV, "0.5")
-    workload = Workload(model=_Slow, batch=lambda n: torch.randn(n, 8), name="slow")
-    started = time.perf_counter()
-    with pytest.raises(TraceTooSlow) as info:
-        trace_workload(workload, micro_batches=(1,))
-    assert time.perf_counter() - started < 30 and "\n" not in str(info.value) and "slow" in str(info.value)
-
-
 def test_a_build_error_is_not_retried_at_full_depth() -> None:
     import torch
 
@@ -109,3 +83,4 @@ def test_a_build_error_is_not_retried_at_full_depth() -> None:
         trace_workload(workload, attentions=("sdpa",), micro_batches=(1,))
     assert isinstance(info.value, BuildFailed) and "\n" not in str(info.value)
     assert len(builds) <= 3, builds  # the meta build, the structure's, the failed one: no whole-model retry
+
