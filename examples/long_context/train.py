@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(args.output_dir) / f"result-rank{rank}.json").write_text(line + "\n")
     print("RESULT " + line, flush=True)
+    if torch.distributed.is_initialized():  # every rank done, then the group's threads end before the interpreter's
+        torch.distributed.barrier()         # teardown (left to exit, gloo can abort: "terminate called without an
+        torch.distributed.destroy_process_group()  # active exception")
 
 
 if __name__ == "__main__":
