@@ -158,15 +158,30 @@ def peaks(folder: Path, seq_len: int, cases: tuple) -> list[dict]:
     return rows
 
 
+def repredicted(longest: dict, budget: str) -> dict:
+    """The stored bisections with the cost model's longest sequence predicted again."""
+    for name, row in longest.items():
+        row["predicted"] = predicted_longest(MODELS[name], budget)
+        row["relative_error"] = row["predicted"]["seq_len"] / row["found"] - 1
+        print(f"{name}: predicted {row['predicted']['seq_len']}, found {row['found']} ({row['relative_error']:+.1%})",
+              flush=True)
+    return longest
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", default="384MiB", help="The memory budget of the longest-sequence question.")
     parser.add_argument("--peak-seq-len", type=int, default=1024)
     parser.add_argument("--quick", action="store_true", help="The peaks of SP = 2 with both tiles only, no bisection.")
+    parser.add_argument("--peaks-only", action="store_true",
+                        help="Every peak case probed again, the longest sequences predicted again; the bisections' "
+                             "probes kept from the results file.")
     args = parser.parse_args()
     t0 = time.monotonic()
     out: dict = {"budget": args.budget, "longest": {}, "peaks": []}
-    if not args.quick:
+    if args.peaks_only:
+        out["longest"] = repredicted(json.loads(RESULTS.read_text())["longest"], args.budget)
+    elif not args.quick:
         for name, folder in MODELS.items():
             predicted = predicted_longest(folder, args.budget)
             print(f"{name}: predicted longest {predicted['seq_len']}", flush=True)

@@ -35,6 +35,17 @@ class PeakPoint:
     fused_memory_bound_bytes: int = 0
     """The same kernels' bytes as ``torch.compile`` fuses their chains between matmuls (a lower bound:
     :mod:`autofit.trace.traffic`)."""
+    head_peak_with_grads_bytes: int = 0
+    """``peak_with_grads_bytes`` in the head's segments alone: after the last layer's forward and before its backward
+    (:func:`autofit.trace.scaling.is_head`), where the final norm, the logits and the loss run; 0 where not measured.
+    With :attr:`body_peak_with_grads_bytes`, what a technique that shrinks only one of them changes
+    (:mod:`autofit.cost_model.long_context`): the peak is the larger of the two."""
+    head_peak_without_grads_bytes: int = 0
+    """The same for ``peak_without_grads_bytes``."""
+    body_peak_with_grads_bytes: int = 0
+    """``peak_with_grads_bytes`` in every other segment: the layers' forwards and backwards; 0 where not measured."""
+    body_peak_without_grads_bytes: int = 0
+    """The same for ``peak_without_grads_bytes``."""
 
 
 def footprint_key(dtype: str, checkpointed: bool) -> str:

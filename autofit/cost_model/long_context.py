@@ -19,21 +19,22 @@ p, micro-batch b and trace-dtype bytes w, a rank holds ``t = b x s / p`` tokens:
   Measured on two CPU ranks (a 4-layer GQA Llama, 512 tokens a rank): 4 x 0.5 MiB of ``(s/p, b, p, h/p)`` copies live
   at the peak under SP, nothing of the kind without it. SP is ZeRO-3 only (:func:`autofit.core.rules.sp_needs_zero3`),
   whose traced peak holds no gradients, so the whole traced peak is activations.
-* **The peak's two moments.** The traced peak is the larger of the loss and a checkpointed layer's recompute, on
-  top of the saved layer inputs ``n_ckpt t h w``. The loss: at least the logits ``(w + 4 + 4) t V`` (the logits,
-  ``ForCausalLMLoss``'s fp32 upcast ``logits.float()``, transformers/loss/loss_utils.py:61, none where w is fp32
-  already, and cross-entropy's fp32 log-softmax); fully checkpointed, where it is the larger moment, the trace's
-  own peak less the saved inputs. The layer: its saved-for-backward tensors, measured as the traces without and
-  with checkpointing differ (``(full - ckpt) / L + t h w`` at the loss), at least its MLP's ``n_mlp t i w``
-  intermediates (:attr:`ModelFacts.mlp_intermediates`), which TiledMLP replaces. A technique shrinks its moment;
-  the peak moves by how much the larger moment shrinks:
-  ``peak' = traced / p - saved_delta - (max(loss, layer) - max(loss', layer'))``.
+* **The peak's two parts.** The trace records its peak in the head's segments (after the last layer's forward,
+  before its backward: the final norm, the logits, the loss) and in the layers' (:mod:`autofit.trace.scaling`),
+  each on top of what the layers saved. Per rank both are divided by p, less what the saved tensors lose
+  (``saved_delta``: offloaded inputs, TiledMLP's unsaved intermediates), plus SP's second attention-output copy a
+  layer; the head's with its tiled moment for its untiled one where the loss is tiled (:func:`head_moment_bytes`:
+  the loss's backward ``12 t V``, or the lm_head's, whichever is larger), the layers' plus SP's exchange buffers and
+  less a checkpointed layer's untiled MLP where TiledMLP runs: ``peak' = max(head', layers')``. Where a trace has no
+  parts (a script's profile) both are the whole peak: no technique is credited with what no trace showed.
 * **TiledMLP** (``ulysses_sp.py:955-1076``) runs ``T = ceil((s/p) / h)`` tiles, its intermediates one tile at a
   time (``n_mlp (t / T) i w``) plus the ``x_grad`` it preallocates (``t h w``); an uncheckpointed layer saves only
   its input (already saved), so ``n_mlp t i w`` fewer a layer. Time: one more MLP forward a layer (docstring :959).
 * **Tiled loss**: ``ceil(V / h)`` tiles (Liger's fused linear-cross-entropy chunking,
   liger_kernel/ops/fused_linear_cross_entropy.py: ``inc_factor = cdiv(V, H)`` chunks), so ``/ ceil(V/h)`` of the
-  logits moment; time: the lm_head forward once more (``sequence_tiled_compute`` recomputes each tile in backward).
+  loss's moment, plus the hidden state's gradient ``SequenceTiledCompute`` preallocates (``t h w``) and the lm_head's
+  weight gradient the tiles accumulate (:func:`head_moment_bytes`); time: the
+  lm_head forward once more (``sequence_tiled_compute`` recomputes each tile in backward).
 * **Activation offload** keeps ``max_fwd_stash_count + keep_last_count`` = 3 checkpointed inputs on the device
   (DeepSpeed's ``get_checkpoint_hidden_states_offloading_ctx_manager`` defaults) and ``n_ckpt t h w`` on the host;
   time: each input down and up over PCIe on a side stream, exposed where it outlasts the compute beside it.
@@ -44,8 +45,6 @@ p, micro-batch b and trace-dtype bytes w, a rank holds ``t = b x s / p`` tokens:
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from autofit.core.config import Config
 from autofit.core.hardware import Hardware
@@ -67,11 +66,34 @@ def tokens_per_rank(config: Config, facts: ModelFacts) -> float:
 
 
 def loss_moment_bytes(config: Config, facts: ModelFacts) -> float:
-    """The logits moment: ``(w + 8) t V``, over ``ceil(V / h)`` tiles with ``tiled_loss``."""
-    w = trace_bytes(config)
-    upcast = FP32 if w < FP32 else 0  # logits.float() copies only what is not fp32 already
-    whole = (w + upcast + FP32) * tokens_per_rank(config, facts) * facts.vocab_size
-    return whole / loss_tiles(facts) if config.tiled_loss else whole
+    """What the untiled loss holds beyond the saved activations at its largest, cross-entropy's backward: ``12 t V``,
+    three fp32 ``t x V`` tensors at once -- log-softmax's saved output, ``nll_loss_backward``'s gradient and
+    ``_log_softmax_backward_data``'s result (aten's ``log_softmax`` saves its output, not its input; transformers'
+    ``ForCausalLMLoss`` upcasts with ``logits.float()``, so all three are fp32 whatever the model computes in). Its
+    forward holds less: the logits, their fp32 copy where they are not fp32 already, and log-softmax's output,
+    ``(w + 4 + 4) t V`` at most. Measured on the traced 4-layer GQA Llama at 1,024 tokens: the head's backward 49.0
+    MiB over the saved activations, ``12 t V`` = 48 MiB (V = 4,096, fp32)."""
+    return 3 * FP32 * tokens_per_rank(config, facts) * facts.vocab_size
+
+
+def head_moment_bytes(config: Config, facts: ModelFacts, tiled: bool) -> float:
+    """The head's largest moment beyond the saved activations: the loss's backward (:func:`loss_moment_bytes`, L), or
+    the lm_head's backward -- the logits' gradient ``t V w``, the weight's gradient as it arrives ``V h w`` and the
+    hidden state's ``t h w`` -- whichever is larger (measured on the traced 4-layer GQA Llama, V = 4,096, h = 256:
+    at 32 tokens the weight's gradient sets the head's peak, at 1,024 the loss).
+
+    Tiled (``SequenceTiledCompute``, ``ceil(V / h)`` tiles): one tile's share of both, the hidden state's gradient
+    its backward preallocates whole (``torch.zeros_like``, ``t h w``), and the weight's gradient accumulated in
+    ``.grad`` from the second tile on (``ds_grad_is_ready`` False until the last tile, which ZeRO-2's and ZeRO-3's
+    hooks honour: ``stage_1_and_2.py``, ``stage3.py``; nothing is moved out between tiles) beside each tile's
+    arriving one: ``max(L / T + V h w, t V w / T + 2 V h w) + t h w``. Short sequences of a large vocabulary hold
+    more tiled than not."""
+    t, w, h, v = tokens_per_rank(config, facts), trace_bytes(config), facts.hidden_size, facts.vocab_size
+    loss, logits_grad, weight_grad = loss_moment_bytes(config, facts), t * v * w, v * h * w
+    if not tiled:
+        return max(loss, logits_grad + weight_grad + t * h * w)
+    tiles = loss_tiles(facts)
+    return max(loss / tiles + weight_grad, logits_grad / tiles + 2 * weight_grad) + t * h * w
 
 
 def loss_tiles(facts: ModelFacts) -> int:
@@ -85,14 +107,12 @@ def mlp_tiles(config: Config, facts: ModelFacts) -> int:
     return max(1, -(-local // facts.hidden_size)) if facts.hidden_size else 1
 
 
-def layer_moment_bytes(config: Config, facts: ModelFacts) -> float:
-    """A layer's recompute: its MLP intermediates (one tile's and TiledMLP's ``x_grad`` when tiled), the all-to-all
-    buffers and the replicated kv heads under SP."""
+def mlp_moment_bytes(config: Config, facts: ModelFacts, tiled: bool) -> float:
+    """A layer's MLP intermediates, ``n_mlp t i w``; tiled, one of TiledMLP's tiles and the ``x_grad`` it preallocates
+    (``t h w``)."""
     t, w = tokens_per_rank(config, facts), trace_bytes(config)
     mlp = facts.mlp_intermediates * t * facts.intermediate_size * w
-    if config.tiled_mlp:
-        mlp = mlp / mlp_tiles(config, facts) + t * facts.hidden_size * w
-    return mlp + sp_layer_bytes(config, facts)
+    return mlp / mlp_tiles(config, facts) + t * facts.hidden_size * w if tiled else mlp
 
 
 def sp_layer_bytes(config: Config, facts: ModelFacts) -> float:
@@ -129,49 +149,44 @@ def replicated_kv_bytes(config: Config, facts: ModelFacts) -> float:
     return 2 * tokens_per_rank(config, facts) * (kv_width_sp(config, facts) - facts.kv_width) * trace_bytes(config)
 
 
-def long_context_activation_bytes(config: Config, facts: ModelFacts, traced_peak: float) -> float:
+def long_context_activation_bytes(config: Config, facts: ModelFacts, traced_peak: float, head_peak: float = 0.0,
+                                  body_peak: float = 0.0) -> float:
     """The traced activation peak (at the config's checkpoint ratio, micro-batch and the trace's whole sequence)
-    as the long-context keys change it (module docstring); ``traced_peak`` itself where all are off."""
+    as the long-context keys change it (module docstring); ``traced_peak`` itself where all are off.
+
+    ``head_peak`` and ``body_peak``: the trace's peaks in the head's segments and in the layers'
+    (:attr:`autofit.cost_model.facts.PeakPoint.head_peak_with_grads_bytes`); the tiled loss lowers the head's, the
+    tiled MLP's recompute and SP's exchange buffers change the layers'. Not measured (0): both at the traced peak,
+    so that neither technique is credited with what no trace showed."""
     if not facts.seq_len or not _any_on(config):
         return traced_peak
+    if not (head_peak and body_peak):
+        head_peak = body_peak = traced_peak
+    p, t = config.sequence_parallel, tokens_per_rank(config, facts)
+    n_ckpt = config.checkpointed_layers(facts.n_layers)
+    held = (facts.n_layers - n_ckpt) * sp_saved_bytes(config, facts) - saved_delta_bytes(config, facts)
+    head = head_peak / p + held
+    if config.tiled_loss:
+        head += head_moment_bytes(config, facts, True) - head_moment_bytes(config, facts, False)
+    body = body_peak / p + held + sp_layer_bytes(config, facts)
+    if config.tiled_mlp and n_ckpt:  # a checkpointed layer's recompute holds one tile of its MLP
+        body -= mlp_moment_bytes(config, facts, False) - mlp_moment_bytes(config, facts, True)
+    kept = min(n_ckpt, OFFLOAD_DEVICE_INPUTS) if config.offload_activations != "none" else n_ckpt
+    return max(head, body, kept * t * facts.hidden_size * trace_bytes(config))
+
+
+def saved_delta_bytes(config: Config, facts: ModelFacts) -> float:
+    """What every moment after the layers' forwards holds less of their saved tensors: the checkpointed inputs past
+    the device's three with activation offload (``(n_ckpt - 3) t h w``), and under TiledMLP each uncheckpointed
+    layer's MLP intermediates, which it no longer saves (``n_full (n_mlp t i w - t h w)``)."""
     t, w, h = tokens_per_rank(config, facts), trace_bytes(config), facts.hidden_size
     n_ckpt = config.checkpointed_layers(facts.n_layers)
-    n_full = facts.n_layers - n_ckpt
-    peak = traced_peak / config.sequence_parallel
-    saved = n_ckpt * t * h * w
-    mlp = facts.mlp_intermediates * t * facts.intermediate_size * w
-    layer = max(mlp, traced_layer_bytes(config, facts))  # one layer's saved tensors, what its recompute holds
-    loss = loss_moment_bytes(replace(config, tiled_loss=False), facts)
-    if n_full == 0 and peak - saved > max(loss, layer):
-        loss = peak - saved  # fully checkpointed and the loss the larger moment: the trace measured it
-    before = max(loss, layer)
-    tiled_mlp = (mlp / mlp_tiles(config, facts) + t * h * w) if config.tiled_mlp else mlp
-    after = max(loss / loss_tiles(facts) if config.tiled_loss else loss,
-                layer - mlp + tiled_mlp + sp_layer_bytes(config, facts))
-    saved_delta = 0.0
+    delta = 0.0
     if config.offload_activations != "none":
-        saved_delta += max(0, n_ckpt - OFFLOAD_DEVICE_INPUTS) * t * h * w
+        delta += max(0, n_ckpt - OFFLOAD_DEVICE_INPUTS) * t * h * w
     if config.tiled_mlp:
-        saved_delta += n_full * (mlp - t * h * w)
-    peak = peak - saved_delta - (before - after) + n_full * sp_saved_bytes(config, facts)
-    kept = min(n_ckpt, OFFLOAD_DEVICE_INPUTS) if config.offload_activations != "none" else n_ckpt
-    return max(peak, kept * t * h * w)
-
-
-def traced_layer_bytes(config: Config, facts: ModelFacts) -> float:
-    """One layer's saved-for-backward bytes on a rank, measured: the traces without and with every layer checkpointed
-    differ by ``L x (layer - its input)`` at the loss (``activation_bytes``); 0 where either trace is missing."""
-    try:
-        full = facts.profile(config.trace_dtype, config.attention, False)
-        ckpt = facts.profile(config.trace_dtype, config.attention, True)
-    except KeyError:
-        return 0.0
-    if not facts.n_layers:
-        return 0.0
-    b = config.micro_batch_size
-    per_layer = (full.at(b, "activation_bytes") - ckpt.at(b, "activation_bytes")) / facts.n_layers
-    return max(0.0, per_layer / config.sequence_parallel + tokens_per_rank(config, facts) * facts.hidden_size
-               * trace_bytes(config))
+        delta += (facts.n_layers - n_ckpt) * (mlp_moment_bytes(config, facts, False) - t * h * w)
+    return delta
 
 
 def _any_on(config: Config) -> bool:

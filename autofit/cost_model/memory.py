@@ -80,12 +80,13 @@ def activation_peak_bytes(config: Config, facts: ModelFacts, keep_grads: bool) -
     ``keep_grads``: gradients stay where autograd puts them (plain PyTorch, ZeRO 0/1)
     rather than being moved out as they are produced (ZeRO-2/3).
     """
-    dtype = config.trace_dtype
-    attr = "peak_with_grads_bytes" if keep_grads else "peak_without_grads_bytes"
+    grads = "with_grads" if keep_grads else "without_grads"
     n_ckpt = config.checkpointed_layers(facts.n_layers)
-    traced = facts.at_checkpointed(dtype, config.attention, n_ckpt, config.micro_batch_size, attr,
-                                   config.checkpoint_granularity)
-    return long_context_activation_bytes(config, facts, traced)  # SP, tiling, offload (cost_model/long_context.py)
+    head, body, traced = (facts.at_checkpointed(config.trace_dtype, config.attention, n_ckpt, config.micro_batch_size,
+                                                f"{part}peak_{grads}_bytes", config.checkpoint_granularity)
+                          for part in ("head_", "body_", ""))
+    # SP, tiling, offload (cost_model/long_context.py)
+    return long_context_activation_bytes(config, facts, traced, head, body)
 
 
 def accumulated_grad_bytes(config: Config, facts: ModelFacts, world_size: int) -> float:

@@ -42,7 +42,8 @@ TRACE_LENGTH = 4096
 #: the longest length the bisection tries
 LONGEST_TRIED = 2**28
 #: memory-like attributes of a traced point (linear in the length) and time-like ones (a s + c s^2)
-LINEAR_ATTRS = ("peak_with_grads_bytes", "peak_without_grads_bytes", "activation_bytes")
+LINEAR_ATTRS = ("peak_with_grads_bytes", "peak_without_grads_bytes", "activation_bytes", "head_peak_with_grads_bytes",
+                "head_peak_without_grads_bytes", "body_peak_with_grads_bytes", "body_peak_without_grads_bytes")
 QUADRATIC_ATTRS = ("flops", "fp8_flops", "memory_bound_bytes", "fused_memory_bound_bytes")
 #: elements past which a tensor's flat index no longer fits an int32: Triton kernels that index in int32 fail there
 #: with "an illegal memory access" (Liger-Kernel issue #803, from ALST's authors: Liger's RMSNorm at a
@@ -267,7 +268,9 @@ def _point_at(p1: PeakPoint, p2: PeakPoint, s1: int, s2: int, s: int) -> PeakPoi
         changes[attr] = max(0, int(y1 + (y2 - y1) * (s - s1) / (s2 - s1)))
     # the peak with every gradient kept is the larger of two moments (the activations' and, once backward is done, all
     # the gradients'); at short traces the gradients' may set both points, whose line then misses the activations'
-    changes["peak_with_grads_bytes"] = max(changes["peak_with_grads_bytes"], changes["peak_without_grads_bytes"])
+    for part in ("", "head_", "body_"):
+        with_grads, without = f"{part}peak_with_grads_bytes", f"{part}peak_without_grads_bytes"
+        changes[with_grads] = max(changes[with_grads], changes[without])
     for attr in QUADRATIC_ATTRS:
         y1, y2 = getattr(p1, attr), getattr(p2, attr)
         c = (y2 / s2 - y1 / s1) / (s2 - s1)

@@ -187,16 +187,19 @@ def _fit_phase(v_small: dict[int, int], v_large: dict[int, int], k: int) -> Phas
     raise CannotScale(f"segments {sorted(v_small)} and {sorted(v_large)} of the cut traces do not fit A(i) + B(L-1-i)")
 
 
-def layout_peak(layout: Sequence[SegmentFit]) -> int:
-    """The step's peak for layers fitted as ``layout`` (one fit per layer, in order; at least 2).
+def layout_peak(layout: Sequence[SegmentFit], part: str = "all") -> int:
+    """The step's peak for layers fitted as ``layout`` (one fit per layer, in order; at least 2); of the head's
+    segments alone (:func:`is_head`) where ``part`` is ``head``, of the others where it is ``body``.
 
     Layer i takes its own kind's ``A`` plus, for each earlier layer of another kind, the difference of
     what the two kinds hold; ``B`` comes from the last layer's kind (backward starts there), plus, for
     each later layer of another kind, the difference of the two kinds' steady ``B`` slopes.
     """
     n, last = len(layout), layout[-1]
-    best = layout[0].edges["fpre"][0] if "fpre" in layout[0].edges else 0
-    if "bhead" in last.edges:
+    keep = {"all": lambda segment: True, "head": lambda segment: is_head(segment, n),
+            "body": lambda segment: not is_head(segment, n)}[part]
+    best = layout[0].edges["fpre"][0] if "fpre" in layout[0].edges and keep(("fpre", 0)) else 0
+    if "bhead" in last.edges and keep(("bhead", 0)):
         best = max(best, last.edges["bhead"][0] + sum(f.edges["bhead"][1] for f in layout))
     for phase, tail in last.phases.items():
         kinds = [fit.phases.get(phase) for fit in layout]
@@ -207,10 +210,27 @@ def layout_peak(layout: Sequence[SegmentFit]) -> int:
                 continue
             if i:
                 extra_later -= own.later - tail.later
-            if own.has(i, n):
+            if own.has(i, n) and keep((phase, i)):
                 best = max(best, own.own_at(i) + held - i * own.earlier + tail.after_at(n - 1 - i) + extra_later)
             held += own.earlier
     return best
+
+
+def is_head(segment: Segment, n_layers: int) -> bool:
+    """Whether ``segment`` is the head's: after the last layer's forward (``fa``), before its backward (``bhead``),
+    where the final norm, the logits and the loss run."""
+    return segment == ("bhead", 0) or segment == ("fa", n_layers - 1)
+
+
+def part_peaks(segment_peaks: Mapping[Segment, tuple[int, int]], n_layers: int) -> dict[str, int]:
+    """:class:`PeakPoint`'s ``head_peak_*`` and ``body_peak_*`` from a step's ``(with grads, without)`` segment
+    peaks: the largest in the head's segments (:func:`is_head`) and in the others; zeros where none was recorded."""
+    parts: dict[str, int] = {}
+    for part in ("head", "body"):
+        peaks = [p for segment, p in segment_peaks.items() if is_head(segment, n_layers) == (part == "head")]
+        parts[f"{part}_peak_with_grads_bytes"] = max((p[0] for p in peaks), default=0)
+        parts[f"{part}_peak_without_grads_bytes"] = max((p[1] for p in peaks), default=0)
+    return parts
 
 
 def scaled_point(full: KindFit, checkpointed: KindFit | None, n_checkpointed: int, n_layers: int) -> PeakPoint:
@@ -228,5 +248,7 @@ def scaled_point(full: KindFit, checkpointed: KindFit | None, n_checkpointed: in
         micro_batch_size=full.micro_batch_size,
         peak_with_grads_bytes=layout_peak([k.with_grads for k in layout]),
         peak_without_grads_bytes=layout_peak([k.without_grads for k in layout]),
+        **{f"{part}_peak_{grads}_bytes": layout_peak([getattr(k, grads) for k in layout], part)
+           for part in ("head", "body") for grads in ("with_grads", "without_grads")},
         **additive,
     )

@@ -18,6 +18,7 @@ from autofit.core.units import seconds_from_env
 from autofit.cost_model.facts import PeakPoint
 from autofit.ds.apply import apply_checkpointing
 from autofit.trace.layers import SegmentMarks
+from autofit.trace.scaling import part_peaks
 from autofit.trace.sdpa import sdpa_as_dispatched
 from autofit.trace.structure import fp8_linear_flops
 from autofit.trace.tensors import (
@@ -196,11 +197,10 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
             if ckpt[0]:
                 apply_checkpointing(model, layers, ckpt[0], ckpt[1], workload.attention_of)
             batch = cast_batch(workload.batch(n), dtype)
-            # layer marks whenever layers are cut or checkpointed: they also collect the checkpointed recompute's
-            # reference cycles as each layer ends (autofit/trace/layers.py), which a whole trace counted too
-            marked = segments is not None or bool(ckpt[0] and layers)
+            # layer marks wherever there are layers: the head's and the layers' peaks are per segment, and the marks
+            # collect a checkpointed recompute's reference cycles as each layer ends (autofit/trace/layers.py)
             counter: LiveBytes = LiveBytes(deadline=time.perf_counter() + limit_s, name=workload.name)
-            counter.marks = SegmentMarks(layers, lambda: counter.note()) if marked else None
+            counter.marks = SegmentMarks(layers, lambda: counter.note()) if layers else None
             ignore_existing(counter, [*model.parameters(), *model.buffers(), *batch_tensors(batch)])
             params = [p for p in model.parameters() if p.requires_grad]
             hooks = [p.register_post_accumulate_grad_hook(grad_hook(counter)) for p in params]
@@ -215,11 +215,11 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
                 loss.backward()
             for hook in hooks:
                 hook.remove()
-            grad_bytes = counter.grads
             fp8_flops = fp8_linear_flops(model, flops.get_flop_counts())
             del loss, model, batch, params
             if segments is not None:
                 segments.update(counter.segment_peaks)
+            parts = part_peaks(counter.segment_peaks, len(layers))
     except AutofitError:  # the build, or a step too slow: the same at any depth and on real tensors
         raise
     except BaseException as exc:
@@ -231,11 +231,12 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
         peak_with_grads_bytes=counter.peak_with_grads,
         peak_without_grads_bytes=counter.peak_without_grads,
         activation_bytes=activation_bytes_at_loss,
-        grad_bytes=grad_bytes,
+        grad_bytes=counter.grads,
         flops=int(flops.get_total_flops()),
         fp8_flops=fp8_flops,
         memory_bound_bytes=counter.traffic.eager,
         fused_memory_bound_bytes=counter.traffic.fused,
+        **parts,
     )
 
 

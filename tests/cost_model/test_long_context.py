@@ -1,6 +1,7 @@
 """Long-context pricing (issue 38) on a tiny hf: Llama traced on fake tensors: a longer sequence never predicts less,
-SP 2 about halves the activations, the tiled loss and activation offload shrink the device's share, offload moves it
-to the host, and the extrapolation through two traces lands on a third."""
+SP 2 about halves the activations, the tiled loss and activation offload shrink the device's share at a long sequence
+(and the tiled loss not at a short one), offload moves it to the host, and the extrapolation through two traces lands
+on a third."""
 
 from __future__ import annotations
 
@@ -54,8 +55,25 @@ def test_sequence_parallel_two_about_halves_the_activations(traced) -> None:
     assert time_two["communication"] > time_one["communication"]  # the Ulysses all-to-alls
 
 
+def test_the_trace_splits_its_peak_into_the_head_and_the_layers(traced) -> None:
+    for profile in traced[128].profiles.values():
+        for point in profile.points:
+            assert point.head_peak_without_grads_bytes > 0 and point.body_peak_without_grads_bytes > 0
+            assert point.peak_without_grads_bytes == max(point.head_peak_without_grads_bytes,
+                                                         point.body_peak_without_grads_bytes)
+
+
+def test_a_tiled_loss_pays_only_where_the_logits_outweigh_the_lm_heads_gradient(traced) -> None:
+    """V = 4,096, h = 256: the tiles accumulate the lm_head's 4 MiB gradient beside each tile's own, more than the
+    1.5 MiB of logits cross-entropy holds at 32 tokens; at 2,048 tokens the logits' 96 MiB dwarf it."""
+    short, long = traced[32], facts_at_length(traced[64], traced[128], 2048)
+    tiled = Z3.with_(tiled_loss=True)
+    assert activation_peak_bytes(tiled, short, False) > activation_peak_bytes(Z3, short, False)
+    assert activation_peak_bytes(tiled, long, False) < 0.5 * activation_peak_bytes(Z3, long, False)
+
+
 def test_tiling_and_offload_shrink_the_device_and_offload_fills_the_host(traced) -> None:
-    facts = traced[128]
+    facts = facts_at_length(traced[64], traced[128], 2048)
     base = predict(Z3, facts, H100, 8)
     tiled = predict(Z3.with_(tiled_loss=True), facts, H100, 8)
     assert tiled.breakdown.activations < base.breakdown.activations
