@@ -25,7 +25,8 @@ p, micro-batch b and trace-dtype bytes w, a rank holds ``t = b x s / p`` tokens:
   (``saved_delta``: offloaded inputs, TiledMLP's unsaved intermediates), plus SP's second attention-output copy a
   layer; the head's with its tiled moment for its untiled one where the loss is tiled (:func:`head_moment_bytes`:
   the loss's backward ``12 t V``, or the lm_head's, whichever is larger), the layers' plus SP's exchange buffers and
-  less a checkpointed layer's untiled MLP where TiledMLP runs: ``peak' = max(head', layers')``. Where a trace has no
+  less what TiledMLP tiles of the layer being back-propagated (:func:`tiled_mlp_layer_saving`: its MLP's gradients,
+  and a checkpointed layer's recomputed intermediates): ``peak' = max(head', layers')``. Where a trace has no
   parts (a script's profile) both are the whole peak: no technique is credited with what no trace showed.
 * **TiledMLP** (``ulysses_sp.py:955-1076``) runs ``T = ceil((s/p) / h)`` tiles, its intermediates one tile at a
   time (``n_mlp (t / T) i w``) plus the ``x_grad`` it preallocates (``t h w``); an uncheckpointed layer saves only
@@ -169,23 +170,36 @@ def long_context_activation_bytes(config: Config, facts: ModelFacts, traced_peak
     if config.tiled_loss:
         head += head_moment_bytes(config, facts, True) - head_moment_bytes(config, facts, False)
     body = body_peak / p + held + sp_layer_bytes(config, facts)
-    if config.tiled_mlp and n_ckpt:  # a checkpointed layer's recompute holds one tile of its MLP
-        body -= mlp_moment_bytes(config, facts, False) - mlp_moment_bytes(config, facts, True)
+    if config.tiled_mlp:
+        body -= tiled_mlp_layer_saving(config, facts, n_ckpt > 0)
     kept = min(n_ckpt, OFFLOAD_DEVICE_INPUTS) if config.offload_activations != "none" else n_ckpt
     return max(head, body, kept * t * facts.hidden_size * trace_bytes(config))
+
+
+def tiled_mlp_layer_saving(config: Config, facts: ModelFacts, checkpointed: bool) -> float:
+    """What TiledMLP takes off the layer being back-propagated: its MLP's intermediates' gradients, which the untiled
+    backward holds beside them -- each elementwise op's backward returns a gradient the size of what it saved (a
+    gated MLP's ``mul`` two ``t x i`` at once, beside ``down_proj``'s), about ``n_mlp t i w`` -- and TiledMLP computes
+    one tile at a time (``TiledMLP.backward`` runs each tile's forward and backward in turn, ``ulysses_sp.py``);
+    and, for a checkpointed layer, the recomputed intermediates themselves, one tile at a time too
+    (:func:`mlp_moment_bytes`). An uncheckpointed layer's saved intermediates are :func:`saved_delta_bytes`'."""
+    untiled, tiled = mlp_moment_bytes(config, facts, False), mlp_moment_bytes(config, facts, True)
+    gradients = untiled - untiled / mlp_tiles(config, facts)
+    return gradients + (untiled - tiled if checkpointed else 0.0)
 
 
 def saved_delta_bytes(config: Config, facts: ModelFacts) -> float:
     """What every moment after the layers' forwards holds less of their saved tensors: the checkpointed inputs past
     the device's three with activation offload (``(n_ckpt - 3) t h w``), and under TiledMLP each uncheckpointed
-    layer's MLP intermediates, which it no longer saves (``n_full (n_mlp t i w - t h w)``)."""
+    layer's MLP intermediates, which it no longer saves (``n_full n_mlp t i w``; ``TiledMLP.forward`` saves only
+    its input, the tensor the untiled ``gate_proj`` and ``up_proj`` saved already)."""
     t, w, h = tokens_per_rank(config, facts), trace_bytes(config), facts.hidden_size
     n_ckpt = config.checkpointed_layers(facts.n_layers)
     delta = 0.0
     if config.offload_activations != "none":
         delta += max(0, n_ckpt - OFFLOAD_DEVICE_INPUTS) * t * h * w
     if config.tiled_mlp:
-        delta += (facts.n_layers - n_ckpt) * (mlp_moment_bytes(config, facts, False) - t * h * w)
+        delta += (facts.n_layers - n_ckpt) * mlp_moment_bytes(config, facts, False)
     return delta
 
 

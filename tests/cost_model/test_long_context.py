@@ -78,6 +78,11 @@ def test_tiling_and_offload_shrink_the_device_and_offload_fills_the_host(traced)
     tiled = predict(Z3.with_(tiled_loss=True), facts, H100, 8)
     assert tiled.breakdown.activations < base.breakdown.activations
     assert tiled.time_breakdown["compute"] > base.time_breakdown["compute"]  # the lm_head runs again
+    for ratio in (0.0, 1.0):  # the MLP's intermediates unsaved, or recomputed, and their gradients one tile at a time
+        loss_tiled = Z3.with_(checkpoint_ratio=ratio, tiled_loss=True)  # the loss's logits are not the peak
+        plain = predict(loss_tiled, facts, H100, 8)
+        tiled_mlp = predict(loss_tiled.with_(tiled_mlp=True), facts, H100, 8)
+        assert tiled_mlp.breakdown.activations < plain.breakdown.activations
     offloaded = predict(Z3.with_(offload_activations="cpu"), facts, H100, 8)
     assert offloaded.breakdown.activations <= base.breakdown.activations
     assert offloaded.host_peak_bytes > base.host_peak_bytes
