@@ -36,10 +36,20 @@ def measure(gpus: int, nodes: int) -> dict:
     answer = longest_sequence(Target(entry=ENTRY, hardware="h100-80gb", gpus=gpus, nodes=nodes, seq_len="max"))
     published = PUBLISHED[(gpus, nodes)]
     row = answer.to_dict()
+    bounded = int32_bounded(answer.seq_len, row["int32_tokens_per_rank"], row["config"]["sequence_parallel"])
     row.update({"gpus": gpus * nodes, "published": published, "published_source": SOURCE,
                 "error": round((answer.seq_len - published) / published, 3),
+                "int32_bounded_seq_len": bounded, "int32_bounded_error": round((bounded - published) / published, 3),
                 "without_long_context": answer.rungs[0].seq_len, "seconds": round(time.perf_counter() - started, 1)})
     return row
+
+
+def int32_bounded(seq_len: int, int32_tokens_per_rank: int | None, sp: int) -> int:
+    """The answer where ALST's own kernels would stop: a rank's ``[1, s / sp, hidden]`` hidden state (and Ulysses'
+    ``[1, s, heads / sp, head_dim]`` attention input, as many elements) past 2^31 elements fails in int32-indexed
+    kernels (Liger's RMSNorm in Triton, flash-attn 2: Liger-Kernel issue #803, from ALST's authors), which ALST's
+    recipes run (``model.type: liger``, ``flash_attention_2``)."""
+    return seq_len if int32_tokens_per_rank is None else min(seq_len, int32_tokens_per_rank * sp)
 
 
 def main() -> None:
@@ -51,7 +61,9 @@ def main() -> None:
         row = measure(gpus, nodes)
         rows.append(row)
         print(f"{row['gpus']:>3} H100: autofit {row['seq_len']:>12,} ({row['label']})  published {row['published']:>12,}"
-              f"  error {row['error']:+.1%}  without long-context keys {row['without_long_context']:,}", flush=True)
+              f"  error {row['error']:+.1%}  int32-bounded {row['int32_bounded_seq_len']:,} "
+              f"({row['int32_bounded_error']:+.1%})  without long-context keys {row['without_long_context']:,}",
+              flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     args.out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "commit": commit.strip(),
                                     "rows": rows}, indent=1) + "\n")
