@@ -69,8 +69,10 @@ def check_url(url: str) -> None:
 
 
 #: seconds a PostgreSQL session may sit idle inside a transaction before the server ends it (module docstring): an
-#: autofit or Optuna transaction runs a few statements back to back and never waits on user code or a probe
-IDLE_IN_TRANSACTION_S = 10.0
+#: autofit or Optuna transaction runs a few statements back to back and never waits on user code or a probe, so only
+#: a stopped client sits there; a worker stopped this long has lost its lease anyway (the default lease, 60 s:
+#: autofit.schedule.queue.DEFAULT_LEASE_S), and a slow one under load keeps its session
+IDLE_IN_TRANSACTION_S = 60.0
 
 
 def engine_kwargs(url: str) -> dict[str, Any]:

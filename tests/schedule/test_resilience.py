@@ -88,7 +88,7 @@ def test_a_database_restart_mid_search_leaves_every_search_done_without_probing_
     logs = _finish(workers, 300)
     assert any("database error" in log for log in logs)  # the restart reached the workers
     rows = {r.id: r for r in queue.search_rows(pg_url)}
-    assert {rows[i].state for i in ids} == {"done"}
+    assert {rows[i].state for i in ids} == {"done"}, [(rows[i].state, rows[i].message) for i in ids]
     for search_id in ids:
         searched = _searched(_trials(pg_url, search_id))
         assert len(searched) == len(set(searched)) >= 1, searched
