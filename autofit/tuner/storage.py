@@ -9,13 +9,6 @@ own tables (:mod:`autofit.schedule.store`) use the same ones.
   the next query (SQLAlchemy, "Dealing with Disconnects": ``sqlalchemy/engine/create.py``,
   ``pool_pre_ping``); ``pool_recycle`` replaces connections older than five minutes, before a proxy or
   firewall drops them silently.
-- PostgreSQL: a session idle inside a transaction for :data:`IDLE_IN_TRANSACTION_S` is ended by the server
-  (``idle_in_transaction_session_timeout``, set per connection through libpq's ``options``), which releases its
-  locks. A worker stopped mid-transaction (a paused VM, a swapping host, ``SIGSTOP``) otherwise holds its row locks
-  for as long as it is stopped, and every other worker that touches those rows waits that long: measured, a rescuer
-  taking over a stalled worker's search waited on Optuna's ``SELECT ... FOR UPDATE`` of the trial the stalled one
-  was writing its parameters to. The stalled worker's next statement fails as a dropped connection does
-  (:func:`database_errors`).
 - SQLite: wait up to 60 s for another process's write lock instead of failing at once.
 
 What is worth trying again: :func:`check_url` refuses, in one line and before any connection, a URL no
@@ -68,26 +61,11 @@ def check_url(url: str) -> None:
                                "not its folder)")
 
 
-#: seconds a PostgreSQL session may sit idle inside a transaction before the server ends it (module docstring): an
-#: autofit or Optuna transaction runs a few statements back to back and never waits on user code or a probe, so only
-#: a stopped client sits there; a worker stopped this long has lost its lease anyway (the default lease, 60 s:
-#: autofit.schedule.queue.DEFAULT_LEASE_S), and a slow one under load keeps its session
-IDLE_IN_TRANSACTION_S = 60.0
-
-
 def engine_kwargs(url: str) -> dict[str, Any]:
     """``create_engine`` keyword arguments for ``url``."""
-    from sqlalchemy.engine import make_url
-
     if url.startswith("sqlite"):
         return {"connect_args": {"timeout": 60}}
-    kwargs: dict[str, Any] = {"pool_pre_ping": True, "pool_recycle": 300}
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "postgresql":
-        ours = f"-c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_S * 1000)}"
-        theirs = parsed.query.get("options")  # the URL's own ``?options=``, kept: connect_args would replace it
-        kwargs["connect_args"] = {"options": f"{theirs} {ours}" if isinstance(theirs, str) else ours}
-    return kwargs
+    return {"pool_pre_ping": True, "pool_recycle": 300}
 
 
 @functools.lru_cache(maxsize=8)
@@ -116,16 +94,13 @@ def database_errors() -> tuple[type[BaseException], ...]:
 
 
 def transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is one of :func:`database_errors` or any error SQLAlchemy raised on a connection it found
-    dropped (``connection_invalidated``), looking through Optuna's ``StorageInternalError`` to the SQLAlchemy error
-    it wraps (a ``ProgrammingError`` under it is no outage), and for SQLite at its result code
-    (:data:`SQLITE_TRANSIENT`)."""
+    """Whether ``exc`` is one of :func:`database_errors`, looking through Optuna's ``StorageInternalError`` to
+    the SQLAlchemy error it wraps (a ``ProgrammingError`` under it is no outage), and for SQLite at its result
+    code (:data:`SQLITE_TRANSIENT`)."""
     import optuna
 
     if isinstance(exc, optuna.exceptions.StorageInternalError):
         return exc.__cause__ is None or transient(exc.__cause__)
-    if getattr(exc, "connection_invalidated", False):  # any error on a connection the server ended (the dialect's
-        return True                                     # is_disconnect), as the idle-in-transaction timeout does
     if not isinstance(exc, database_errors()):
         return False
     name = getattr(getattr(exc, "orig", None), "sqlite_errorname", None)  # sqlite3 says which (Python >= 3.11)
