@@ -159,7 +159,7 @@ def long_context_activation_bytes(config: Config, facts: ModelFacts, traced_peak
     (:attr:`autofit.cost_model.facts.PeakPoint.head_peak_with_grads_bytes`); the tiled loss lowers the head's, the
     tiled MLP's recompute and SP's exchange buffers change the layers'. Not measured (0): both at the traced peak,
     so that neither technique is credited with what no trace showed."""
-    if not facts.seq_len or not _any_on(config):
+    if not facts.seq_len or not any_long_context(config):
         return traced_peak
     if not (head_peak and body_peak):
         head_peak = body_peak = traced_peak
@@ -203,7 +203,8 @@ def saved_delta_bytes(config: Config, facts: ModelFacts) -> float:
     return delta
 
 
-def _any_on(config: Config) -> bool:
+def any_long_context(config: Config) -> bool:
+    """Whether any long-context key is on (SP, TiledMLP, the tiled loss, activation offload)."""
     return (config.sequence_parallel > 1 or config.tiled_mlp or config.tiled_loss
             or config.offload_activations != "none")
 

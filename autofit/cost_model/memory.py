@@ -47,7 +47,7 @@ from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.cuda_runtime import cublas_workspace_bytes, outside_allocator_bytes, runtime_bytes
 from autofit.cost_model.facts import ModelFacts, footprint_key
 from autofit.cost_model.fp8 import fp8_cast_bytes
-from autofit.cost_model.long_context import long_context_activation_bytes
+from autofit.cost_model.long_context import any_long_context, long_context_activation_bytes
 from autofit.cost_model.states import model_states
 
 
@@ -82,11 +82,14 @@ def activation_peak_bytes(config: Config, facts: ModelFacts, keep_grads: bool) -
     """
     grads = "with_grads" if keep_grads else "without_grads"
     n_ckpt = config.checkpointed_layers(facts.n_layers)
-    head, body, traced = (facts.at_checkpointed(config.trace_dtype, config.attention, n_ckpt, config.micro_batch_size,
-                                                f"{part}peak_{grads}_bytes", config.checkpoint_granularity)
-                          for part in ("head_", "body_", ""))
-    # SP, tiling, offload (cost_model/long_context.py)
-    return long_context_activation_bytes(config, facts, traced, head, body)
+    def at(part: str) -> float:
+        return facts.at_checkpointed(config.trace_dtype, config.attention, n_ckpt, config.micro_batch_size,
+                                     f"{part}peak_{grads}_bytes", config.checkpoint_granularity)
+
+    if not any_long_context(config):
+        return at("")
+    # SP, tiling, offload (cost_model/long_context.py): the head's and the layers' parts only where they are used
+    return long_context_activation_bytes(config, facts, at(""), at("head_"), at("body_"))
 
 
 def accumulated_grad_bytes(config: Config, facts: ModelFacts, world_size: int) -> float:
