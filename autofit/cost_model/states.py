@@ -270,8 +270,8 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
         params=params, master=FP32 * shard, optimizer=optimizer,
         grads_resident=w * shard + reduce_buffers(config) * reduce_bucket_bytes(psi, buckets.reduce_bucket_size, w,
                                                                                 device_kind),
-        gathered_params=w * stage3_live_elements(partitioned - partitioned / world_size, facts.largest_module_params,
-                                                 buckets),
+        gathered_params=0.0 if world_size == 1 else w * stage3_live_elements(partitioned, facts.largest_module_params,
+                                                                             buckets),
         # stage3.py _prepare_fp32_grad_for_sub_group: the partition's gradients flattened into a new tensor and
         # cast to fp32 (``flatten(...).to(fp32)``: in 16-bit the flat copy and its fp32 cast are alive at once)
         # become the fp32 partition's .grad for the step
@@ -297,8 +297,14 @@ def stage3_reduce_scratch_bytes(n_elements: float, element_bytes: int, device_ki
     return float(flat * (2 if device_kind == "cpu" else 1))
 
 
-def stage3_live_elements(not_on_device: float, largest_module_params: float, buckets: ZeroBuckets) -> float:
+def stage3_live_elements(gatherable: float, largest_module_params: float, buckets: ZeroBuckets) -> float:
     """Elements ZeRO-3 holds gathered on a rank beyond its own partition, at most.
+
+    A gathered module is whole: ``_all_gather_dtype`` (partition_parameters.py) gathers into a flat tensor of
+    ``partition x world`` elements, the rank's own share copied in, and the parameters become views of it
+    while their partition (``ds_tensor``) stays allocated. So ``gatherable`` counts every partitioned
+    element, the rank's own included. (On one rank with the partition on the device, nothing is gathered:
+    ``NoGatherHandle`` makes the parameter a view of its partition; the caller prices 0.)
 
     The parameter coordinator (partitioned_param_coordinator.py) releases a module's parameters after
     it runs unless they are used again within ``stage3_max_reuse_distance`` elements of the module
@@ -306,11 +312,11 @@ def stage3_live_elements(not_on_device: float, largest_module_params: float, buc
     ``max_reuse_distance / 2`` elements of layers stay gathered (they are traversed once more in forward
     and once in backward before their reuse). It prefetches up to ``stage3_prefetch_bucket_size``
     elements ahead (capped by ``stage3_max_live_parameters``), and the running module is whole.
-    A model smaller than that keeps everything it does not own gathered.
+    A model smaller than that keeps everything gathered, each module once.
     """
     window = buckets.stage3_max_reuse_distance / 2 + min(buckets.stage3_prefetch_bucket_size,
                                                          buckets.stage3_max_live_parameters)
-    return min(not_on_device, window) + largest_module_params
+    return min(gatherable, window + largest_module_params)
 
 
 def _offloaded(states: ModelStates, config: Config, facts: ModelFacts, world_size: int) -> ModelStates:
