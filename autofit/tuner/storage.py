@@ -13,8 +13,9 @@ own tables (:mod:`autofit.schedule.store`) use the same ones.
 
 What is worth trying again: :func:`check_url` refuses, in one line and before any connection, a URL no
 database could ever answer (unparsable, an unknown dialect or driver, a driver not installed, a SQLite file
-in a folder that does not exist); :func:`database_errors` are the failures a retry can cure (the server
-down or restarting, a dropped connection, a full pool), never a wrong URL or a wrong statement.
+in a folder that does not exist); of the :func:`database_errors`, :func:`transient` says which a retry can cure
+(the server down or restarting, a connection dropped or ended by the server, a full pool), never a wrong URL or a
+wrong statement.
 """
 
 from __future__ import annotations
@@ -79,29 +80,41 @@ def rdb_storage(url: str) -> Any:
 
 
 def database_errors() -> tuple[type[BaseException], ...]:
-    """What a store raises when the database is unreachable or dropped the connection, which trying again can
-    cure: SQLAlchemy's ``OperationalError`` (the server down, restarting, refusing connections),
-    ``InterfaceError``, ``DisconnectionError`` and pool ``TimeoutError`` (``sqlalchemy/exc.py``), and Optuna's
+    """What a store raises when the database fails, among which :func:`transient` finds those trying again can
+    cure: any error of the driver (SQLAlchemy's ``DBAPIError``: ``OperationalError`` for the server down,
+    restarting or refusing connections, ``InterfaceError``, and any other class on a connection the server ended),
+    ``DisconnectionError``, pool ``TimeoutError``, ``PendingRollbackError`` (``sqlalchemy/exc.py``), and Optuna's
     ``StorageInternalError``, its wrapper of any SQLAlchemy error (``optuna/storages/_rdb/storage.py``,
-    ``_create_scoped_session``; :func:`transient` looks through it). Not an unparsable URL, a missing driver
-    or a failed statement (``ArgumentError``, ``NoSuchModuleError``, ``ProgrammingError``, ...): those are
-    bugs or wrong settings and fail at once."""
+    ``_create_scoped_session``). Not an unparsable URL or a missing driver (``ArgumentError``,
+    ``NoSuchModuleError``): those are wrong settings and fail at once, as does a failed statement
+    (``ProgrammingError``, ...: not :func:`transient`)."""
     import optuna
-    from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, TimeoutError
+    from sqlalchemy.exc import DBAPIError, DisconnectionError, PendingRollbackError, TimeoutError
 
-    return (OperationalError, InterfaceError, DisconnectionError, TimeoutError,
-            optuna.exceptions.StorageInternalError)
+    return (DBAPIError, DisconnectionError, TimeoutError, PendingRollbackError, optuna.exceptions.StorageInternalError)
 
 
 def transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is one of :func:`database_errors`, looking through Optuna's ``StorageInternalError`` to
-    the SQLAlchemy error it wraps (a ``ProgrammingError`` under it is no outage), and for SQLite at its result
-    code (:data:`SQLITE_TRANSIENT`)."""
+    """Whether trying ``exc``'s call again can cure it: the database down or restarting, a connection dropped or
+    ended by the server (SQLAlchemy's ``connection_invalidated``, whatever the error's class: PostgreSQL's
+    idle-in-transaction timeout is an ``InternalError``), a full pool. Looks through Optuna's
+    ``StorageInternalError`` to the SQLAlchemy error it wraps (a ``ProgrammingError`` under it is no outage), and
+    for SQLite at its result code (:data:`SQLITE_TRANSIENT`).
+
+    A ``PendingRollbackError`` of a connection lost inside a transaction (SQLAlchemy's code ``8s2b``) is one too:
+    Optuna's ``_get_trials`` takes any ``OperationalError`` of its query for too many variables and queries again
+    on the same, now invalidated, connection, which raises it; its ``_create_scoped_session`` rolls the session
+    back before the error leaves Optuna, so the next call starts on a fresh connection."""
     import optuna
+    from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, PendingRollbackError, TimeoutError
 
     if isinstance(exc, optuna.exceptions.StorageInternalError):
         return exc.__cause__ is None or transient(exc.__cause__)
-    if not isinstance(exc, database_errors()):
+    if getattr(exc, "connection_invalidated", False):  # the dialect's is_disconnect: the connection is gone
+        return True
+    if isinstance(exc, PendingRollbackError):
+        return getattr(exc, "code", None) == "8s2b"  # not a Session's failed flush (7s2a): a bug, not an outage
+    if not isinstance(exc, (OperationalError, InterfaceError, DisconnectionError, TimeoutError)):
         return False
     name = getattr(getattr(exc, "orig", None), "sqlite_errorname", None)  # sqlite3 says which (Python >= 3.11)
     return name is None or name.startswith(SQLITE_TRANSIENT)

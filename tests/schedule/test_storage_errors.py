@@ -8,6 +8,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -24,7 +25,7 @@ from autofit.machine.fingerprint import detect_machine
 from autofit.schedule import queue
 from autofit.schedule.store import engine
 from autofit.schedule.worker import Lease
-from autofit.tuner.storage import check_url, transient
+from autofit.tuner.storage import check_url, engine_kwargs, transient
 
 SECRET = "s3cr3t-pw"
 
@@ -113,6 +114,36 @@ def test_only_an_outage_is_transient_postgresql(pg_url: str) -> None:
     wrong = _raised(lambda: create_engine(pg_url).connect().execute(text("SELECT * FROM no_such_table")))
     assert transient(down) and transient(_wrapped(down))
     assert not transient(wrong) and not transient(_wrapped(wrong))  # ProgrammingError
+
+
+def test_a_connection_lost_inside_optunas_read_of_trials_is_transient_and_the_storage_recovers(pg_url: str) -> None:
+    """Optuna's ``_get_trials`` takes any ``OperationalError`` of its query for too many variables and queries again in
+    the same transaction, on the connection the server dropped: SQLAlchemy's ``PendingRollbackError`` (code ``8s2b``),
+    what a database restart in the middle of a search can raise (seen ending a search of the restart test
+    ``failed``). A dropped connection, so transient; Optuna rolled the session back, so the next read works."""
+    from optuna.study import StudyDirection
+    from sqlalchemy import event
+    from sqlalchemy.exc import PendingRollbackError
+
+    mine = optuna.storages.RDBStorage(pg_url, engine_kwargs=engine_kwargs(pg_url))
+    study_id = mine.create_new_study([StudyDirection.MAXIMIZE], "s")
+    mine.create_new_trial(study_id)
+    killed: list[int] = []
+
+    def drop_connection(conn: Any, cursor: Any, statement: str, *args: Any) -> None:  # the server restarting, for one
+        if statement.startswith("SELECT trials.") and not killed:
+            killed.append(conn.connection.dbapi_connection.info.backend_pid)
+            with create_engine(pg_url).connect() as admin:
+                admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": killed[0]})
+                while admin.execute(text("SELECT 1 FROM pg_stat_activity WHERE pid = :pid"), {"pid": killed[0]}).first():
+                    time.sleep(0.05)
+
+    event.listen(mine.engine, "before_cursor_execute", drop_connection)
+    error = _raised(lambda: mine.get_all_trials(study_id))
+    assert killed and isinstance(error.__cause__, PendingRollbackError), repr(error.__cause__)
+    assert transient(error) and transient(error.__cause__)
+    assert [t.number for t in mine.get_all_trials(study_id)] == [0]
+    assert not transient(PendingRollbackError("This Session's transaction has been rolled back", code="7s2a"))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
