@@ -215,10 +215,23 @@ class Worker:
 
     def _attempt(self, search_id: str, lease: Lease) -> tuple[str | None, str | None, dict[str, Any] | None]:
         """``(state, message, winner)``; state None when the lease was lost, ``given back`` when told to stop,
-        ``database error`` when the store failed (the search resumes in its study at the next claim)."""
+        ``database error`` when the store failed (the search resumes in its study at the next claim).
 
+        :class:`Interrupted` is caught out here, around :meth:`_search` and its handlers: a worker resumed after a
+        stall meets a failed statement (the server ended its session meanwhile) and a lost lease at once, and the
+        lease thread's interrupt may land while :meth:`_search` still handles the database error. It is raised
+        once a search (the signal handlers clear ``_in_search`` before raising it)."""
         try:
             self._in_search = True
+            return self._search(search_id, lease)
+        except Interrupted:
+            return (None, None, None) if self.stopping is None else ("given back", None, None)
+        finally:
+            self._in_search = False
+
+    def _search(self, search_id: str, lease: Lease) -> tuple[str | None, str | None, dict[str, Any] | None]:
+        """:meth:`_attempt`'s search, every error but :class:`Interrupted` turned into its outcome."""
+        try:
             if self.stopping is not None:
                 raise Interrupted(self.stopping)
             attrs = queue.study_attrs(self.url, search_id)
@@ -230,9 +243,6 @@ class Worker:
                                     prober=self.prober(plan) if self.prober else None,
                                     on_event=lambda event: self._progress(search_id, lease, event))
             self._in_search = False
-        except Interrupted:
-            self._in_search = False
-            return (None, None, None) if self.stopping is None else ("given back", None, None)
         except LeaseLost:
             return None, None, None
         except database_errors() as exc:
@@ -245,8 +255,6 @@ class Worker:
             return state, scrub(str(exc), self.url), None
         except Exception as exc:  # the user's model or the environment: the search fails, the worker goes on
             return "failed", scrub(f"{type(exc).__name__}: {exc}", self.url), None
-        finally:
-            self._in_search = False
         return "done", None, winner_record(result, self.machine, plan)
 
     # -- stopping: SIGTERM, SIGINT, a lost lease

@@ -232,3 +232,28 @@ def test_worker_ids_are_unique_where_host_and_pid_repeat() -> None:
     ids = {worker_name() for _ in range(50)}
     assert len(ids) == 50 and all(i.startswith(f"{os.uname().nodename}-{os.getpid()}-") for i in ids)
 
+
+def test_a_lease_lost_while_the_search_handles_a_database_error_is_a_takeover(sqlite_url: str) -> None:
+    """A stalled worker resumed (``SIGCONT``) meets two things at once: its statement fails (the server ended its
+    session meanwhile) and its heartbeat finds the search taken, whose interrupt (``SIGUSR1``) may land while the main
+    thread is still handling the database error. It is a takeover, not an ``Interrupted`` out of the worker."""
+    from sqlalchemy.exc import OperationalError
+
+    search_id = queue_tiny(sqlite_url).id
+    worker = model_worker(sqlite_url, "w")
+
+    def dropped(plan: Any) -> Any:
+        def probe(config: Any, steps: int, timeout_s: float) -> Any:
+            raise OperationalError("INSERT INTO trial_params ...", {}, Exception("server closed the connection"))
+        return probe
+
+    def log(text: str) -> None:  # called inside the worker's handler of the database error: the interrupt lands there
+        if "database error" in text and worker._lease is not None:
+            worker._lease.lost = True
+            worker._on_lease_lost(signal.SIGUSR1, None)
+
+    worker.prober, worker.log = dropped, log
+    held = queue.claim(sqlite_url, "w", worker.machine)
+    assert held is not None and held.id == search_id
+    assert worker.run_one(held) == "taken over"
+
