@@ -9,6 +9,13 @@ own tables (:mod:`autofit.schedule.store`) use the same ones.
   the next query (SQLAlchemy, "Dealing with Disconnects": ``sqlalchemy/engine/create.py``,
   ``pool_pre_ping``); ``pool_recycle`` replaces connections older than five minutes, before a proxy or
   firewall drops them silently.
+- PostgreSQL: the server ends a session that sits idle inside a transaction for :data:`IDLE_IN_TRANSACTION_S`
+  (``idle_in_transaction_session_timeout``, set on each connection through libpq's ``options``), which frees its
+  row locks. A client stopped in the middle of a transaction (``SIGSTOP``, a paused VM, a swapping host) otherwise
+  holds them for as long as it is stopped, and whoever touches those rows waits as long: measured, a worker taking
+  over a stalled one's search waited on Optuna's ``SELECT ... FOR UPDATE`` of the trial the stalled one was writing
+  its parameters to, and the queue's claims wait the same way on a search row. The stopped client's next statement
+  fails as on a dropped connection (:func:`transient`), after its transaction was rolled back.
 - SQLite: wait up to 60 s for another process's write lock instead of failing at once.
 
 What is worth trying again: :func:`check_url` refuses, in one line and before any connection, a URL no
@@ -62,11 +69,30 @@ def check_url(url: str) -> None:
                                "not its folder)")
 
 
+#: seconds a PostgreSQL session may sit idle inside a transaction before the server ends it (the module's docstring).
+#: An autofit or Optuna transaction runs its statements back to back and never waits on a probe or on user code, so
+#: only a stopped client sits there that long; one stopped for the default lease (60 s:
+#: ``autofit.schedule.queue.DEFAULT_LEASE_S``) has lost its search anyway, and a live one slowed down by a loaded host
+#: keeps its session. A URL's own ``?options=-c idle_in_transaction_session_timeout=MS`` wins (0: never).
+IDLE_IN_TRANSACTION_S = 60.0
+
+#: the PostgreSQL drivers that take libpq's ``options`` connection parameter
+LIBPQ_DRIVERS = ("psycopg", "psycopg2")
+
+
 def engine_kwargs(url: str) -> dict[str, Any]:
     """``create_engine`` keyword arguments for ``url``."""
+    from sqlalchemy.engine import make_url
+
     if url.startswith("sqlite"):
         return {"connect_args": {"timeout": 60}}
-    return {"pool_pre_ping": True, "pool_recycle": 300}
+    kwargs: dict[str, Any] = {"pool_pre_ping": True, "pool_recycle": 300}
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in LIBPQ_DRIVERS:
+        ours = f"-c idle_in_transaction_session_timeout={round(IDLE_IN_TRANSACTION_S * 1000)}"
+        theirs = parsed.query.get("options")  # connect_args replace the URL's own: joined, theirs last (they win)
+        kwargs["connect_args"] = {"options": f"{ours} {theirs}" if isinstance(theirs, str) else ours}
+    return kwargs
 
 
 @functools.lru_cache(maxsize=8)

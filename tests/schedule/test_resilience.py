@@ -257,3 +257,61 @@ def test_a_lease_lost_while_the_search_handles_a_database_error_is_a_takeover(sq
     assert held is not None and held.id == search_id
     assert worker.run_one(held) == "taken over"
 
+
+def _stop_after(storage: Any, statement: str, resume: threading.Event) -> threading.Event:
+    """Stop the calling thread (as ``SIGSTOP`` would stop its process) right after ``storage``'s engine ran a
+    statement starting with ``statement``, until ``resume``; set once it is stopped. The transaction is open, its row
+    locks held, and the server sees the session idle inside it."""
+    from sqlalchemy import event
+
+    stopped = threading.Event()
+
+    def after(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+        if sql.lstrip().startswith(statement) and not resume.is_set():
+            stopped.set()
+            resume.wait(60)
+
+    event.listen(storage.engine, "after_cursor_execute", after)
+    return stopped
+
+
+def test_a_client_stopped_inside_a_transaction_frees_its_locks_and_recovers(pg_url: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker stopped inside Optuna's transaction that writes a trial's parameter, after its ``INSERT INTO
+    trial_params`` (whose foreign key locks the trial's row, ``FOR KEY SHARE``): the server ends its session once it
+    has sat idle for ``IDLE_IN_TRANSACTION_S``, so another worker's ``FOR UPDATE`` of that trial (a rescuer failing
+    it) gets the lock instead of waiting for as long as the first is stopped; the stopped one's statement then fails
+    as on a dropped connection, and its storage works again (its session rolled back)."""
+    import optuna
+    from sqlalchemy import create_engine, text
+
+    from autofit.tuner import storage
+
+    monkeypatch.setattr(storage, "IDLE_IN_TRANSACTION_S", 1.0)
+    mine = optuna.storages.RDBStorage(pg_url, engine_kwargs=storage.engine_kwargs(pg_url))  # not the process's cached one
+    study = optuna.create_study(storage=mine, study_name="s")
+    trial = study.ask()
+    resume, failed = threading.Event(), []
+    stopped = _stop_after(mine, "INSERT INTO trial_params", resume)
+
+    def write_param() -> None:
+        try:
+            trial.suggest_int("x", 0, 9)
+        except Exception as exc:  # noqa: BLE001 (examined below)
+            failed.append(exc)
+
+    writer = threading.Thread(target=write_param)
+    writer.start()
+    try:
+        assert stopped.wait(30)
+        started = time.monotonic()
+        with create_engine(pg_url).begin() as conn:  # the rescuer
+            conn.execute(text("SET LOCAL lock_timeout = '15s'"))  # without the limit: fails here, not a hung test
+            conn.execute(text("SELECT trial_id FROM trials WHERE trial_id = :id FOR UPDATE"), {"id": trial._trial_id})
+        waited = time.monotonic() - started
+    finally:
+        resume.set()
+        writer.join(60)
+    assert waited < 10, waited
+    assert len(failed) == 1 and storage.transient(failed[0]), failed
+    assert study.ask().number == 1  # the stopped client goes on, on a fresh connection

@@ -116,6 +116,16 @@ def test_only_an_outage_is_transient_postgresql(pg_url: str) -> None:
     assert not transient(wrong) and not transient(_wrapped(wrong))  # ProgrammingError
 
 
+def test_postgresql_ends_sessions_idle_in_a_transaction_unless_the_url_says_otherwise(pg_url: str) -> None:
+    def setting(url: str) -> str:
+        with create_engine(url, **engine_kwargs(url)).connect() as conn:
+            return str(conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar())
+
+    assert setting(pg_url) == "1min"  # IDLE_IN_TRANSACTION_S
+    assert setting(pg_url + "?options=-c%20idle_in_transaction_session_timeout%3D0") == "0"  # the URL's own wins
+    assert "connect_args" not in engine_kwargs("postgresql+pg8000://u@h/db")  # no libpq: no ``options``
+
+
 def test_a_connection_lost_inside_optunas_read_of_trials_is_transient_and_the_storage_recovers(pg_url: str) -> None:
     """Optuna's ``_get_trials`` takes any ``OperationalError`` of its query for too many variables and queries again in
     the same transaction, on the connection the server dropped: SQLAlchemy's ``PendingRollbackError`` (code ``8s2b``),
