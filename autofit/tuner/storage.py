@@ -14,8 +14,9 @@ own tables (:mod:`autofit.schedule.store`) use the same ones.
   row locks. A client stopped in the middle of a transaction (``SIGSTOP``, a paused VM, a swapping host) otherwise
   holds them for as long as it is stopped, and whoever touches those rows waits as long: measured, a worker taking
   over a stalled one's search waited on Optuna's ``SELECT ... FOR UPDATE`` of the trial the stalled one was writing
-  its parameters to, and the queue's claims wait the same way on a search row. The stopped client's next statement
-  fails as on a dropped connection (:func:`transient`), after its transaction was rolled back.
+  its parameters to (a claim would wait the same way on a search row whose heartbeat a stopped worker was
+  writing). The server rolls the ended session's transaction back; the stopped client's next statement fails as on
+  a dropped connection (:func:`transient`).
 - SQLite: wait up to 60 s for another process's write lock instead of failing at once.
 
 What is worth trying again: :func:`check_url` refuses, in one line and before any connection, a URL no
