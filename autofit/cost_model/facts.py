@@ -55,12 +55,6 @@ def footprint_key(dtype: str, checkpointed: bool) -> str:
     return f"{dtype}+checkpointed" if checkpointed else dtype
 
 
-def freed_heap_key(dtype: str) -> str:
-    """The key of :attr:`ModelFacts.kernel_footprint_bytes` for the heap blocks the model's passes freed and glibc
-    kept resident for reuse (:mod:`autofit.probe.footprint`), apart from the kernels' own pages."""
-    return f"{dtype}+freed-heap"
-
-
 #: the key part of a checkpointed trace, by checkpoint granularity
 _CKPT = {"block": "ckpt", "attention": "attnckpt"}
 
@@ -172,8 +166,8 @@ class ModelFacts:
     kernel_footprint_bytes: dict[str, int] = field(default_factory=dict)
     """CPU only: what running the model leaves resident in a fresh process beyond its tensors (kernel code,
     oneDNN's primitives, allocator arenas), by traced dtype (``fp32``, ``bf16``) and whether its layers ran
-    checkpointed (:func:`footprint_key`), and the heap blocks its passes freed (:func:`freed_heap_key`): measured, not
-    traced (:mod:`autofit.probe.footprint`); empty where not measured."""
+    checkpointed (:func:`footprint_key`): measured, not traced (:mod:`autofit.probe.footprint`); empty where not
+    measured."""
     trace_mode: str = "fake"
     """``fake`` (shapes only), ``fake-scaled`` (shapes only, the model cut to 2 and 3 of its alike
     layers and extrapolated: :mod:`autofit.trace.scaling`) or ``real`` (data-dependent models, traced

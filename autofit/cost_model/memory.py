@@ -45,7 +45,7 @@ from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.hardware import Hardware
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.cuda_runtime import cublas_workspace_bytes, outside_allocator_bytes, runtime_bytes
-from autofit.cost_model.facts import ModelFacts, footprint_key, freed_heap_key
+from autofit.cost_model.facts import ModelFacts, footprint_key
 from autofit.cost_model.fp8 import fp8_cast_bytes
 from autofit.cost_model.long_context import any_long_context, long_context_activation_bytes
 from autofit.cost_model.states import model_states
@@ -142,16 +142,6 @@ def kernel_footprint_bytes(config: Config, facts: ModelFacts, hardware: Hardware
             + (coefficients.runtime_16bit_extra_bytes if config.precision != "fp32" else 0))
 
 
-def freed_heap_bytes(config: Config, facts: ModelFacts, hardware: Hardware) -> int:
-    """CPU: the heap blocks the model's small tensors (under the probe's 64 KiB mmap threshold) held in backward,
-    which glibc keeps resident once they are freed: measured with the footprint (:mod:`autofit.probe.footprint`).
-    Priced after backward only: while they live they are the activations, priced as such. 0 on a GPU or where not
-    measured."""
-    if hardware.kind != "cpu":
-        return 0
-    return facts.kernel_footprint_bytes.get(freed_heap_key(config.trace_dtype), 0)
-
-
 #: what ``torch.compile`` (inductor) keeps resident on a CPU device: dynamo, inductor and the compiled graphs' code.
 #: Measured with the probe (tests/probe/probe_workloads.py, compile on against off, one gloo rank): ``tiny``
 #: (0.6 M parameters) +50 MB at micro-batches 2 and 8 (ZeRO-0, fp32), +41 MB bf16 ZeRO-2, +38 MB bf16 ZeRO-1 half
@@ -200,7 +190,6 @@ def memory_phases(
     keep_grads = grads_grow and config.grad_accum_steps == 1
     held_grads = accumulated_grad_bytes(config, facts, world_size) if config.grad_accum_steps > 1 else 0.0
     activations = activation_peak_bytes(config, facts, keep_grads)
-    after_backward = runtime + freed_heap_bytes(config, facts, hardware)
     return {
         "init": MemoryBreakdown(
             params=int(states.built), grads=0, optimizer=int(states.init_extra), activations=0, other=runtime_at_init
@@ -220,14 +209,14 @@ def memory_phases(
             grads=int(states.grads_resident + held_grads + states.reduce_scratch),
             optimizer=int(states.master + states.optimizer),
             activations=0,
-            other=after_backward,
+            other=runtime,
         ),
         "step": MemoryBreakdown(
             params=int(states.params),
             grads=int(states.grads_resident + states.grads_step),
             optimizer=int(states.master + states.optimizer + states.step_scratch),
             activations=0,
-            other=after_backward,
+            other=runtime,
         ),
     }
 

@@ -42,11 +42,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autofit.cost_model.facts import footprint_key, freed_heap_key
+from autofit.cost_model.facts import footprint_key
 from autofit.ds.apply import apply_checkpointing
 from autofit.ds.emit import write_json_atomic
 from autofit.probe.launch import free_port, rank_env
-from autofit.probe.rank.memory import release_free_heap, rss_bytes
+from autofit.probe.rank.memory import rss_bytes
 from autofit.probe.rank.worker import import_workload
 from autofit.trace.tensors import cast_batch, to_dtype
 
@@ -74,7 +74,7 @@ def measured_footprints(entry: str, precision: str, attention: str) -> dict[str,
         if not out.exists():
             return None
         data = json.loads(out.read_text())
-    found = {footprint_key(precision, False): int(data["bytes"]), freed_heap_key(precision): int(data["freed_heap_bytes"])}
+    found = {footprint_key(precision, False): int(data["bytes"])}
     if data.get("checkpointed_bytes") is not None:
         found[footprint_key(precision, True)] = int(data["checkpointed_bytes"])
     return found
@@ -108,18 +108,7 @@ def measure(entry: str, precision: str, attention: str) -> dict[str, int | None]
     again) is in every probe whatever the model, and priced there (:attr:`Coefficients.runtime_overhead_bytes`,
     ``runtime_at_init_bytes``); a footprint from a bare process counted the part the passes touch again a second
     time (measured beyond the imports and beyond ``initialize``: 15.9 and 13.8 MiB on a two-layer StarCoder2, 17.9
-    and 15.8 on examples/hf_configs/llama_gqa, 20.0 and 19.0 on examples/gpt.py: by how much depends on the model).
-
-    Each reading gives the freed heap blocks back first (:func:`_in_use_rss`), and what they held after the plain
-    passes is written apart (``freed_heap_bytes``). The passes' tensors under the probe's mmap threshold
-    (``MALLOC_MMAP_THRESHOLD_``, 64 KiB) come from glibc's heap, which keeps their blocks resident once they are
-    freed. In a probe the same blocks hold that probe's own small activations while they live, which are priced
-    as activations, and stay resident once backward has freed them. So they are not the kernels' pages: counted
-    in the footprint they were counted twice at a backward peak (a two-layer StarCoder2 at 64 tokens: 13.7 MiB
-    resident after the passes, 11.6 in use, and its probe, peaking in backward, predicted 2.1 MiB over), and at a
-    step peak they are still there (an eight-layer Llama at 32 tokens, peaking at the optimizer step: 5.2 MiB of
-    freed blocks, and without them its prediction fell 5 MiB under). The cost model prices them after backward
-    (:func:`autofit.cost_model.memory.freed_heap_bytes`)."""
+    and 15.8 on examples/hf_configs/llama_gqa, 20.0 and 19.0 on examples/gpt.py: by how much depends on the model)."""
     import deepspeed
     import torch
 
@@ -131,25 +120,18 @@ def measure(entry: str, precision: str, attention: str) -> dict[str, int | None]
     if precision != "fp32":
         ds["bf16"] = {"enabled": True}
     deepspeed.initialize(model=model, config=ds)
-    initialized = _in_use_rss()
+    gc.collect()
+    initialized = rss_bytes()
     _passes(workload, model, dtype)
     gc.collect()
-    resident = rss_bytes()
-    in_use = _in_use_rss()
-    plain = {"bytes": max(0, in_use - initialized), "freed_heap_bytes": max(0, resident - in_use)}
+    plain = max(0, rss_bytes() - initialized)
     try:
         apply_checkpointing(model, workload.repeated_layers(model), 1.0)
     except Exception:  # no repeated layers to wrap: no checkpointed config runs on this model
-        return plain | {"checkpointed_bytes": None}
+        return {"bytes": plain, "checkpointed_bytes": None}
     _passes(workload, model, dtype)
-    return plain | {"checkpointed_bytes": max(plain["bytes"], _in_use_rss() - initialized)}
-
-
-def _in_use_rss() -> int:
-    """RSS with the garbage collected and the freed heap blocks given back (:func:`release_free_heap`)."""
     gc.collect()
-    release_free_heap()
-    return rss_bytes()
+    return {"bytes": plain, "checkpointed_bytes": max(plain, rss_bytes() - initialized)}
 
 
 def main(argv: list[str]) -> int:

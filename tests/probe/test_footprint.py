@@ -3,7 +3,6 @@ how the plan prices it. Real subprocesses, real kernels: no mocks."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from autofit.core.config import Config
 from autofit.core.recipe import Recipe
 from autofit.core.space import space_from_dict
 from autofit.cost_model import Coefficients, predict
-from autofit.cost_model.facts import footprint_key, freed_heap_key
+from autofit.cost_model.facts import footprint_key
 from autofit.machine.device import get_hardware
 from autofit.planning.plan import Plan, trace_for, with_kernel_footprints
 from autofit.probe.footprint import measured_footprint_bytes, measured_footprints
@@ -54,13 +53,12 @@ def test_a_cpu_plan_prices_the_models_measured_footprint_in_place_of_the_default
     cpu = get_hardware("cpu")
     plan = Plan.make(entry("convnet"), workload, cpu, space, recipe=SGD_FP32)
     measured = plan.facts.kernel_footprint_bytes
-    assert "fp32" in measured and set(measured) <= {"fp32", footprint_key("fp32", True), freed_heap_key("fp32")}
+    assert "fp32" in measured and set(measured) <= {"fp32", footprint_key("fp32", True)}
     config = plan.candidates[0]
     unmeasured = replace(plan.facts, kernel_footprint_bytes={})
     default = Coefficients.for_hardware(cpu).kernel_footprint_bytes
     moved = predict(config, plan.facts, cpu, 1).peak_bytes - predict(config, unmeasured, cpu, 1).peak_bytes
-    # the freed heap blocks are priced after backward only: with them where the step sets the peak
-    assert moved in (measured["fp32"] - default, measured["fp32"] + measured.get(freed_heap_key("fp32"), 0) - default)
+    assert moved == measured["fp32"] - default
 
 
 def test_a_gpu_plan_measures_no_footprint_and_a_failed_measurement_keeps_the_default() -> None:
@@ -100,51 +98,3 @@ def test_checkpointing_moves_the_predicted_peak_as_much_as_the_measured_one() ->
     predicted = [predict(config, facts, cpu, 1).peak_bytes for config in configs]
     assert measured[1] - measured[0] > MIB  # what checkpointing costs here is not the activations'
     assert predicted[1] - predicted[0] == pytest.approx(measured[1] - measured[0], abs=MIB)
-
-
-def _small_llama(folder: Path) -> str:
-    """A two-layer Llama of width 128: at these lengths every activation is under the probe's 64 KiB mmap threshold,
-    so glibc's heap serves them."""
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 128,
-        "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 128, "tie_word_embeddings": False}))
-    return f"hf:{folder}"
-
-
-def test_the_heap_blocks_a_models_passes_freed_are_measured_apart_from_its_kernels(tmp_path: Path) -> None:
-    """glibc keeps freed heap blocks resident for reuse; in a probe they hold that probe's own small activations, which
-    are priced as tensors, so they are no part of the kernels' footprint. Measured with them, the footprint of the
-    same model grew with the length of the sample it ran (2.3 MiB from 8 to 96 tokens here); without them it does
-    not, and the blocks are measured apart, growing with the activations."""
-    model = _small_llama(tmp_path / "llama")
-    short = measured_footprints(f"{model}?seq_len=8", "fp32", "sdpa")
-    long = measured_footprints(f"{model}?seq_len=96", "fp32", "sdpa")
-    assert short is not None and long is not None
-    assert abs(long["fp32"] - short["fp32"]) < MIB // 2
-    assert long[freed_heap_key("fp32")] > short[freed_heap_key("fp32")] + MIB
-
-
-def test_a_probe_that_peaks_at_the_optimizer_step_still_holds_the_heap_blocks_backward_freed(tmp_path: Path) -> None:
-    """Eight layers of width 256 at 32 tokens, ZeRO-0 AdamW: the activations are small and freed before the step,
-    whose flat gradients and states set the peak, and the heap blocks backward freed are still resident there (5 MiB
-    here). Priced at every phase they were counted twice at a backward peak; left out, this peak was 3.3 % under."""
-    import autofit
-
-    folder = tmp_path / "deep"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 256,
-        "intermediate_size": 688, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2,
-        "max_position_embeddings": 128, "tie_word_embeddings": False}))
-    keys = {"micro_batch_size": 1, "precision": "fp32", "optimizer": "adamw", "zero_stage": 0, "checkpoint_ratio": 0.0,
-            "attention": "sdpa", "compile": "off", "sequence_parallel": 1, "tiled_mlp": False, "tiled_loss": False}
-    estimate = autofit.estimate(f"hf:{folder}", hardware="cpu", seq_len=32, set=keys)
-    assert estimate.candidates, estimate.rejected
-    assert estimate.facts.kernel_footprint_bytes[freed_heap_key("fp32")] > MIB
-    spec = probe_spec(f"hf:{folder}?seq_len=32", Config(**keys), get_hardware("cpu"), 1, steps=1, warmup_steps=1,
-                      facts=estimate.facts)
-    result = run_probe(spec, timeout_s=300.0)
-    assert result.status == "ok", result.message
-    assert estimate.candidates[0].prediction.peak_bytes == pytest.approx(result.peak_bytes, rel=0.02)

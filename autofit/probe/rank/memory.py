@@ -61,17 +61,6 @@ def use_default_allocator() -> bool:
     return ok and libc.mallopt(_M_TRIM_THRESHOLD, 2 * _GLIBC_MMAP_THRESHOLD_MAX) == 1
 
 
-def release_free_heap() -> bool:
-    """Give the pages of freed heap blocks back to the system (glibc ``malloc_trim(0)``, every arena), so that RSS
-    counts the blocks in use, not those kept for reuse. False where glibc is not there."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    libc.malloc_trim(0)
-    return True
-
-
 def reset_peak() -> None:
     """Reset VmHWM to the current RSS (Linux >= 4.0: ``5`` written to ``clear_refs``)."""
     with open("/proc/self/clear_refs", "w") as handle:
