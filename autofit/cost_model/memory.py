@@ -203,9 +203,10 @@ def memory_phases(
         ),
         # ZeRO-3's last gradient bucket is reduced when backward is over (stage3.py
         # independent_gradient_partition_epilogue): the activations are freed and so are the gathered
-        # parameters, each module's after its own backward (parameter_offload.py post_sub_module_backward_function)
+        # parameters, each module's after its own backward (parameter_offload.py post_sub_module_backward_function),
+        # but the last module's (states.gathered_at_reduce)
         "reduce": MemoryBreakdown(
-            params=int(states.params),
+            params=int(states.params + states.gathered_at_reduce),
             grads=int(states.grads_resident + held_grads + states.reduce_scratch),
             optimizer=int(states.master + states.optimizer),
             activations=0,
