@@ -5,7 +5,9 @@ DeepSpeed gathers a module into one flat tensor of ``partition x world`` element
 partition stays allocated: a gathered module is whole beside its partition. On one rank nothing is gathered
 (``NoGatherHandle``: the parameter is a view of its partition). The model here has eight small layers, so the gather
 window holds all of them and the gathered bytes are most of a rank's parameters; pricing only the other ranks' share
-put the two-rank prediction 11.7 MiB (10 %) under its measured peak (now 1.3 MiB, 1 %)."""
+put the two-rank prediction 45.5 MiB (13 %) under its measured peak (301.5 against 347.0 MiB; now 342.1, −1.4 %).
+The layers are 512 wide so that the gathered bytes, not the CPU runtime (a few MiB that differ by environment: a
+256-wide copy measured 111.2 MiB here and 117.7 in a fresh CI venv), set what the test sees."""
 
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ from autofit.probe.spec import probe_spec
 pytest.importorskip("transformers")
 pytest.importorskip("deepspeed")
 
-#: eight layers of width 256 and a small vocabulary: the layers' parameters, not one large embedding, are the model
-DEEP_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 256,
-              "intermediate_size": 688, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2,
+#: eight layers of width 512 and a small vocabulary: the layers' parameters, not one large embedding, are the model
+DEEP_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 512,
+              "intermediate_size": 1376, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2,
               "max_position_embeddings": 128, "tie_word_embeddings": False}
 SEQ_LEN = 32
 KEYS = {"micro_batch_size": 1, "precision": "fp32", "optimizer": "adamw", "zero_stage": 3, "attention": "sdpa",
