@@ -43,6 +43,7 @@ MODEL_CLIENT_OPTIMIZERS = ("adam_mini",)
 def deepspeed_config(
     config: Config, world_size: int = 1, device_kind: str = "cuda", software: Software | None = None,
     recipe: Recipe | None = None, largest_param_numel: int | None = None, hidden_size: int = 0,
+    has_attention: bool = True,
 ) -> dict[str, Any]:
     """The exact DeepSpeed config ``config`` runs with on ``world_size`` data-parallel ranks.
 
@@ -60,7 +61,8 @@ def deepspeed_config(
     buffers (:func:`with_param_swap_buffers`); None leaves DeepSpeed's default (100,000,000 elements, which a
     7B's embedding overflows). ``hidden_size``: the model's
     (:attr:`autofit.cost_model.facts.ModelFacts.hidden_size`), which ZeRO's bucket sizes are derived from
-    (:mod:`autofit.ds.buckets`); 0: unknown.
+    (:mod:`autofit.ds.buckets`); 0: unknown. ``has_attention`` False (a model with no attention: a state-space
+    model): the ``autofit`` section names no kernel.
     """
     software = software if software is not None else detect_software()
     ds: dict[str, Any] = {
@@ -93,6 +95,9 @@ def deepspeed_config(
         if config.precision in ("bf16", "fp8"):
             ds["seq_parallel_communication_data_type"] = "bf16"
     ds["autofit"] = autofit_section(config, client, recipe, software)
+    if not has_attention:  # a model with no attention (a state-space model): no kernel to name
+        ds["autofit"].pop("attention")
+        ds["autofit"]["config"].pop("attention")
     return ds
 
 

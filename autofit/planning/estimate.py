@@ -75,12 +75,9 @@ class EstimateResult:
 
 
 def _without_kernel(candidate: dict[str, Any]) -> dict[str, Any]:
-    """A candidate's JSON without the ``attention`` key, for a model with no kernel to choose (a state-space model):
-    the config's and the DeepSpeed JSON's ``autofit`` section's."""
+    """A candidate's JSON without the ``attention`` key, for a model with no kernel to choose (a state-space model;
+    its DeepSpeed JSON names none already: :func:`autofit.ds.emit.deepspeed_config`)."""
     candidate["config"].pop("attention", None)
-    section = candidate["deepspeed"].get("autofit", {})
-    section.pop("attention", None)
-    section.get("config", {}).pop("attention", None)
     return candidate
 
 
@@ -97,7 +94,7 @@ def estimate(plan: Plan) -> EstimateResult:
         Candidate(config=config, prediction=prediction,
                   deepspeed=deepspeed_config(config, plan.world_size, plan.hardware.kind, plan.software,
                                              recipe=recipe, largest_param_numel=plan.facts.largest_param_numel,
-                                             hidden_size=plan.facts.hidden_size))
+                                             hidden_size=plan.facts.hidden_size, has_attention=plan.kernels != ()))
         for config, prediction in plan.price()
     ]
     return EstimateResult(

@@ -233,7 +233,7 @@ def run_search(
         )
     ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe,
                           largest_param_numel=plan.facts.largest_param_numel,
-                          hidden_size=plan.facts.hidden_size)
+                          hidden_size=plan.facts.hidden_size, has_attention=plan.kernels != ())
     check_with_deepspeed(ds)
     written = str(out_path) if out_path is not None else None
     result = search.result(winner, ds, stop_reason, storage, study_name, written, time.monotonic() - started)

@@ -112,3 +112,29 @@ def test_contrastive_and_speech_tasks_train_with_their_own_losses(tmp_path: Path
         loss = workload.compute_loss(model, workload.batch(2))
         assert loss.dim() == 0 and torch.isfinite(loss)
         loss.backward()
+
+
+@pytest.mark.slow
+def test_a_model_without_attention_trains_from_a_json_that_names_no_kernel(tmp_path: Path) -> None:
+    """The winner of a real search (one probe on this CPU) is written without an ``attention`` key, and the model
+    builds and trains from that JSON as a user's script would (:func:`autofit.ds.apply.apply_to_model`)."""
+    from hostile_helpers import autofit as run_autofit
+    from transformers import MambaConfig
+
+    config = MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+                         architectures=["MambaForCausalLM"])
+    folder, out = _folder(tmp_path, config, "mamba"), tmp_path / "ds.json"
+    res = run_autofit("run", f"hf:{folder}", "--seq-len", "8", "--hardware", "cpu", "--memory", "2GiB",
+                      "--global-batch", "2", "--trials", "1", "--out", str(out), "--storage",
+                      f"sqlite:///{tmp_path / 'a.db'}", cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-600:]
+    ds = json.loads(out.read_text())
+    assert "attention" not in ds["autofit"] and "attention" not in ds["autofit"]["config"]
+    from autofit.ds.apply import apply_to_model
+
+    workload = hf_workload(folder, seq_len=8)
+    model = workload.build_model(attention=ds["autofit"].get("attention"))
+    apply_to_model(model, ds, workload.repeated_layers(model), workload.attention_of)
+    loss = workload.compute_loss(model, workload.batch(2))
+    loss.backward()
+    assert torch.isfinite(loss)
