@@ -55,7 +55,18 @@ class SequenceShape:
                              hidden_size=self.hidden_size, causal_lm=self.causal_lm)
 
     def mlp_tiles(self, sequence_parallel: int) -> int:
-        """DeepSpeed's TiledMLP tile count for a rank's ``seq/sp`` tokens: ``ceil((seq/sp) / hidden)`` (the tutorial's
-        rule and ``TiledMLP``'s docstring, ulysses_sp.py:975-981); 1 where the hidden size is not known."""
-        local = -(-self.seq_len // sequence_parallel)
-        return max(1, -(-local // self.hidden_size)) if self.hidden_size else 1
+        """DeepSpeed's TiledMLP tile count for a rank's ``seq/sp`` tokens (:func:`mlp_tiles`)."""
+        return mlp_tiles(self.seq_len, sequence_parallel, self.hidden_size)
+
+
+def mlp_tiles(seq_len: int, sequence_parallel: int, hidden_size: int) -> int:
+    """DeepSpeed's TiledMLP tile count for a rank's ``seq/sp`` tokens: ``ceil((seq/sp) / hidden)`` (the tutorial's
+    rule and ``TiledMLP``'s docstring, ulysses_sp.py:975-981); 1 where the hidden size is not known (0)."""
+    local = -(-seq_len // sequence_parallel)
+    return max(1, -(-local // hidden_size)) if hidden_size else 1
+
+
+def loss_tiles(vocab_size: int, hidden_size: int) -> int:
+    """The tiled loss's shard count ``ceil(vocab / hidden)`` (Liger's chunking rule, which the cost model prices and
+    :func:`autofit.ds.long_context.apply_tiled_loss` runs); 1 where the hidden size is not known (0)."""
+    return max(1, -(-vocab_size // hidden_size)) if hidden_size else 1

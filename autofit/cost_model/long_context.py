@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from autofit.core.config import Config
 from autofit.core.hardware import Hardware
+from autofit.core.sequence import loss_tiles, mlp_tiles
 from autofit.cost_model.facts import ModelFacts
 
 FP32 = 4
@@ -93,19 +94,8 @@ def head_moment_bytes(config: Config, facts: ModelFacts, tiled: bool) -> float:
     loss, logits_grad, weight_grad = loss_moment_bytes(config, facts), t * v * w, v * h * w
     if not tiled:
         return max(loss, logits_grad + weight_grad + t * h * w)
-    tiles = loss_tiles(facts)
+    tiles = loss_tiles(facts.vocab_size, facts.hidden_size)
     return max(loss / tiles + weight_grad, logits_grad / tiles + 2 * weight_grad) + t * h * w
-
-
-def loss_tiles(facts: ModelFacts) -> int:
-    """Liger's chunk count ``ceil(V / h)`` (1 where a size is unknown)."""
-    return max(1, -(-facts.vocab_size // facts.hidden_size)) if facts.hidden_size else 1
-
-
-def mlp_tiles(config: Config, facts: ModelFacts) -> int:
-    """DeepSpeed's TiledMLP tile count ``ceil((s/p) / h)``."""
-    local = -(-facts.seq_len // config.sequence_parallel)
-    return max(1, -(-local // facts.hidden_size)) if facts.hidden_size else 1
 
 
 def mlp_moment_bytes(config: Config, facts: ModelFacts, tiled: bool) -> float:
@@ -113,7 +103,9 @@ def mlp_moment_bytes(config: Config, facts: ModelFacts, tiled: bool) -> float:
     (``t h w``)."""
     t, w = tokens_per_rank(config, facts), trace_bytes(config)
     mlp = facts.mlp_intermediates * t * facts.intermediate_size * w
-    return mlp / mlp_tiles(config, facts) + t * facts.hidden_size * w if tiled else mlp
+    if not tiled:
+        return mlp
+    return mlp / mlp_tiles(facts.seq_len, config.sequence_parallel, facts.hidden_size) + t * facts.hidden_size * w
 
 
 def sp_layer_bytes(config: Config, facts: ModelFacts) -> float:
@@ -184,7 +176,7 @@ def tiled_mlp_layer_saving(config: Config, facts: ModelFacts, checkpointed: bool
     and, for a checkpointed layer, the recomputed intermediates themselves, one tile at a time too
     (:func:`mlp_moment_bytes`). An uncheckpointed layer's saved intermediates are :func:`saved_delta_bytes`'."""
     untiled, tiled = mlp_moment_bytes(config, facts, False), mlp_moment_bytes(config, facts, True)
-    gradients = untiled - untiled / mlp_tiles(config, facts)
+    gradients = untiled - untiled / mlp_tiles(facts.seq_len, config.sequence_parallel, facts.hidden_size)
     return gradients + (untiled - tiled if checkpointed else 0.0)
 
 

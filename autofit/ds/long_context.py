@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofit.core.errors import AutofitError
+from autofit.core.sequence import loss_tiles, mlp_tiles
 
 #: attribute set on an MLP whose forward runs under TiledMLP, and on a model whose loss is tiled
 TILED_ATTR = "_autofit_tiled"
@@ -214,18 +215,12 @@ def agreed_tiles(tokens: int, hidden: int) -> int:
     import torch
     import torch.distributed as dist
 
-    tiles = max(1, -(-int(tokens) // max(1, int(hidden))))
+    tiles = mlp_tiles(int(tokens), 1, int(hidden))
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         agreed = torch.tensor(tiles)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         tiles = int(agreed.item())
     return tiles
-
-
-def loss_tiles(vocab_size: int, hidden_size: int) -> int:
-    """The tiled loss's shard count ``ceil(vocab / hidden)`` (Liger's chunking rule, as the cost model prices it); the
-    same on every rank whatever its length (ZeRO-3 gathers the lm_head once a tile)."""
-    return max(1, -(-int(vocab_size) // max(1, int(hidden_size))))
 
 
 def apply_tiled_loss(model: Any) -> None:
@@ -240,7 +235,8 @@ def apply_tiled_loss(model: Any) -> None:
     for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
         if getattr(config, name, None) not in (None, 1, 1.0):
             raise AutofitError(f"tiled_loss: {type(model).__name__} transforms its logits ({name}); not tiled")
-    shards = loss_tiles(config.vocab_size, config.hidden_size)
+    # the same on every rank whatever its length (ZeRO-3 gathers the lm_head once a tile)
+    shards = loss_tiles(int(config.vocab_size), int(config.hidden_size))
     model.forward = _tiled_loss_forward(model, model.forward, shards)
     setattr(model, TILED_ATTR, True)
 

@@ -8,11 +8,12 @@ import pytest
 
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
+from autofit.core.sequence import loss_tiles
 from autofit.ds.apply import LongContext, activation_offload_context, apply_to_model, shard_batch
 from autofit.ds.collate import SequenceCollator
 from autofit.ds.emit import deepspeed_config
 from autofit.ds.launchers import with_sp_batch_left_to_accelerate
-from autofit.ds.long_context import agreed_tiles, loss_tiles
+from autofit.ds.long_context import agreed_tiles
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
