@@ -271,12 +271,14 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
     # zero.Init: each module is made whole in w (fp32 tensor by tensor) then partitioned (Init._post_init_method)
     built = params + w * facts.largest_module_params + FP32 * float(facts.largest_param_numel)
     buckets = buckets_of(config, facts)
+    # one rank gathers nothing: all_gather_coalesced takes _no_gather_coalesced (NoGatherHandle), each parameter a
+    # view of its partition
+    gathers = world_size > 1
     return ModelStates(
         params=params, master=FP32 * shard, optimizer=optimizer,
         grads_resident=w * shard + reduce_buffers(config) * reduce_bucket_bytes(psi, buckets.reduce_bucket_size, w,
                                                                                 device_kind),
-        gathered_params=0.0 if world_size == 1 else w * stage3_live_elements(partitioned, facts.largest_module_params,
-                                                                             buckets),
+        gathered_params=w * stage3_live_elements(partitioned, facts.largest_module_params, buckets) if gathers else 0.0,
         # stage3.py _prepare_fp32_grad_for_sub_group: the partition's gradients flattened into a new tensor and
         # cast to fp32 (``flatten(...).to(fp32)``: in 16-bit the flat copy and its fp32 cast are alive at once)
         # become the fp32 partition's .grad for the step
@@ -287,7 +289,7 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
         init_extra=max(0.0, w * shard + 2 * FP32 * shard - (built - params)),
         reduce_scratch=stage3_reduce_scratch_bytes(psi, w, device_kind, buckets.reduce_bucket_size),
         built=built,
-        gathered_at_reduce=0.0 if world_size == 1 else w * float(facts.largest_module_params),
+        gathered_at_reduce=w * float(facts.largest_module_params) if gathers else 0.0,
     )
 
 
