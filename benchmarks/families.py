@@ -7,7 +7,7 @@ model page in :data:`FAMILIES`). For each:
   (bf16 AdamW, ZeRO-3, micro-batch 1, every layer checkpointed) and the attention kernel left to the plan: the
   parameter count against the published one, the wall time and the kernel chosen (the fastest that fits among
   those the model's class can be built with, ``autofit/workload/hf_tasks.py``).
-- **A small copy** (the same architecture: 2 layers, hidden 128, a few experts) probed on this CPU at two configs,
+- **A small copy** (the same architecture: 2 layers, hidden 256, a few experts; 512 tokens) probed on this CPU at two configs,
   ZeRO-0 without checkpointing and ZeRO-2 with it (a mixture of experts at ZeRO-2 and ZeRO-3, both checkpointed):
   predicted against measured peak.
 
@@ -41,12 +41,12 @@ FULL = ("--hardware", "h100-80gb", "--gpus", "8", "--seq-len", "2048", "--global
         "--set", "precision=bf16", "--set", "compile=off", "--set", "offload_optimizer=none",
         "--set", "offload_params=none", "--set", "overlap_comm=true", "--set", "bucket_scale=1",
         "--set", "contiguous_gradients=true", "--set", "checkpoint_granularity=block", "--no-cache")
-#: the small copies' probes: one CPU rank, fp32 AdamW, 64 tokens, micro-batch 2
-PROBE = ("--hardware", "cpu", "--seq-len", "64", "--global-batch", "2", "--set", "micro_batch_size=2",
+#: the small copies' probes: one CPU rank, fp32 AdamW, 512 tokens, micro-batch 2
+PROBE = ("--hardware", "cpu", "--seq-len", "512", "--global-batch", "2", "--set", "micro_batch_size=2",
          "--set", "compile=off", "--set", "offload_optimizer=none", "--set", "offload_params=none", "--steps", "2")
-#: what every small copy shares: two layers of width 128
-SMALL = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
-         "head_dim": 32, "vocab_size": 2048, "pad_token_id": 0, "layer_types": None}
+#: what every small copy shares: two layers of width 256 (2-3.4 M parameters; peaks of 120-310 MiB at 512 tokens)
+SMALL = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+         "head_dim": 64, "vocab_size": 4096, "pad_token_id": 0, "layer_types": None}
 #: this machine is a CPU; one trace process per command (the families run side by side)
 ENV = {"DS_ACCELERATOR": "cpu", "AUTOFIT_TRACE_WORKERS": "1"}
 #: a full-size step of the reference scan runs minutes (autofit/trace/step.py): refused after this many seconds
@@ -71,11 +71,11 @@ class Family:
 
 FAMILIES = (
     Family("gemma2-9b", "google/gemma-2-9b-it", 9.24e9,
-           {"num_key_value_heads": 2, "query_pre_attn_scalar": 32, "sliding_window": 32}),
+           {"num_key_value_heads": 2, "query_pre_attn_scalar": 64, "sliding_window": 128}),
     Family("starcoder2-3b", "bigcode/starcoder2-3b", 3.03e9, {"num_key_value_heads": 2}),
-    Family("falcon-7b", "tiiuae/falcon-7b", 7.22e9, {"head_dim": None, "ffn_hidden_size": 256, "num_kv_heads": 4}),
+    Family("falcon-7b", "tiiuae/falcon-7b", 7.22e9, {"head_dim": None, "ffn_hidden_size": 512, "num_kv_heads": 4}),
     Family("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 30.5e9,
-           {"num_key_value_heads": 2, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+           {"num_key_value_heads": 2, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
            moe=True),
     Family("phi-3-mini-4k", "microsoft/Phi-3-mini-4k-instruct", 3.82e9, {"num_key_value_heads": 4}),
     Family("olmo-2-7b", "allenai/OLMo-2-1124-7B", 7.30e9, {"num_key_value_heads": 4}),
@@ -85,13 +85,13 @@ FAMILIES = (
     Family("deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", 15.7e9,
            {"num_key_value_heads": 4, "head_dim": None, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
             "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2,
-            "n_shared_experts": 1, "moe_intermediate_size": 32}, moe=True),
+            "n_shared_experts": 1, "moe_intermediate_size": 64}, moe=True),
     Family("mamba-130m", "state-spaces/mamba-130m-hf", 129e6,
            {"num_attention_heads": None, "head_dim": None, "intermediate_size": None, "state_size": 8,
             "time_step_rank": 4}),
     Family("smollm3-3b", "HuggingFaceTB/SmolLM3-3B", 3.08e9, {"num_key_value_heads": 2, "no_rope_layer_interval": 2}),
     Family("olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924", 6.92e9,
-           {"num_key_value_heads": 4, "num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32},
+           {"num_key_value_heads": 4, "num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64},
            moe=True),
 )
 
