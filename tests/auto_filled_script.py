@@ -10,7 +10,7 @@ import sys
 
 import deepspeed
 import torch
-from compiled_script import Net  # this script's folder is on sys.path
+from compiled_script import Net, end_process_group  # this script's folder is on sys.path
 
 from autofit.ds.apply import apply_to_model, build_context, client_optimizer, compile_engine, fill_auto
 
@@ -43,6 +43,8 @@ def main(ds_path: str, out: str) -> None:
     # the documented call: the script's own hyperparameters where the JSON says "auto"
     ds = fill_auto(json.load(open(ds_path)), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
     json.dump({"refused": refused, "losses": train(ds, 3), "params": ds["optimizer"]["params"]}, open(out, "w"))
+    end_process_group()
+
 
 
 if __name__ == "__main__":

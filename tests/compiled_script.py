@@ -58,6 +58,16 @@ def main(out: str) -> None:
         losses.append(float(loss))
     json.dump({"compiled": compiled, "is_compiled": bool(engine.is_compiled), "losses": losses, "seconds": seconds},
               open(out, "w"))
+    end_process_group()
+
+
+
+def end_process_group() -> None:
+    """The documented end of a script (examples/long_context/train.py): the process group's threads end before the
+    interpreter's teardown; left to exit, gloo can abort there ("terminate called without an active exception",
+    SIGABRT, after the results are written)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -70,6 +70,9 @@ def main() -> None:
             engine.step()
         if engine.global_rank == 0 and step % 10 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
+    if torch.distributed.is_initialized():  # every rank done, then the group's threads end before the interpreter's
+        torch.distributed.barrier()         # teardown (left to exit, gloo can abort: "terminate called without an
+        torch.distributed.destroy_process_group()  # active exception")
 
 
 if __name__ == "__main__":
