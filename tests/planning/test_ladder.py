@@ -55,7 +55,9 @@ def test_ladder_json_gives_predicted_peaks_that_fall_with_every_rung_but_mixed_p
     falls = [later <= earlier for earlier, later, row in zip(runnable, runnable[1:], rows[1:], strict=False)
              if row["name"] != "+ mixed precision"]
     assert all(falls) and len(falls) == len(runnable) - 2, runnable
-    assert runnable[0] == max(runnable) > runnable[-1]
+    # strictly where it saves: checkpointing on the baseline, the rungs after mixed precision on it (whether mixed
+    # precision ends above the baseline depends on the 16-bit runtime this machine measures: a CI venv's did)
+    assert runnable[1] < runnable[0] and runnable[-1] < runnable[2], runnable
     assert all(row["fits"] and row["measured"] is None for row in rows[:-1])
 
 
@@ -73,10 +75,11 @@ def test_rungs_are_priced_by_the_plan(plan: Plan) -> None:
 
 def test_a_budget_below_a_rung_says_it_does_not_fit(plan: Plan) -> None:
     full = price_ladder(plan).rows
-    budget = (full[0].prediction.peak_bytes + full[2].prediction.peak_bytes) // 2
+    # the checkpointing rung is below the baseline (asserted above); the mixed-precision rung need not be
+    budget = (full[0].prediction.peak_bytes + full[1].prediction.peak_bytes) // 2
     rows = price_ladder(plan.with_memory(budget)).rows
     assert not rows[0].fits and rows[0].why_not is not None and rows[0].why_not.startswith("needs")
-    assert rows[2].fits and rows[2].why_not is None
+    assert rows[1].fits and rows[1].why_not is None
 
 
 def test_measure_ladder_probes_nothing_when_no_rung_fits(plan: Plan) -> None:
