@@ -46,6 +46,5 @@ def main(ds_path: str, out: str) -> None:
     end_process_group()
 
 
-
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])

@@ -61,7 +61,6 @@ def main(out: str) -> None:
     end_process_group()
 
 
-
 def end_process_group() -> None:
     """The documented end of a script (examples/long_context/train.py): the process group's threads end before the
     interpreter's teardown; left to exit, gloo can abort there ("terminate called without an active exception",
