@@ -223,11 +223,18 @@ def _spread(probe: dict[str, Any]) -> str:
     return f"; runs {errors[0]:+.1f}..{errors[-1]:+.1f}%" if len(errors) > 1 else ""
 
 
+def _at_least_one(text: str) -> int:
+    """``--repeats``: a whole number of probes, one or more (argparse's one line otherwise)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of probes (1 or more)")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated family names (default: all)")
     parser.add_argument("--workers", type=int, default=2, help="families run at once")
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--repeats", type=_at_least_one, default=3,
                         help="probes of each config, each a fresh process (its footprint measured again): the median "
                              "run is reported, every run kept")
     parser.add_argument("--probes-only", action="store_true",
