@@ -167,11 +167,12 @@ def pruned_reason(plan: Any, config: Config) -> str:
 
 def measure(setup: Any, plan: Any, config: Config, timeout_s: float, software: Any) -> dict[str, Any]:
     from autofit.probe.run import run_probe
+    from autofit.probe.spec import probe_spec
 
     predicted = plan.predict(config)
-    result = run_probe(setup.entry_point, config, setup.hardware, 1, steps=3, warmup_steps=1, timeout_s=timeout_s,
-                       software=software, hidden_size=plan.facts.hidden_size,
-                       largest_param_numel=plan.facts.largest_param_numel)
+    spec = probe_spec(plan.entry, config, plan.hardware, 1, steps=3, warmup_steps=1, software=software,
+                      facts=plan.facts)
+    result = run_probe(spec, timeout_s=timeout_s)
     memory = result.device_memory
     allocator = (memory.get("max_memory_reserved_bytes") or 0) + (memory.get("context_bytes") or 0)
     ok = result.status == "ok"
