@@ -252,14 +252,20 @@ def run_options(profile: Profile) -> list[str]:
 def step_pytest(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
     """``pytest -m gpu``: the tests that need a CUDA device (skipped without one)."""
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=",
-               "-q", "-rfEs", *profile.pytest_paths]
+               "-v", "-rfEs", "--durations=0", *profile.pytest_paths]
     timeout = max(float(args.deadline) - time.time() - 5, 1)
-    try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stdout or b"")[-2000:]
-        return {"ok": False, "summary": f"pytest passed its {timeout:.0f} s", "output": str(tail)}
-    lines = done.stdout.strip().splitlines()
-    return {"ok": done.returncode in (0, 5), "returncode": done.returncode, "output": done.stdout[-3000:],
-            "summary": lines[-1] if lines else done.stderr.strip()[-300:]}
+    log = Path(args.part).with_suffix(".pytest.log")  # each test's line as it ends: what a cut-short run got to
+    with open(log, "w") as sink:
+        try:
+            done = subprocess.run(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout,
+                                  env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})
+        except subprocess.TimeoutExpired:
+            output = log.read_text(errors="replace")
+            ended = [line for line in output.splitlines() if "::" in line and ("PASSED" in line or "FAILED" in line
+                                                                               or "SKIPPED" in line)]
+            return {"ok": False, "summary": f"pytest passed its {timeout:.0f} s after {len(ended)} tests",
+                    "tests": ended, "output": output[-3000:]}
+    output = log.read_text(errors="replace")
+    lines = output.strip().splitlines()
+    return {"ok": done.returncode in (0, 5), "returncode": done.returncode, "output": output[-3000:],
+            "summary": lines[-1] if lines else "no output"}

@@ -223,3 +223,26 @@ def ops_needed(configs: list[tuple[str, str, str]], device_kind: str, software: 
         if "nvme" in (offload_optimizer, offload_params):
             ops.add("async_io")
     return tuple(sorted(ops))
+
+
+def deepspeed_arch_list(arch_list: str | None) -> str | None:
+    """``TORCH_CUDA_ARCH_LIST`` as DeepSpeed's op builder can read it: each architecture-specific target
+    (``9.0a``, ``10.0f``: PyTorch builds ``sm_90a`` for it) as its family's (``9.0``), the rest as it was; None
+    where it needs no change (unset, or already readable).
+
+    DeepSpeed's JIT builder parses every token as ``major.minor[+PTX]`` with ``int()``
+    (``CUDAOpBuilder.compute_capability_args``, deepspeed/ops/op_builder/builder.py, 0.19), so ``9.0a``, which
+    CUDA images for Hopper set, fails FusedAdam's build with "invalid literal for int() with base 10: '0a'"
+    (seen on an H100 with PyTorch 2.11+cu130). DeepSpeed's ops use no architecture-specific instruction, so the
+    family target builds the same kernels.
+    """
+    if not arch_list or not arch_list.strip():
+        return None
+    tokens = [t for t in arch_list.replace(" ", ";").split(";") if t]
+    readable = []
+    for token in tokens:
+        arch, plus, ptx = token.partition("+")
+        major, dot, minor = arch.partition(".")
+        readable.append(f"{major}{dot}{minor.rstrip('abcdefghijklmnopqrstuvwxyz')}{plus}{ptx}")
+    readable = list(dict.fromkeys(readable))
+    return ";".join(readable) if readable != tokens else None

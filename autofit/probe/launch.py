@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from autofit.core.software import deepspeed_arch_list
 from autofit.core.storage_url import without_secrets
 from autofit.probe.failure import classify_exit, ended_by_sigkill, read_kernel_log
 from autofit.probe.oom_killer import oom_kills
@@ -105,6 +106,8 @@ def training_env(base: dict[str, str], kind: str, local_ranks: int, cores: int,
       serialise that stream behind the compute. autofit's candidates have no tensor parallelism, so a probe
       sets it only where the user did (``base``), as their training would run.
     * ``DS_ACCELERATOR=cpu`` and oneDNN's cache capacities on the CPU accelerator (:data:`ONEDNN_CACHE_CAPACITY`).
+    * On CUDA, ``TORCH_CUDA_ARCH_LIST`` without architecture suffixes (``9.0a`` as ``9.0``) where it has them:
+      DeepSpeed's JIT builder cannot parse them (:func:`autofit.core.software.deepspeed_arch_list`).
     * ``PYTHONPATH`` with this autofit first, ``PYTHONUNBUFFERED=1``.
     """
     env = without_secrets(base)  # the queue's URL and libpq's credentials: never in user code's environment
@@ -115,8 +118,11 @@ def training_env(base: dict[str, str], kind: str, local_ranks: int, cores: int,
         env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD_BYTES)
         env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
         env.setdefault("LRU_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
-    elif tensor_parallel > 1:
-        env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    else:
+        if tensor_parallel > 1:
+            env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        if arch_list := deepspeed_arch_list(env.get("TORCH_CUDA_ARCH_LIST")):
+            env["TORCH_CUDA_ARCH_LIST"] = arch_list  # as the ops were built (autofit.probe.ops.load_ops)
     env["PYTHONPATH"] = with_package_root(env.get("PYTHONPATH"))
     return env
 

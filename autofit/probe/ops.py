@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autofit.core.software import OP_BUILDERS, Software, ops_needed
+from autofit.core.software import OP_BUILDERS, Software, deepspeed_arch_list, ops_needed
 from autofit.core.storage_url import without_secrets
 from autofit.machine.lifetime import PARENT_PID_ENV, end_session_with_parent, kill_session, parent_from_env
 from autofit.machine.software import detect_software
@@ -53,6 +53,9 @@ class OpsReport:
     """Stale lock files removed first."""
     seconds: float = 0.0
     """Wall seconds of the whole step."""
+    arch_list: str | None = None
+    """``TORCH_CUDA_ARCH_LIST`` as the builds (and the probes) read it, where DeepSpeed could not read this
+    process's (:func:`autofit.core.software.deepspeed_arch_list`); None where it was left as it was."""
 
     def software(self, base: Software) -> Software:
         """``base`` with the ops whose build failed marked (:attr:`Software.failed_ops`): AdamW then runs as
@@ -67,6 +70,9 @@ class OpsReport:
         if self.ops:
             states = ", ".join(f"{op} {state}" for op, state in self.loaded.items())
             said.append(f"DeepSpeed ops: {states} ({self.seconds:.1f} s)")
+        if self.arch_list is not None:
+            said.append(f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST')} read as {self.arch_list}: "
+                        "DeepSpeed's op builder parses no architecture suffix; set the same where you train")
         return said
 
 
@@ -127,7 +133,9 @@ def prepare_ops(candidates: list[Any], hardware: Any, software: Software | None 
     ops = ops_needed(keys, hardware.kind, software)
     cleared = tuple(str(p) for p in clear_stale_locks())
     loaded = load_ops(ops, hardware.kind, timeout_s) if ops else {}
-    return OpsReport(ops=ops, loaded=loaded, cleared_locks=cleared, seconds=time.monotonic() - started)
+    arch_list = deepspeed_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST")) if ops and hardware.kind == "cuda" else None
+    return OpsReport(ops=ops, loaded=loaded, cleared_locks=cleared, seconds=time.monotonic() - started,
+                     arch_list=arch_list)
 
 
 def load_ops(ops: tuple[str, ...], device_kind: str, timeout_s: float) -> dict[str, str]:
@@ -137,6 +145,8 @@ def load_ops(ops: tuple[str, ...], device_kind: str, timeout_s: float) -> dict[s
     env = without_secrets(os.environ) | {PARENT_PID_ENV: str(os.getpid())}
     if device_kind == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
+    elif arch_list := deepspeed_arch_list(env.get("TORCH_CUDA_ARCH_LIST")):
+        env["TORCH_CUDA_ARCH_LIST"] = arch_list  # the probes' ranks read the same (launch.training_env)
     build = subprocess.Popen([sys.executable, "-m", "autofit.probe.ops", *ops], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -45,7 +45,7 @@ The public face is below; the modules' private helpers are for the tests.
 
 from __future__ import annotations
 
-from autofit.trace.tensors import cpu_sdpa_flop_formulas
+from autofit.trace.tensors import sdpa_flop_formulas
 from autofit.trace.tracer import (
     REAL_TRACE_LIMIT_BYTES,
     SCALE_MIN_LAYERS,
@@ -61,7 +61,7 @@ __all__ = [
     "REAL_TRACE_LIMIT_BYTES",
     "SCALE_MIN_LAYERS",
     "TRACE_MICRO_BATCHES",
-    "cpu_sdpa_flop_formulas",
+    "sdpa_flop_formulas",
     "middle_checkpointed_layers",
     "parameter_facts",
     "trace_config",

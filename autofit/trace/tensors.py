@@ -1,5 +1,6 @@
-"""Tensor helpers of a trace step: the FLOP formulas of the CPU's SDPA kernels (``torch.utils.flop_counter``
-leaves them uncounted), and the casts of a fake model and its batch to the traced precision."""
+"""Tensor helpers of a trace step: the FLOP formulas of SDPA's kernels (``torch.utils.flop_counter`` leaves the
+CPU's uncounted, and before torch 2.13 fails on grouped keys), and the casts of a fake model and its batch to
+the traced precision."""
 
 from __future__ import annotations
 
@@ -9,30 +10,53 @@ from typing import Any
 from autofit.trace.hooks import counting_multi_grad_hooks
 
 
-def cpu_sdpa_flop_formulas() -> dict[Any, Any]:
-    """FLOP formulas for the CPU's SDPA kernels, which ``torch.utils.flop_counter`` leaves uncounted.
+def sdpa_flop_formulas() -> dict[Any, Any]:
+    """FLOP formulas for SDPA's kernels: torch's own (``torch.utils.flop_counter``), given grouped keys and values.
 
-    A trace runs on the CPU, where SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``;
-    without these its attention matmuls count 0 and an sdpa or flash candidate's compute is priced
-    without them. The formulas are torch's own for its CUDA flash kernel (same arguments first).
+    * The CPU's kernels (``_scaled_dot_product_flash_attention_for_cpu`` and its backward), which a trace runs
+      (on the CPU) and torch leaves uncounted: without them an sdpa or flash candidate's attention matmuls count
+      0. Their formulas are torch's for its CUDA flash kernel (same arguments first).
+    * Every kernel's key and value shapes with the query's heads: a grouped- or multi-query model calls SDPA with
+      ``enable_gqa`` and fewer key/value heads, which the kernel broadcasts. torch's formula counts that from
+      2.13 on; before it (2.11, seen on an H100 image) it fails the trace with "sdpa_flop_count: query/key/value
+      shapes are incompatible". Broadcast, the count is the same as 2.13's.
     """
     import torch
     from torch.utils.flop_counter import flop_registry
 
     aten = torch.ops.aten
-    pairs = (
-        ("_scaled_dot_product_flash_attention_for_cpu", aten._scaled_dot_product_flash_attention),
-        ("_scaled_dot_product_flash_attention_for_cpu_backward", aten._scaled_dot_product_flash_attention_backward),
-    )
-    return {
-        getattr(aten, cpu_name): flop_registry[cuda_op].__wrapped__  # FlopCounterMode wraps it again
-        for cpu_name, cuda_op in pairs
-        if hasattr(aten, cpu_name) and cuda_op in flop_registry
-    }
+    kernels = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+               "_scaled_dot_product_cudnn_attention")
+    pairs = [(name + suffix, name + suffix) for name in kernels for suffix in ("", "_backward")]
+    pairs += [("_scaled_dot_product_flash_attention_for_cpu" + suffix, "_scaled_dot_product_flash_attention" + suffix)
+              for suffix in ("", "_backward")]
+    formulas = {}
+    for op_name, formula_of in pairs:
+        op, counted_as = getattr(aten, op_name, None), getattr(aten, formula_of, None)
+        if op is not None and counted_as in flop_registry:  # FlopCounterMode wraps the raw formula again
+            raw = flop_registry[counted_as].__wrapped__
+            formulas[op] = _with_query_heads(raw, query_at=1 if op_name.endswith("_backward") else 0)
+    return formulas
+
+
+def _with_query_heads(formula: Any, query_at: int) -> Any:
+    """``formula`` (shapes in, FLOPs out) called with the key and value shapes (right after the query's, at
+    ``query_at``) given the query's head count, as the kernel broadcasts them."""
+
+    def counted(*shapes: Any, **kwargs: Any) -> Any:
+        shapes_list = list(shapes)
+        query = shapes_list[query_at]
+        for at in (query_at + 1, query_at + 2):
+            shape = shapes_list[at]
+            if len(query) == 4 and len(shape) == 4 and shape[1] != query[1]:
+                shapes_list[at] = (shape[0], query[1], *shape[2:])
+        return formula(*shapes_list, **kwargs)
+
+    return counted
 
 
 def flop_counter() -> Any:
-    """``torch.utils.flop_counter.FlopCounterMode`` (with :func:`cpu_sdpa_flop_formulas`) whose module tracker
+    """``torch.utils.flop_counter.FlopCounterMode`` (with :func:`sdpa_flop_formulas`) whose module tracker
     registers no gradient hooks while a checkpointed layer recomputes its forward inside backward.
 
     torch's ``ModuleTracker`` registers a multi-grad hook on the inputs and outputs of every module call and
@@ -72,7 +96,7 @@ def flop_counter() -> Any:
             finally:
                 self._holds_no_grads.stop()
 
-    counter = FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flop_formulas())
+    counter = FlopCounterMode(display=False, custom_mapping=sdpa_flop_formulas())
     counter.mod_tracker = RecomputeSafeTracker()
     return counter
 

@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofit.trace.tensors import cpu_sdpa_flop_formulas
+from autofit.trace.tensors import sdpa_flop_formulas
 
 
 def memory_bound_bytes(func: Any, args: Any, kwargs: Any, out: Any) -> int:
@@ -127,7 +127,7 @@ def _is_matmul(func: Any) -> bool:
 
 
     packet = func.overloadpacket
-    return packet in flop_registry or packet in cpu_sdpa_flop_formulas()
+    return packet in flop_registry or packet in sdpa_flop_formulas()
 
 
 @functools.cache

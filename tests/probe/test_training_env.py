@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from autofit.probe.launch import MMAP_THRESHOLD_BYTES, rank_env, training_env
 
 
@@ -47,3 +49,21 @@ def test_a_rank_started_with_rank_env_runs_in_that_environment() -> None:
     seen = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     cores = len(os.sched_getaffinity(0))
     assert seen == [str(max(1, cores // 2)), "None", "1"]
+
+
+def test_an_arch_specific_cuda_arch_list_reaches_deepspeed_as_its_family(monkeypatch) -> None:
+    """A CUDA image's ``TORCH_CUDA_ARCH_LIST=9.0a`` fails DeepSpeed's FusedAdam build (seen on an H100); a probe's
+    rank gets ``9.0``, which DeepSpeed's own builder reads. Elsewhere the variable is left as it was."""
+    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+
+    assert training_env({"TORCH_CUDA_ARCH_LIST": "8.0;9.0a+PTX"}, "cuda", 1, 8)["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0+PTX"
+    assert training_env({"TORCH_CUDA_ARCH_LIST": "8.0 9.0"}, "cuda", 1, 8)["TORCH_CUDA_ARCH_LIST"] == "8.0 9.0"
+    assert training_env({"TORCH_CUDA_ARCH_LIST": "9.0a"}, "cpu", 1, 8)["TORCH_CUDA_ARCH_LIST"] == "9.0a"
+    assert "TORCH_CUDA_ARCH_LIST" not in training_env({}, "cuda", 1, 8)
+    builder = FusedAdamBuilder()
+    builder.jit_mode = True
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    with pytest.raises(ValueError, match="invalid literal"):  # when DeepSpeed reads it, the rewrite may go
+        builder.compute_capability_args()
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", training_env({"TORCH_CUDA_ARCH_LIST": "9.0a"}, "cuda", 1, 8)["TORCH_CUDA_ARCH_LIST"])
+    builder.compute_capability_args()  # reads it

@@ -118,7 +118,7 @@ def test_sdpa_attention_flops_are_counted_on_the_cpu() -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from autofit.trace import cpu_sdpa_flop_formulas
+    from autofit.trace import sdpa_flop_formulas
 
     q = torch.randn(2, 4, 128, 64, requires_grad=True)
 
@@ -135,7 +135,29 @@ def test_sdpa_attention_flops_are_counted_on_the_cpu() -> None:
         return ((x @ x.transpose(-1, -2)) / 8).softmax(-1) @ x
 
     # the same matmuls as eager attention, plus the scores the backward recomputes
-    assert counted(eager) < counted(sdpa, cpu_sdpa_flop_formulas()) < 1.25 * counted(eager)
+    assert counted(eager) < counted(sdpa, sdpa_flop_formulas()) < 1.25 * counted(eager)
+
+
+def test_grouped_query_sdpa_counts_the_flops_of_its_keys_broadcast_to_the_query_heads() -> None:
+    """A GQA model's SDPA call (8 query heads, 2 key/value heads, ``enable_gqa``) counts what the same call with
+    the keys and values repeated to 8 heads counts: the kernel broadcasts them (torch before 2.13 failed here)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autofit.trace import sdpa_flop_formulas
+
+    q = torch.randn(2, 8, 64, 32, requires_grad=True)
+    kv = torch.randn(2, 2, 64, 32, requires_grad=True)
+
+    def counted(k, v, **kwargs) -> int:
+        counter = FlopCounterMode(display=False, custom_mapping=sdpa_flop_formulas())
+        with counter:
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, **kwargs).sum().backward()
+        return int(counter.get_total_flops())
+
+    grouped = counted(kv, kv, enable_gqa=True)
+    repeated = kv.repeat_interleave(4, dim=1)
+    assert grouped == counted(repeated, repeated) > 0
 
 
 def test_flash_is_traced_through_sdpas_flash_backend_and_labelled_so() -> None:
@@ -201,14 +223,14 @@ def test_counting_flops_keeps_no_checkpointed_recompute_alive(monkeypatch: pytes
 
     import autofit.trace.step as trace
     from autofit.trace.step import trace_step as _trace_step
-    from autofit.trace.tensors import cpu_sdpa_flop_formulas
+    from autofit.trace.tensors import sdpa_flop_formulas
 
     gpt = load_workload(f"{EXAMPLES}/gpt.py:workload")
     counted = _trace_step(gpt, 4, "fp32", "sdpa", (1.0, "block"), "fake")
     monkeypatch.setattr(trace, "flop_counter", _NoFlops)
     uncounted = _trace_step(gpt, 4, "fp32", "sdpa", (1.0, "block"), "fake")
     monkeypatch.setattr(trace, "flop_counter",
-                        lambda: FlopCounterMode(display=False, custom_mapping=cpu_sdpa_flop_formulas()))
+                        lambda: FlopCounterMode(display=False, custom_mapping=sdpa_flop_formulas()))
     stock = _trace_step(gpt, 4, "fp32", "sdpa", (1.0, "block"), "fake")
     assert counted.peak_with_grads_bytes == uncounted.peak_with_grads_bytes
     assert counted.flops == stock.flops > 0
