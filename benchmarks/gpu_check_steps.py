@@ -170,7 +170,7 @@ def measure(setup: Any, plan: Any, config: Config, timeout_s: float, software: A
     from autofit.probe.spec import probe_spec
 
     predicted = plan.predict(config)
-    spec = probe_spec(plan.entry, config, plan.hardware, 1, steps=3, warmup_steps=1, software=software,
+    spec = probe_spec(plan.entry, config, plan.hardware, 1, steps=5, warmup_steps=2, software=software,
                       facts=plan.facts)
     result = run_probe(spec, timeout_s=timeout_s)
     memory = result.device_memory
@@ -181,6 +181,11 @@ def measure(setup: Any, plan: Any, config: Config, timeout_s: float, software: A
         "message": (result.message or "")[:300] or None,
         "predicted_peak_bytes": predicted.peak_bytes, "measured_peak_bytes": result.peak_bytes if ok else None,
         "nvml_peak_bytes": memory.get("nvml_peak_bytes"), "reserved_plus_context_bytes": allocator or None,
+        # the live tensors' peak, apart from what the caching allocator keeps reserved beside them
+        "max_memory_allocated_bytes": memory.get("max_memory_allocated_bytes"),
+        "max_memory_reserved_bytes": memory.get("max_memory_reserved_bytes"),
+        "predicted": predicted.to_dict(),
+        "step_times_s": result.step_times_s, "phases_s": result.phases_s,
         "predicted_samples_per_s": predicted.samples_per_s,
         "measured_samples_per_s": result.samples_per_s if ok else None,
         "peak_error": error(predicted.peak_bytes, result.peak_bytes) if ok else None,

@@ -31,7 +31,7 @@ PATH = re.compile(
 DESIGN = re.compile(r"(?<![\w/.-])DESIGN\.md")
 #: paths cited on purpose that the repository does not hold: path -> why
 NOT_IN_REPO = {
-    "benchmarks/results/cuda": "benchmarks/cuda_accuracy.py writes it on a GPU (no session had one yet)",
+    "benchmarks/results/cuda": "benchmarks/cuda_accuracy.py writes it on a GPU (not run on one yet)",
     "benchmarks/results/cuda/cuda_accuracy.md": "benchmarks/cuda_accuracy.py writes it on a GPU",
     "benchmarks/results/cuda/cuda_accuracy.json": "benchmarks/cuda_accuracy.py writes it on a GPU",
     "benchmarks/results/ds_autotune_config.json": "benchmarks/compare_search.py --autotuner writes it",

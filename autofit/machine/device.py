@@ -79,7 +79,7 @@ def detect_cuda() -> Hardware | None:
     records = nvml_records()
     matched = node_hardware(records) if records else None
     if matched is not None:
-        return matched
+        return with_this_host(matched)
     try:
         import torch
     except ImportError:
@@ -90,9 +90,17 @@ def detect_cuda() -> Hardware | None:
     closest = _closest_preset(props.name, props.total_memory)
     if closest is not None:
         key, preset = closest
-        return replace(preset, name=f"{key} ({props.name})", memory_bytes=props.total_memory,
-                       compute_capability=(props.major, props.minor))
-    return unmatched_cuda_device(props.name, props.total_memory, (props.major, props.minor))
+        return with_this_host(replace(preset, name=f"{key} ({props.name})", memory_bytes=props.total_memory,
+                                      compute_capability=(props.major, props.minor)))
+    return with_this_host(unmatched_cuda_device(props.name, props.total_memory, (props.major, props.minor)))
+
+
+def with_this_host(hardware: Hardware) -> Hardware:
+    """``hardware`` (a preset matched to this node's GPUs) with this node's host memory, not the preset's: a
+    lent H100 machine has 128 GiB where the preset's DGX H100 has 2 TB, and offload and the host's builds are
+    priced against it."""
+    total = _meminfo_bytes("MemTotal")
+    return replace(hardware, host_memory_bytes=total) if total else hardware
 
 
 def cuda_devices_here() -> int:

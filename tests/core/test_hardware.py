@@ -146,6 +146,21 @@ def test_node_detection_reads_every_device_and_tells_pcie_from_sxm():
     assert a100.intra_node_bytes_per_s == PRESETS["a100-40gb"].pcie_bytes_per_s
 
 
+def test_a_lone_sxm_device_without_active_links_keeps_its_name_and_this_hosts_memory(monkeypatch):
+    """As a lent H100 machine showed it (2026-11-27): one NVIDIA H100 80GB HBM3, no NVLink active (no peer), 128 GiB
+    of host memory. It is the SXM part, not "PCIe"; its host memory is the machine's, not a DGX's 2 TB."""
+    import autofit.machine.device as device
+    from autofit.core.hardware import PRESETS, node_hardware
+
+    alone = node_hardware([_h100(nvlink=False)])
+    assert alone.name == "h100-80gb (NVIDIA H100 80GB HBM3)" and alone.peak_flops == PRESETS["h100-80gb"].peak_flops
+    monkeypatch.setattr(device, "nvml_records", lambda: [_h100(nvlink=False)])
+    detected = device.detect_cuda()
+    with open("/proc/meminfo") as meminfo:
+        total = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal:"))
+    assert detected.host_memory_bytes == total != PRESETS["h100-80gb"].host_memory_bytes
+
+
 def test_the_h100_pcie_preset_prices_a_slower_step_than_sxm():
     from autofit.core.config import Config
     from autofit.cost_model import predict
