@@ -46,7 +46,7 @@ from autofit.cost_model.facts import footprint_key
 from autofit.ds.apply import apply_checkpointing
 from autofit.ds.emit import write_json_atomic
 from autofit.probe.launch import free_port, rank_env
-from autofit.probe.rank.memory import rss_bytes
+from autofit.probe.rank.memory import settled_rss_bytes
 from autofit.probe.rank.worker import import_workload
 from autofit.trace.tensors import cast_batch, to_dtype
 
@@ -108,7 +108,14 @@ def measure(entry: str, precision: str, attention: str) -> dict[str, int | None]
     again) is in every probe whatever the model, and priced there (:attr:`Coefficients.runtime_overhead_bytes`,
     ``runtime_at_init_bytes``); a footprint from a bare process counted the part the passes touch again a second
     time (measured beyond the imports and beyond ``initialize``: 15.9 and 13.8 MiB on a two-layer StarCoder2, 17.9
-    and 15.8 on examples/hf_configs/llama_gqa, 20.0 and 19.0 on examples/gpt.py: by how much depends on the model)."""
+    and 15.8 on examples/hf_configs/llama_gqa, 20.0 and 19.0 on examples/gpt.py: by how much depends on the model).
+
+    Each reading is settled (:func:`~autofit.probe.rank.memory.settled_rss_bytes`: glibc's free heap pages handed
+    back first): the blocks the passes freed below the probe's mmap threshold are holes the next step's small
+    objects fill, not something the kernels keep, and how many there are depends on the batch (one sample here, a
+    micro-batch in the probe: a two-layer Mamba's reference scan leaves 25 MiB of them at one sample, and its probe at
+    two samples, whose scan tensors are a page or more and mapped, none of them at its peak; a StarCoder2 copy
+    0.06 MiB)."""
     import deepspeed
     import torch
 
@@ -121,17 +128,17 @@ def measure(entry: str, precision: str, attention: str) -> dict[str, int | None]
         ds["bf16"] = {"enabled": True}
     deepspeed.initialize(model=model, config=ds)
     gc.collect()
-    initialized = rss_bytes()
+    initialized = settled_rss_bytes()
     _passes(workload, model, dtype)
     gc.collect()
-    plain = max(0, rss_bytes() - initialized)
+    plain = max(0, settled_rss_bytes() - initialized)
     try:
         apply_checkpointing(model, workload.repeated_layers(model), 1.0)
     except Exception:  # no repeated layers to wrap: no checkpointed config runs on this model
         return {"bytes": plain, "checkpointed_bytes": None}
     _passes(workload, model, dtype)
     gc.collect()
-    return {"bytes": plain, "checkpointed_bytes": max(plain, rss_bytes() - initialized)}
+    return {"bytes": plain, "checkpointed_bytes": max(plain, settled_rss_bytes() - initialized)}
 
 
 def main(argv: list[str]) -> int:

@@ -29,9 +29,13 @@ from autofit.probe.records import ProbeSpec, RankResult, read_rank_result
 
 #: seconds the other ranks get to report once one rank has finished with a failure
 FAILURE_GRACE_S = 5.0
-#: ``MALLOC_MMAP_THRESHOLD_``: glibc serves allocations above this many bytes with mmap,
-#: so a freed tensor returns to the OS and RSS tracks live memory (docs/design.md, "Memory, measured")
-MMAP_THRESHOLD_BYTES = 65536
+#: ``MALLOC_MMAP_THRESHOLD_``: glibc serves every allocation of this many bytes or more with a mapping of its own,
+#: so a freed tensor returns to the OS and RSS tracks live memory (docs/design.md, "Memory, measured"). One page, the
+#: least that can be: at 64 KiB a model that makes many small tensors (a state-space model's reference scan, a state
+#: and an output a token a layer) drew them from glibc's heap, whose freed blocks stay resident in holes that depend
+#: on the order glibc met them in, and a two-layer Mamba's measured footprint moved by +-8 MiB from process to process
+#: (docs/results/families.md). Below a page only small objects share the heap.
+MMAP_THRESHOLD_BYTES = 4096
 #: oneDNN's primitive caches on a CPU rank (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, and ideep's
 #: ``LRU_CACHE_CAPACITY`` in PyTorch's mkldnn ops), 1024 primitives each by default. A bf16 matmul of a new
 #: shape adds one, with its packed weights: torch 2.13's CPU ``grouped_mm`` held 2.3 MiB more per new shape

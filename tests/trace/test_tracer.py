@@ -324,7 +324,9 @@ def test_a_conv_nets_trace_counts_the_copies_its_convolutions_make() -> None:
 
     config = Config(micro_batch_size=16, checkpoint_ratio=0.0, precision="fp32", optimizer="sgd", zero_stage=0)
     traced = activation_peak_bytes(config, trace_for(load_workload(CONVNET), [config]), keep_grads=True)
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    from autofit.probe.launch import MMAP_THRESHOLD_BYTES
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD_BYTES), OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", CONV_STEP, CONVNET], env=env, capture_output=True, text=True,
                           timeout=300, check=True)
     assert traced == pytest.approx(int(done.stdout.split()[-1]), rel=0.04)

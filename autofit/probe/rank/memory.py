@@ -33,6 +33,17 @@ def rss_bytes() -> int:
     return read_status_bytes("VmRSS")
 
 
+def settled_rss_bytes() -> int:
+    """Resident set size once glibc has handed its free heap pages back (``malloc_trim(0)``), in bytes: what stays
+    resident for good (code, caches, live objects), without the holes freed small blocks left in the heap, which
+    the next allocations fill (the RSS where glibc's ``malloc_trim`` is not available)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return rss_bytes()
+
+
 def hwm_bytes() -> int:
     """Peak resident set size since start or the last :func:`reset_peak`, in bytes."""
     return read_status_bytes("VmHWM")
@@ -47,11 +58,11 @@ _GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20
 def use_default_allocator() -> bool:
     """Let glibc keep freed blocks for reuse again, as a training process does without the probe's setting.
 
-    The probe starts with ``MALLOC_MMAP_THRESHOLD_=65536`` so that RSS tracks live tensors (docs/design.md, "Memory, measured");
-    that maps and unmaps every tensor over 64 KiB, and the page faults that follow nearly doubled a CPU
-    step (ViT, 82 -> 150 ms) and made it noisy. Once the peak is read, this sets what glibc's dynamic
-    threshold settles at in a long run (blocks up to 32 MiB from the heap, trimmed past twice that), so
-    the timed steps run at the speed the user will see. False where glibc's ``mallopt`` is not available.
+    The probe starts with ``MALLOC_MMAP_THRESHOLD_=4096`` so that RSS tracks live tensors (docs/design.md, "Memory,
+    measured"); that maps and unmaps every tensor of a page or more, and the page faults that follow (measured at
+    64 KiB) nearly doubled a CPU step (ViT, 82 -> 150 ms) and made it noisy. Once the peak is read, this sets what
+    glibc's dynamic threshold settles at in a long run (blocks up to 32 MiB from the heap, trimmed past twice that),
+    so the timed steps run at the speed the user will see. False where glibc's ``mallopt`` is not available.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
