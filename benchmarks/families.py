@@ -10,8 +10,9 @@ model page in :data:`FAMILIES`). For each:
 - **A small copy** (the same architecture: 2 layers, hidden 256, a few experts; 512 tokens) probed on this CPU at two configs,
   ZeRO-0 without checkpointing and ZeRO-2 with it (a mixture of experts at ZeRO-2 and ZeRO-3, both checkpointed):
   predicted against measured peak. Each config is probed ``--repeats`` times (3), each a fresh process that
-  measures the model's CPU footprint again: the median run is the config's figure and every run is kept (on this
-  CPU a model whose activations come from glibc's heap, the Mamba copy, moves by 12 MiB from process to process).
+  measures the model's CPU footprint again: the median run is the config's figure and every run is kept (until the
+  probe mapped every allocation of a page or more, a model whose activations came from glibc's heap, the Mamba
+  copy, moved by 12 MiB from process to process; docs/results/families.md).
 
 Usage: ``python benchmarks/families.py [--only NAME,...] [--workers 2] [--repeats 3] [--probes-only]``; writes
 ``benchmarks/results/families.json`` and ``families.md``. ``--probes-only`` probes the small copies again and keeps

@@ -113,9 +113,9 @@ def measure(entry: str, precision: str, attention: str) -> dict[str, int | None]
     Each reading is settled (:func:`~autofit.probe.rank.memory.settled_rss_bytes`: glibc's free heap pages handed
     back first): the blocks the passes freed below the probe's mmap threshold are holes the next step's small
     objects fill, not something the kernels keep, and how many there are depends on the batch (one sample here, a
-    micro-batch in the probe: a two-layer Mamba's reference scan leaves 25 MiB of them at one sample, and its probe at
-    two samples, whose scan tensors are a page or more and mapped, none of them at its peak; a StarCoder2 copy
-    0.06 MiB)."""
+    micro-batch in the probe): a two-layer Mamba's reference scan leaves 25 MiB of them at one sample, and counted,
+    its probes at two samples came 9-10 % over, left out within 1 % (docs/results/families.md); a StarCoder2 copy
+    leaves 0.06 MiB."""
     import deepspeed
     import torch
 
