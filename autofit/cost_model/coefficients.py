@@ -159,8 +159,8 @@ class Coefficients:
             # bare process, never checkpointed, older measurements of the same rows gave 12.2: the checkpointed rows'
             # unwinder pages it absorbed and the double-counted pages it gave back roughly cancel in the median, but
             # not row by row -- issue 39's small copies without checkpointing were 10-16% over, with it 0-6%)
-            # Re-checked at the probe's one-page mmap threshold and settled footprint (stop 47): the same 18 rows
-            # -3.4% to +1.7% with it, so it stays.
+            # Re-checked at the probe's one-page mmap threshold and settled footprint (stop 47, beside the test
+            # suite): the same 18 rows -3.4% to +1.7% with it, so it stays.
             runtime_overhead_bytes=12 * MIB,
             # where the model's own is not measured: the examples' fp32 footprints (autofit.probe.footprint:
             # gpt 19.0, hf_bert 17.0, mlp 14.2 MiB), the median ...
