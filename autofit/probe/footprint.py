@@ -114,7 +114,7 @@ def measure(entry: str, precision: str, attention: str) -> dict[str, int | None]
     back first): the blocks the passes freed below the probe's mmap threshold are holes the next step's small
     objects fill, not something the kernels keep, and how many there are depends on the batch (one sample here, a
     micro-batch in the probe): a two-layer Mamba's reference scan leaves 25 MiB of them at one sample, and counted,
-    its probes at two samples came 9-10 % over, left out within 1 % (docs/results/families.md); a StarCoder2 copy
+    its probes at two samples came 9-10 % over, left out within 2.1 % (docs/results/families.md); a StarCoder2 copy
     leaves 0.06 MiB."""
     import deepspeed
     import torch

@@ -11,6 +11,7 @@ from torch import nn
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
 from autofit.cost_model import ModelFacts
+from autofit.probe.launch import MMAP_THRESHOLD_BYTES
 from autofit.trace import parallel, trace_config, trace_workload
 from autofit.trace.step import LiveBytes, make_tracker
 from autofit.workload.entry import load_workload
@@ -324,8 +325,6 @@ def test_a_conv_nets_trace_counts_the_copies_its_convolutions_make() -> None:
 
     config = Config(micro_batch_size=16, checkpoint_ratio=0.0, precision="fp32", optimizer="sgd", zero_stage=0)
     traced = activation_peak_bytes(config, trace_for(load_workload(CONVNET), [config]), keep_grads=True)
-    from autofit.probe.launch import MMAP_THRESHOLD_BYTES
-
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD_BYTES), OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", CONV_STEP, CONVNET], env=env, capture_output=True, text=True,
                           timeout=300, check=True)

@@ -33,14 +33,22 @@ def rss_bytes() -> int:
     return read_status_bytes("VmRSS")
 
 
+def _glibc() -> ctypes.CDLL | None:
+    """This process's C library, where it is glibc (None elsewhere: no ``mallopt``, no ``malloc_trim``)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
 def settled_rss_bytes() -> int:
     """Resident set size once glibc has handed its free heap pages back (``malloc_trim(0)``), in bytes: what stays
     resident for good (code, caches, live objects), without the holes freed small blocks left in the heap, which
-    the next allocations fill (the RSS where glibc's ``malloc_trim`` is not available)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    the next allocations fill (the RSS where glibc is not this process's C library)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
     return rss_bytes()
 
 
@@ -64,9 +72,8 @@ def use_default_allocator() -> bool:
     glibc's dynamic threshold settles at in a long run (blocks up to 32 MiB from the heap, trimmed past twice that),
     so the timed steps run at the speed the user will see. False where glibc's ``mallopt`` is not available.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+    libc = _glibc()
+    if libc is None:
         return False
     ok = libc.mallopt(_M_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX) == 1
     return ok and libc.mallopt(_M_TRIM_THRESHOLD, 2 * _GLIBC_MMAP_THRESHOLD_MAX) == 1
