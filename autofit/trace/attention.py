@@ -5,7 +5,14 @@ model calls them; flash-attn registers fake implementations of its ops, so they 
 -- its memory is flash-attn's, which differs from SDPA's. Where it is not installed, or its functions
 cannot run in the trace, ``flash`` is traced as SDPA forced to its flash backend
 (``torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION)``: saves the output and the log-sum-exp,
-never the S x S scores). :data:`FLASH_ATTN` / :data:`SDPA_FLASH` label which one a prediction rests on.
+never the S x S scores), with the model built as :attr:`autofit.workload.types.Workload.flash_stand_in` names
+(``sdpa`` unless the model says otherwise). :data:`FLASH_ATTN` / :data:`SDPA_FLASH` label which one a prediction
+rests on.
+
+The stand-in takes what flash-attn takes: key/value heads fewer than the query's (multi-query or grouped-query
+attention: Falcon-7B's one key head for 71 query heads) reach flash-attn unexpanded (``flash_attn_func`` takes
+``nheads_k`` dividing ``nheads``), so a call that broadcasts them is run with ``enable_gqa`` (SDPA's flash backend
+refuses broadcast heads without it: ``check_batch_size_and_num_heads_dense`` in ``sdp_utils_cpp.h``).
 """
 
 from __future__ import annotations
@@ -13,14 +20,18 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 from collections.abc import Iterator
+from typing import Any
+
+from autofit.trace.sdpa import SDPA_ARGUMENTS, broadcasts_heads
 
 FLASH_ATTN = "flash-attn"
 SDPA_FLASH = "sdpa flash backend"
 
 
-def flash_trace_plan(flash_attn_installed: bool) -> list[tuple[str, str]]:
-    """``(kernel given to build_model, label)`` to try in order when tracing ``flash``."""
-    fallback = [("sdpa", SDPA_FLASH)]
+def flash_trace_plan(flash_attn_installed: bool, stand_in: str = "sdpa") -> list[tuple[str, str]]:
+    """``(kernel given to build_model, label)`` to try in order when tracing ``flash``; ``stand_in``: the kernel the
+    model is built with where SDPA's flash backend stands in (:attr:`autofit.workload.types.Workload.flash_stand_in`)."""
+    fallback = [(stand_in, SDPA_FLASH)]
     return [("flash", FLASH_ATTN), *fallback] if flash_attn_installed else fallback
 
 
@@ -33,11 +44,26 @@ def flash_attn_installed() -> bool:
 
 @contextlib.contextmanager
 def kernel_context(label: str) -> Iterator[None]:
-    """SDPA restricted to its flash backend for :data:`SDPA_FLASH`; nothing otherwise."""
+    """SDPA restricted to its flash backend, its calls taken as flash-attn takes them, for :data:`SDPA_FLASH`;
+    nothing otherwise."""
     if label != SDPA_FLASH:
         yield
         return
+    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        yield
+    functional = torch.nn.functional
+    sdpa = functional.scaled_dot_product_attention
+
+    def as_flash_attn(*args: Any, **kwargs: Any) -> Any:
+        bound = dict(zip(SDPA_ARGUMENTS, args, strict=False)) | kwargs
+        if broadcasts_heads(bound["query"], bound["key"], bool(bound.get("enable_gqa", False))):
+            return sdpa(**(bound | {"enable_gqa": True}))
+        return sdpa(*args, **kwargs)
+
+    functional.scaled_dot_product_attention = as_flash_attn
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            yield
+    finally:
+        functional.scaled_dot_product_attention = sdpa

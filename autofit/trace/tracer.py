@@ -277,7 +277,7 @@ class _Tracer:
 
     def _flash_points(self, dtype_name: str, ckpt: tuple[float, str], micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
         """flash-attn's own functions where installed and they trace; SDPA's flash backend otherwise."""
-        plan = flash_trace_plan(flash_attn_installed())
+        plan = flash_trace_plan(flash_attn_installed(), self.workload.flash_stand_in)
         if self.attention_traces.get("flash") == SDPA_FLASH:
             plan = plan[-1:]
         for kernel, label in plan[:-1]:

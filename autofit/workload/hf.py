@@ -39,6 +39,7 @@ from autofit.workload.hf_tasks import (
     TOKEN_TASKS,
     batch_maker,
     check_task,
+    flash_stand_in,
     kernels_of,
     layers_of,
     model_builder,
@@ -189,6 +190,7 @@ def hf_workload(name_or_path: str, *, seq_len: int | None, target_len: int | Non
         sequence=sequence_shape(config, lengths[0]) if task == "causal-lm" else None,
         attention_kernels=kernels,
         kernel_note=note,
+        flash_stand_in=flash_stand_in(kernels),
     )
 
 

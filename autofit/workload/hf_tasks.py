@@ -36,6 +36,11 @@ TASKS: dict[str, tuple[str, str, str]] = {
 }
 #: autofit's attention kernels -> transformers' ``attn_implementation`` (``modeling_utils.py``)
 ATTN_IMPLEMENTATION = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
+#: the ``attention`` value that builds a model with transformers' own SDPA function registered under this name
+#: (:func:`attn_implementation`), past a class flag that refuses ``sdpa``: what the trace stands in for flash-attn
+#: with (:attr:`autofit.workload.types.Workload.flash_stand_in`) where a class takes flash but not SDPA. Gemma-2's
+#: flag guards its logit soft-capping, which flash-attn computes inside its kernel: what attention holds is the same
+SDPA_STAND_IN = "autofit_stand_in"  # transformers reads "sdpa", "flash" and "flex" in a name as those kernels
 #: tasks whose samples are token sequences of ``--seq-len`` (tokens/s); the others count samples
 TOKEN_TASKS = ("causal-lm", "seq2seq", "masked-lm", "classification")
 #: tasks that take ``--seq-len`` (a contrastive model's text, a speech model's decoder)
@@ -211,13 +216,39 @@ def model_builder(config: Any, task: str, attention: str | None, trust_remote_co
 
         kwargs: dict[str, Any] = {"dtype": torch.float32, "trust_remote_code": trust_remote_code}
         if attention is not None:
-            if attention not in ATTN_IMPLEMENTATION:
-                raise AutofitError(f"attention must be one of {', '.join(ATTN_IMPLEMENTATION)}, but got {attention=}")
-            kwargs["attn_implementation"] = ATTN_IMPLEMENTATION[attention]
+            kwargs["attn_implementation"] = attn_implementation(attention)
         # a copy: from_config writes the dtype and the kernel into the config it is given
         return auto_class.from_config(copy.deepcopy(config), **kwargs)
 
     return build
+
+
+def attn_implementation(attention: str) -> str:
+    """transformers' ``attn_implementation`` for autofit's kernel ``attention`` (:data:`ATTN_IMPLEMENTATION`), or
+    :data:`SDPA_STAND_IN`, registered with transformers' ``AttentionInterface`` (and no mask function: transformers
+    then makes no mask, and SDPA runs causal, as flash-attn does) on first use."""
+    if attention == SDPA_STAND_IN:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(SDPA_STAND_IN, _sdpa_as_flash_attn)
+        return SDPA_STAND_IN
+    if attention not in ATTN_IMPLEMENTATION:
+        raise AutofitError(f"attention must be one of {', '.join(ATTN_IMPLEMENTATION)}, but got {attention=}")
+    return ATTN_IMPLEMENTATION[attention]
+
+
+def _sdpa_as_flash_attn(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+    """transformers' SDPA attention function without the logit soft-capping it refuses (``softcap``), which flash-attn
+    applies inside its kernel to scores it never holds: the same tensors saved either way."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    kwargs.pop("softcap", None)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def flash_stand_in(kernels: tuple[str, ...] | None) -> str:
+    """:attr:`autofit.workload.types.Workload.flash_stand_in` of a class that takes ``kernels`` (None: all)."""
+    return SDPA_STAND_IN if kernels and "flash" in kernels and "sdpa" not in kernels else "sdpa"
 
 
 def batch_maker(config: Any, task: str, lengths: tuple[int, ...]) -> Callable[[int], dict[str, Any]]:

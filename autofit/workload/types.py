@@ -52,6 +52,11 @@ class Workload:
     kernel_note: str | None = None
     """Why :attr:`attention_kernels` is narrower than every kernel, in a sentence the report and the estimate JSON
     repeat; None where nothing was narrowed."""
+    flash_stand_in: str = "sdpa"
+    """The ``attention`` value ``model(attention=...)`` is built with when the trace stands SDPA's flash backend in for
+    ``flash`` (flash-attn not installed where the plan is made: :mod:`autofit.trace.attention`); never trained. An
+    ``hf:`` model that takes flash but refuses SDPA names transformers' own SDPA function registered under autofit's
+    name (:data:`autofit.workload.hf_tasks.SDPA_STAND_IN`)."""
 
     def __post_init__(self) -> None:
         if not callable(self.model):

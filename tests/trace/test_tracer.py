@@ -167,6 +167,7 @@ def test_flash_is_traced_through_sdpas_flash_backend_and_labelled_so() -> None:
 
     assert flash_trace_plan(True) == [("flash", FLASH_ATTN), ("sdpa", SDPA_FLASH)]
     assert flash_trace_plan(False) == [("sdpa", SDPA_FLASH)]
+    assert flash_trace_plan(False, "stand-in") == [("stand-in", SDPA_FLASH)]
     if flash_attn_installed():
         pytest.skip("flash-attn is installed: flash traces through it")
     facts = trace_workload(load_workload(f"{EXAMPLES / 'gpt.py'}:workload"), precisions=("bf16",),

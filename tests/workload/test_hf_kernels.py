@@ -58,6 +58,32 @@ def test_a_model_without_sdpa_plans_with_the_kernels_it_takes(tmp_path: Path) ->
     _one_line(info, "--set attention=sdpa cannot run", "eager, flash")
 
 
+@pytest.mark.parametrize("family", ["gemma2", "falcon"])
+def test_flash_is_planned_by_default_where_sdpa_cannot_stand_in_as_it_is(tmp_path: Path, family: str) -> None:
+    """Without flash-attn here, flash is traced through SDPA's flash backend: Gemma-2 refuses SDPA (its soft-capping
+    flag), so transformers' SDPA function stands in under autofit's name; Falcon's multi-query attention hands SDPA
+    one key head for all the query heads, which the flash backend takes as grouped-query attention, as flash-attn
+    does. Both plan their default kernels, flash priced below eager (no S x S scores saved)."""
+    from transformers import FalconConfig, Gemma2Config
+
+    from autofit.trace.attention import SDPA_FLASH, flash_attn_installed
+
+    if flash_attn_installed():
+        pytest.skip("flash-attn is installed: flash traces through it")
+    config = (Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, architectures=["Gemma2ForCausalLM"])
+              if family == "gemma2" else
+              FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
+                           new_decoder_architecture=False, alibi=False, architectures=["FalconForCausalLM"]))
+    folder = _folder(tmp_path, config, family)
+    workload = hf_workload(folder, seq_len=64)
+    result = estimate(_plan(folder, workload, ["eager", "sdpa", "flash"]))
+    assert {c.config.attention for c in result.candidates} == set(workload.kernels) >= {"eager", "flash"}
+    assert result.facts.attention_traces["flash"] == SDPA_FLASH
+    traced = {k: result.facts.profile("bf16", k, False).points[-1].activation_bytes for k in ("eager", "flash")}
+    assert traced["flash"] < traced["eager"]
+
+
 def test_a_model_without_attention_plans_without_an_attention_key(tmp_path: Path) -> None:
     from transformers import MambaConfig
 
