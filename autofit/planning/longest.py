@@ -36,6 +36,7 @@ from autofit.cost_model.facts import PeakPoint
 from autofit.planning.plan import Plan
 from autofit.planning.target import Target, prepare
 from autofit.workload.hf import HfEntry, load_config
+from autofit.workload.hf_positions import past_positions_note, positions_are_a_table
 
 #: the longer of the two traced lengths where the config allows it
 TRACE_LENGTH = 4096
@@ -89,7 +90,8 @@ class Longest:
     traced_lengths: tuple[int, int]
     """The two lengths the model was traced at."""
     max_position_embeddings: int | None
-    """The config's own limit (the answer may pass it: positions are the rope scaling's question, not memory's)."""
+    """The config's own limit: the answer passes it where positions are computed (rotary, ALiBi: the rope scaling's
+    question, not memory's), never where they are a table (:mod:`autofit.workload.hf_positions`)."""
     int32_tokens: int | None = None
     """Tokens a rank past which its hidden states ``[1, s / sp, h]`` have more than 2^31 elements
     (:data:`INT32_ELEMENTS`), None where the hidden size is unknown."""
@@ -98,6 +100,14 @@ class Longest:
     def tokens_per_rank(self) -> int:
         """The answer's tokens on one rank (``seq_len / sp``)."""
         return self.seq_len // (self.config.sequence_parallel if self.config else 1)
+
+    @property
+    def position_note(self) -> str | None:
+        """What is said of an answer past the config's ``max_position_embeddings``, in the words a ``--seq-len N``
+        past it is planned with (:func:`autofit.workload.hf_positions.past_positions_note`); None within it."""
+        limit = self.max_position_embeddings
+        return past_positions_note(self.seq_len, "max_position_embeddings", limit) if limit and self.seq_len > limit \
+            else None
 
     @property
     def past_int32(self) -> bool:
@@ -112,7 +122,7 @@ class Longest:
                 "ladder": [{"rung": r.name, "seq_len": r.seq_len,
                             "config": r.config.label() if r.config else None} for r in self.rungs],
                 "traced_lengths": list(self.traced_lengths),
-                "max_position_embeddings": self.max_position_embeddings,
+                "max_position_embeddings": self.max_position_embeddings, "position_note": self.position_note,
                 "int32_tokens_per_rank": self.int32_tokens, "past_int32": self.past_int32}
 
     def text(self) -> str:
@@ -127,8 +137,8 @@ class Longest:
         lines += [f"    {r.name:<28} {r.seq_len:>12,}  {r.config.label() if r.config else '-'}" for r in self.rungs]
         lines.append(f"  (traced at {self.traced_lengths[0]} and {self.traced_lengths[1]} tokens, extrapolated: "
                      "memory linear in the length, FLOPs a s + c s^2)")
-        if self.max_position_embeddings and self.seq_len > self.max_position_embeddings:
-            lines.append(f"  note: past the config's max_position_embeddings={self.max_position_embeddings}")
+        if self.position_note:
+            lines.append(f"  note: {self.position_note}")
         if self.past_int32:
             lines.append(f"  note: {self.tokens_per_rank:,} tokens a rank make hidden states of more than 2^31 elements "
                          f"(past {self.int32_tokens:,}): kernels that index in int32 (Triton's, as Liger's RMSNorm and "
@@ -141,7 +151,7 @@ def longest_sequence(target: Target) -> Longest:
     """The answer of ``--seq-len max`` for ``target`` (module docstring)."""
     if target.entry is None or not target.entry.startswith("hf:"):
         raise AutofitError("--seq-len max needs an hf: causal LM entry (the length is what it is asked about)")
-    cap = _max_positions(target)
+    cap, table = _max_positions(target)
     s2 = min(TRACE_LENGTH, cap) if cap else TRACE_LENGTH
     s1 = s2 // 2
     fixed_micro = () if any(v.startswith("micro_batch_size=") for v in target.set_values) else ("micro_batch_size=1",)
@@ -152,7 +162,7 @@ def longest_sequence(target: Target) -> Longest:
         raise AutofitError(f"--seq-len max needs a causal LM; {plan.name} states no sequence")
     rungs: list[LongestRung] = []
     for name, keys in RUNGS:  # a technique the rules refuse here keeps the rung before (no shorter multiple of sp)
-        rung = _rung(plan, plans[0].facts, name, keys)
+        rung = _rung(plan, plans[0].facts, name, keys, ceiling=cap if table else None)
         rungs.append(rung if not rungs or rung.seq_len >= rungs[-1].seq_len else replace(rungs[-1], name=name))
     best = rungs[-1]
     prediction = None
@@ -165,17 +175,20 @@ def longest_sequence(target: Target) -> Longest:
                    int32_tokens=INT32_ELEMENTS // plan.facts.hidden_size if plan.facts.hidden_size else None)
 
 
-def _max_positions(target: Target) -> int | None:
+def _max_positions(target: Target) -> tuple[int | None, bool]:
+    """The config's ``max_position_embeddings`` (None: none), and whether its positions are a table no longer
+    sequence can run past (:func:`autofit.workload.hf_positions.positions_are_a_table`): the answer stops there,
+    as ``--seq-len N`` past it is refused."""
     parsed = HfEntry.parse(target.entry or "")
     config = load_config(parsed.source, trust_remote_code=target.trust_remote_code)
     limit = getattr(config.get_text_config(), "max_position_embeddings", None)
-    return limit if isinstance(limit, int) else None
+    return (limit, positions_are_a_table(config)) if isinstance(limit, int) and limit > 0 else (None, False)
 
 
-def _rung(plan: Plan, short: ModelFacts, name: str, keys: tuple[str, ...]) -> LongestRung:
+def _rung(plan: Plan, short: ModelFacts, name: str, keys: tuple[str, ...], ceiling: int | None) -> LongestRung:
     space = lean_space(plan, keys)
     unit = math.lcm(*space.values["sequence_parallel"])
-    fits = _fitting(plan, short, space)
+    fits = _fitting(plan, short, space, ceiling)
     n, config = _bisect(fits, unit)
     return LongestRung(name=name, seq_len=n * unit, config=config)
 
@@ -201,9 +214,12 @@ def _bisect(fits: Any, unit: int) -> tuple[int, Config | None]:
     return lo, lo_config
 
 
-def _fitting(plan: Plan, short: ModelFacts, space: SearchSpace) -> Any:
-    """``fits(s)``: the fastest config of ``space`` predicted to fit at length ``s``, or None."""
+def _fitting(plan: Plan, short: ModelFacts, space: SearchSpace, ceiling: int | None) -> Any:
+    """``fits(s)``: the fastest config of ``space`` predicted to fit at length ``s``, or None (also past ``ceiling``,
+    a table of positions' last row)."""
     def fits(seq_len: int) -> Config | None:
+        if ceiling is not None and seq_len > ceiling:
+            return None
         facts = facts_at_length(short, plan.facts, seq_len)
         sequence = _sequence_of(plan, seq_len)
         try:

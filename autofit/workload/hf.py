@@ -33,8 +33,10 @@ from urllib.parse import parse_qsl, quote
 
 from autofit.core.errors import AutofitError
 from autofit.core.sequence import SequenceShape
+from autofit.workload.hf_positions import TextLengths, text_lengths
 from autofit.workload.hf_tasks import (
     ATTN_IMPLEMENTATION,
+    SEQ_LEN_TASKS,
     TASKS,
     TOKEN_TASKS,
     batch_maker,
@@ -58,8 +60,9 @@ class HfOptions:
     """How an ``hf:`` model is trained: what the model's config does not say."""
 
     seq_len: int | None = None
-    """Tokens per sample (the encoder's for seq2seq); required for text tasks, unused for vision, where the
-    config's ``image_size`` and ``patch_size`` set the sequence."""
+    """Tokens per sample (the encoder's for seq2seq); required for causal-lm, seq2seq, masked-lm and classification,
+    the config's limit by default for contrastive and speech-seq2seq (:mod:`autofit.workload.hf_positions`), unused
+    for vision, where the config's ``image_size`` and ``patch_size`` set the sequence."""
     target_len: int | None = None
     """seq2seq only: the decoder's tokens per sample (the labels' length); None: ``seq_len``."""
     task: str | None = None
@@ -162,6 +165,19 @@ def load_hf_entry(entry: str) -> Workload:
         raise
     except Exception as exc:  # transformers' own, on a config it reads but cannot use
         raise AutofitError(f"entry {entry!r} raised {type(exc).__name__}: {_first_line(exc)}") from exc
+
+
+def entry_lengths(entry: str) -> TextLengths | None:
+    """The lengths an ``hf:`` entry's text is planned at, with what the plan says of them (the config's default, a
+    length past its limit: :func:`autofit.workload.hf_positions.text_lengths`), read from its config alone (nothing
+    is built, so a plan the trace cache answers says the same); None for another entry or a vision task."""
+    if not is_hf_entry(entry):
+        return None
+    parsed = HfEntry.parse(entry)
+    o = parsed.options
+    config = load_config(parsed.source, trust_remote_code=o.trust_remote_code)
+    task = o.task or task_from_config(config, parsed.source)
+    return text_lengths(config, task, o.seq_len, o.target_len, parsed.source) if task in SEQ_LEN_TASKS else None
 
 
 def hf_workload(name_or_path: str, *, seq_len: int | None, target_len: int | None = None, task: str | None = None,

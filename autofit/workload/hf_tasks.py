@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autofit.core.errors import AutofitError
+from autofit.workload.hf_positions import text_lengths
 from autofit.workload.types import ATTENTION_KERNELS, find_attention_modules, longest_module_list
 
 #: the training tasks an ``hf:`` entry builds: task -> (transformers Auto class, its ``*_MAPPING_NAMES`` in
@@ -153,23 +154,15 @@ def sequence_lengths(config: Any, task: str, seq_len: int | None, target_len: in
                      name_or_path: str) -> tuple[int, ...]:
     """Tokens per sample of each stack: ``(seq_len,)``, ``(seq_len, target_len)`` for seq2seq; () for vision, an
     image workload (throughput in images/s, ``Workload.tokens_per_sample`` None). A contrastive model's ``seq_len``
-    is its text's, a speech model's its decoder's (the encoder's input is set by the config)."""
+    is its text's, a speech model's its decoder's (the encoder's input is set by the config); their default is the
+    config's limit, and a length past the limit is planned or refused by how the model keeps positions
+    (:func:`autofit.workload.hf_positions.text_lengths`)."""
     if task not in SEQ_LEN_TASKS:
         if seq_len is not None:
             raise AutofitError(f"hf:{name_or_path} ({task}) takes its input size from the config's image_size, "
                                f"but got seq_len={seq_len}")
         return ()
-    if seq_len is None:
-        raise AutofitError(f"hf:{name_or_path} ({task}) needs a sequence length: pass --seq-len (seq_len=N)")
-    text = config.get_text_config()
-    limit_name = "max_target_positions" if task == "speech-seq2seq" else "max_position_embeddings"
-    limit = getattr(text, limit_name, None)
-    longest = max(seq_len, target_len or 0)
-    if isinstance(limit, int) and longest > limit:
-        raise AutofitError(f"hf:{name_or_path}: seq_len={longest} is past the config's {limit_name}={limit}")
-    if task == "seq2seq":
-        return seq_len, target_len or seq_len
-    return (seq_len,)
+    return text_lengths(config, task, seq_len, target_len, name_or_path).lengths
 
 
 def attention_blocks(model: Any) -> list[Any]:

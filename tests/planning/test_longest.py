@@ -10,6 +10,8 @@ import pytest
 from autofit.core.errors import AutofitError
 from autofit.planning.longest import longest_sequence
 from autofit.planning.target import Target, prepare
+from autofit.workload.entry import load_workload
+from autofit.workload.hf import entry_lengths
 
 LLAMA = "hf:" + str(Path(__file__).resolve().parents[2] / "examples" / "hf_configs" / "llama_gqa")
 
@@ -25,6 +27,25 @@ def test_the_longest_sequence_on_two_cpu_ranks() -> None:
     assert answer.seq_len % answer.config.sequence_parallel == 0
     assert "the longest sequence that fits" in answer.text()
     assert answer.to_dict()["ladder"][0]["rung"] == "no long-context technique"
+    # past the config's 128 rotary positions: --seq-len N plans the answer, and both say so in the same words
+    entry = f"{LLAMA}?seq_len={answer.seq_len}"
+    assert answer.seq_len > 128 and load_workload(entry).tokens_per_sample == answer.seq_len
+    planned = entry_lengths(entry)
+    assert planned is not None and planned.warnings == (answer.position_note,)
+    assert f"note: {answer.position_note}" in answer.text() and answer.to_dict()["position_note"] == answer.position_note
+
+
+@pytest.mark.slow
+def test_the_longest_sequence_stops_at_a_table_of_positions(tmp_path: Path) -> None:
+    """GPT-2's learned positions (64 here): memory allows far more, the model cannot run a token past its table."""
+    from transformers import GPT2Config
+
+    GPT2Config(vocab_size=64, n_embd=16, n_layer=2, n_head=2, n_positions=64,
+               architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path / "gpt2")
+    answer = longest_sequence(Target(entry=f"hf:{tmp_path / 'gpt2'}", hardware="cpu", memory="1GiB", gpus=1,
+                                     global_batch=1, space="cpu", seq_len="max"))
+    assert answer.seq_len == 64 and answer.position_note is None
+    assert all(rung.seq_len == 64 for rung in answer.rungs)
 
 
 def test_seq_len_max_is_estimates_question() -> None:

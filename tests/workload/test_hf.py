@@ -176,13 +176,14 @@ def test_the_blocks_are_the_lists_holding_attention_not_a_longer_list_of_experts
     assert attention_blocks(plain) == list(plain[0])  # no attention anywhere: the longest list
 
 
-def test_a_text_task_needs_a_sequence_length_within_the_configs_and_vision_takes_none() -> None:
+def test_a_text_task_needs_a_sequence_length_within_a_table_of_positions_and_vision_takes_none() -> None:
     with pytest.raises(AutofitError) as exc:
         load_workload(f"hf:{CONFIGS / 'llama_gqa'}")
     _one_line(exc, "--seq-len")
-    with pytest.raises(AutofitError) as exc:
-        load_workload(f"hf:{CONFIGS / 'llama_gqa'}?seq_len=4096")
+    with pytest.raises(AutofitError) as exc:  # BERT's learned positions: 128 rows
+        load_workload(f"hf:{CONFIGS / 'bert'}?seq_len=4096")
     _one_line(exc, "seq_len=4096", "max_position_embeddings=128")
+    assert load_workload(f"hf:{CONFIGS / 'llama_gqa'}?seq_len=4096").tokens_per_sample == 4096  # rotary: planned
     with pytest.raises(AutofitError) as exc:
         load_workload(f"hf:{CONFIGS / 'vit'}?seq_len=128")
     _one_line(exc, "image_size")
