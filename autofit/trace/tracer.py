@@ -32,6 +32,9 @@ TRACE_MICRO_BATCHES = (1, 4)
 REAL_TRACE_LIMIT_BYTES = 2 * 2**30
 #: alike repeated layers from which a model is traced cut to a few of them (:mod:`autofit.trace.scaling`)
 SCALE_MIN_LAYERS = 12
+#: tokens of the timed step that tells whether a model whose trace loops over its tokens can be traced in time
+#: (:func:`check_scan_time`)
+PROBE_LENGTH = 32
 
 
 @guards_user_code("tracing the workload")
@@ -74,10 +77,39 @@ def trace_workload(
                "micro_batches": micro_batches, "sdpa_dispatch": sdpa_dispatch}
     if sdpa_dispatch not in DISPATCHES:
         raise AutofitError(f"sdpa_dispatch must be one of {', '.join(DISPATCHES)}, but got {sdpa_dispatch!r}")
-    facts = cached_trace(workload, model, request, lambda: _trace_workload(
+    facts = cached_trace(workload, model, request, lambda: _traced_at_length(
         workload, _structure(workload, optimizers, model), precisions, attentions, checkpoint_ratios,
         checkpoint_granularities, micro_batches, sdpa_dispatch))
     return replace(facts, trace_seconds=time.perf_counter() - started)
+
+
+def _traced_at_length(workload: Workload, structure: dict[str, Any], *request: Any) -> ModelFacts:
+    """:func:`_trace_workload`, once a workload whose trace loops over its tokens (:attr:`Workload.at_length`) is
+    judged able to step through its length in time (:func:`check_scan_time`)."""
+    check_scan_time(workload, structure)
+    return _trace_workload(workload, structure, *request)
+
+
+def check_scan_time(workload: Workload, structure: dict[str, Any]) -> None:
+    """For a workload whose trace loops over its tokens (:attr:`Workload.at_length`): one step of one sample at
+    :data:`PROBE_LENGTH` tokens, timed, and its time carried to the workload's length in proportion (a loop of the same
+    operations a token; the layers as the trace will run them: :data:`SCALE_MIN_LAYERS`); past the trace step's limit
+    (:func:`autofit.trace.step.trace_step_limit_s`) one error line now, not after the limit has run out at each step."""
+    seq_len = workload.tokens_per_sample
+    if workload.at_length is None or not seq_len or seq_len <= PROBE_LENGTH:
+        return
+    short = workload.at_length(PROBE_LENGTH)
+    scaled = structure["layers_alike"] and structure["n_layers"] >= SCALE_MIN_LAYERS
+    layers = max(CUT_LAYERS["block"]) if scaled else structure["n_layers"]
+    started = time.perf_counter()
+    step.trace_step(cut_workload(short, layers) if scaled else short, 1, "fp32", "sdpa", (0.0, "block"), "fake")
+    projected = (time.perf_counter() - started) * seq_len / PROBE_LENGTH
+    if projected > step.trace_step_limit_s():
+        raise AutofitError(
+            f"tracing {workload.name} at {seq_len:,} tokens would take about {projected / 60:.0f} min a step (one at "
+            f"{PROBE_LENGTH} tokens took {projected * PROBE_LENGTH / seq_len:.1f} s; its reference code loops over "
+            f"the tokens) past the {step.trace_step_limit_s():g} s a trace step may take ({step.TRACE_STEP_ENV}): "
+            "install its fused kernels, plan a shorter --seq-len, or raise the limit")
 
 
 def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: tuple[str, ...],

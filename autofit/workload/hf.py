@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -207,7 +208,19 @@ def hf_workload(name_or_path: str, *, seq_len: int | None, target_len: int | Non
         attention_kernels=kernels,
         kernel_note=note,
         flash_stand_in=flash_stand_in(kernels),
+        at_length=_at_length(name_or_path, options, task) if kernels == () and task == "causal-lm" else None,
     )
+
+
+def _at_length(name_or_path: str, options: HfOptions, task: str) -> Callable[[int], Workload]:
+    """:attr:`Workload.at_length` of a causal LM without attention (a state-space model, whose reference scan,
+    without its fused kernels, loops over the tokens)."""
+
+    def at(seq_len: int) -> Workload:
+        return hf_workload(name_or_path, seq_len=seq_len, task=task, attention=options.attention,
+                           trust_remote_code=options.trust_remote_code)
+
+    return at
 
 
 def sequence_shape(config: Any, seq_len: int) -> SequenceShape | None:

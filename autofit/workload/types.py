@@ -52,6 +52,11 @@ class Workload:
     kernel_note: str | None = None
     """Why :attr:`attention_kernels` is narrower than every kernel, in a sentence the report and the estimate JSON
     repeat; None where nothing was narrowed."""
+    at_length: Callable[[int], Workload] | None = None
+    """``(seq_len) -> the same workload at another sequence length``, for a model whose trace loops over its tokens (a
+    state-space model's reference scan, without its fused kernels): a step at a short length is timed first, and a
+    length whose steps would run past the trace's limit is one error line at once
+    (:func:`autofit.trace.tracer.check_scan_time`). None: nothing is timed first."""
     flash_stand_in: str = "sdpa"
     """The ``attention`` value ``model(attention=...)`` is built with when the trace stands SDPA's flash backend in for
     ``flash`` (flash-attn not installed where the plan is made: :mod:`autofit.trace.attention`); never trained. An
@@ -67,6 +72,8 @@ class Workload:
             raise AutofitError(f"Workload.loss must be callable or None, but got {self.loss!r}")
         if self.layers is not None and not callable(self.layers):
             raise AutofitError(f"Workload.layers must be callable or None, but got {self.layers!r}")
+        if self.at_length is not None and not callable(self.at_length):
+            raise AutofitError(f"Workload.at_length must be callable or None, but got {self.at_length!r}")
         if self.attention_modules is not None and not callable(self.attention_modules):
             raise AutofitError(f"Workload.attention_modules must be callable or None, but got {self.attention_modules!r}")
         if self.sequence is not None and not isinstance(self.sequence, SequenceShape):

@@ -164,3 +164,29 @@ def test_a_model_without_attention_trains_from_a_json_that_names_no_kernel(tmp_p
     loss = workload.compute_loss(model, workload.batch(2))
     loss.backward()
     assert torch.isfinite(loss)
+
+
+def _tiny_mamba(tmp_path: Path) -> str:
+    from transformers import MambaConfig
+
+    config = MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+                         architectures=["MambaForCausalLM"])
+    return _folder(tmp_path, config, "mamba")
+
+
+@pytest.mark.slow
+def test_a_slow_scan_model_is_refused_in_seconds_not_after_each_steps_limit(tmp_path: Path) -> None:
+    """Mamba's reference scan loops over the tokens: at 100,000 of them a trace step would run for hours. With each
+    step allowed an hour, the plan is still one line within two minutes (a step at a short length, timed and carried
+    to the length), and a length it can step through plans."""
+    from hostile_helpers import autofit as run_autofit
+    from hostile_helpers import env as test_env
+
+    folder = _tiny_mamba(tmp_path)
+    args = ("estimate", f"hf:{folder}", "--hardware", "cpu", "--memory", "2GiB", "--global-batch", "2", "--no-cache")
+    env = test_env() | {"AUTOFIT_TRACE_STEP_S": "3600"}
+    refused = run_autofit(*args, "--seq-len", "100000", cwd=tmp_path, timeout=120, environ=env)
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("autofit: error")]
+    assert refused.returncode == 1 and len(lines) == 1 and "loops over the tokens" in lines[0], refused.stderr[-600:]
+    planned = run_autofit(*args, "--seq-len", "48", "--json", cwd=tmp_path, timeout=300, environ=env)
+    assert planned.returncode == 0 and json.loads(planned.stdout)["candidates"], planned.stderr[-600:]
