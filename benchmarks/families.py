@@ -3,6 +3,9 @@
 Each family's published ``config.json`` is in ``benchmarks/models/families/<name>/`` (transcribed from the Hugging Face
 model page in :data:`FAMILIES`). For each:
 
+- **The plain command first**: ``autofit estimate hf:FOLDER`` on 8 H100-80GB at ``--seq-len 2048``, global batch 64,
+  nothing fixed (the default space, attention kernel and length handling a new user meets), traced cold: planned or
+  refused in one line, its wall time against :data:`PLAIN_GOAL_S`.
 - **Full size**: ``autofit estimate`` on 8 H100-80GB at ``--seq-len 2048``, global batch 64, one layout fixed
   (bf16 AdamW, ZeRO-3, micro-batch 1, every layer checkpointed) and the attention kernel left to the plan: the
   parameter count against the published one, the wall time and the kernel chosen (the fastest that fits among
@@ -14,9 +17,9 @@ model page in :data:`FAMILIES`). For each:
   probe mapped every allocation of a page or more, a model whose activations came from glibc's heap, the Mamba
   copy, moved by 12 MiB from process to process; docs/results/families.md).
 
-Usage: ``python benchmarks/families.py [--only NAME,...] [--workers 2] [--repeats 3] [--probes-only]``; writes
-``benchmarks/results/families.json`` and ``families.md``. ``--probes-only`` probes the small copies again and keeps
-each family's full-size plan as the last results file has it.
+Usage: ``python benchmarks/families.py [--only NAME,...] [--workers 2] [--repeats 3] [--probes-only | --plans-only]``;
+writes ``benchmarks/results/families.json`` and ``families.md``. ``--probes-only`` probes the small copies again and
+keeps each family's plans as the last results file has them; ``--plans-only`` plans again and keeps the probes.
 """
 
 from __future__ import annotations
@@ -38,12 +41,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "benchmarks" / "models" / "families"
 RESULTS = ROOT / "benchmarks" / "results"
 HF = "https://huggingface.co"
-#: the full-size plan: one layout, the kernel left to the plan, traced cold (the wall time is a first plan's)
-FULL = ("--hardware", "h100-80gb", "--gpus", "8", "--seq-len", "2048", "--global-batch", "64",
-        "--set", "micro_batch_size=1", "--set", "zero_stage=3", "--set", "checkpoint_ratio=1.0",
+#: the plain command a user types first: nothing fixed, traced cold (the wall time is a first plan's)
+PLAIN = ("--hardware", "h100-80gb", "--gpus", "8", "--seq-len", "2048", "--global-batch", "64", "--no-cache")
+#: the plain command's goal on the 2-core machine, cold (issue 52)
+PLAIN_GOAL_S = 60.0
+#: the full-size plan: one layout, the kernel left to the plan, traced cold
+FULL = (*PLAIN, "--set", "micro_batch_size=1", "--set", "zero_stage=3", "--set", "checkpoint_ratio=1.0",
         "--set", "precision=bf16", "--set", "compile=off", "--set", "offload_optimizer=none",
         "--set", "offload_params=none", "--set", "overlap_comm=true", "--set", "bucket_scale=1",
-        "--set", "contiguous_gradients=true", "--set", "checkpoint_granularity=block", "--no-cache")
+        "--set", "contiguous_gradients=true", "--set", "checkpoint_granularity=block")
 #: the small copies' probes: one CPU rank, fp32 AdamW, 512 tokens, micro-batch 2
 PROBE = ("--hardware", "cpu", "--seq-len", "512", "--global-batch", "2", "--set", "micro_batch_size=2",
          "--set", "compile=off", "--set", "offload_optimizer=none", "--set", "offload_params=none", "--steps", "2")
@@ -121,19 +127,40 @@ def parameters(folder: Path) -> int:
 
 
 def full_size(family: Family) -> dict[str, Any]:
-    """The full-size plan of ``family``: parameters, wall time, the kernel chosen (or the one line that refused)."""
+    """The full-size plans of ``family``: the plain command's (:func:`plain_plan`), then the fixed layout's:
+    parameters, wall time, the kernel chosen (or the one line that refused)."""
     folder = MODELS / family.name
+    plain = plain_plan(folder)
     out, line, seconds = autofit("estimate", f"hf:{folder}", *FULL, env={"AUTOFIT_TRACE_STEP_S": SLOW_STEP_S})
     row: dict[str, Any] = {"params": parameters(folder), "published_params": family.published_params,
-                           "source": f"{HF}/{family.repo}/blob/main/config.json", "plan_s": round(seconds, 1)}
+                           "source": f"{HF}/{family.repo}/blob/main/config.json", "plain": plain,
+                           "plan_s": round(seconds, 1)}
     if out is None:
         return row | {"refused": line}
-    fitting = [c for c in out["candidates"] if c["fits"]]
-    best = fitting[0] if fitting else out["candidates"][0]
+    best = _best(out)
     return row | {"kernel": best["config"].get("attention", "none (no attention)"),
                   "kernels": out["attention"]["kernels"], "kernel_note": out["attention"]["note"],
                   "peak_gib": round(best["predicted"]["peak_bytes"] / 2**30, 2), "fits": best["fits"],
                   "attention_traces": out["attention_traces"]}
+
+
+def plain_plan(folder: Path) -> dict[str, Any]:
+    """``autofit estimate hf:FOLDER`` with nothing fixed (:data:`PLAIN`): its wall time and the fastest config that
+    fits, or the one line that refused it."""
+    out, line, seconds = autofit("estimate", f"hf:{folder}", *PLAIN)
+    row: dict[str, Any] = {"plan_s": round(seconds, 1), "within_goal": seconds <= PLAIN_GOAL_S}
+    if out is None:
+        return row | {"refused": line}
+    best = _best(out)
+    return row | {"config": best["config"], "fits": best["fits"], "n_fitting": sum(c["fits"] for c in out["candidates"]),
+                  "n_candidates": len(out["candidates"]), "peak_gib": round(best["predicted"]["peak_bytes"] / 2**30, 2),
+                  "tokens_per_s": best["predicted"]["tokens_per_s"], "attention_traces": out["attention_traces"]}
+
+
+def _best(out: dict[str, Any]) -> dict[str, Any]:
+    """The estimate's fastest fitting candidate (its first), else its first."""
+    fitting = [c for c in out["candidates"] if c["fits"]]
+    return fitting[0] if fitting else out["candidates"][0]
 
 
 def small_copy(family: Family, where: Path) -> Path:
@@ -181,12 +208,13 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {key: ran[(len(ran) - 1) // 2][key] for key in keys}
 
 
-def run_family(family: Family, where: Path, repeats: int, full: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``family`` planned at full size (``full``: that plan as an earlier run left it) and its small copy probed."""
-    print(f"{family.name}: {'kept its full-size plan' if full else 'planning at full size'}, probing a small copy",
-          file=sys.stderr, flush=True)
+def run_family(family: Family, where: Path, repeats: int, full: dict[str, Any] | None = None,
+               probed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``family`` planned at full size and its small copy probed (``full``, ``probed``: as an earlier run left them)."""
+    print(f"{family.name}: {'kept its full-size plans' if full else 'planning at full size'}, "
+          f"{'kept its probes' if probed else 'probing a small copy'}", file=sys.stderr, flush=True)
     return {"name": family.name, "moe": family.moe, "full": full or full_size(family),
-            "probes": probes(family, small_copy(family, where), repeats)}
+            "probes": probed or probes(family, small_copy(family, where), repeats)}
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -204,18 +232,33 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of the results page."""
-    lines = ["| family | params (published) | plan | kernel | small copy: predicted vs measured |",
-             "|---|---|---|---|---|"]
+    lines = ["| family | params (published) | plain command | fixed layout | kernel | small copy: predicted vs measured |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         full = r["full"]
         params = f"{full['params'] / 1e9:.2f} B ({full['published_params'] / 1e9:.2f} B)"
+        plain = _plain_cell(full.get("plain"))
         kernel = full.get("kernel") or f"refused: {full.get('refused', '')}"
         probed = "; ".join(
             f"ZeRO-{p['zero_stage']}{' ckpt' if p['checkpoint_ratio'] else ''} "
             + (f"{p['predicted_bytes'] / 2**20:.1f} vs {p['measured_bytes'] / 2**20:.1f} MiB ({p['error_pct']:+.1f}%"
                + _spread(p) + ")" if "error_pct" in p else f"error: {p.get('error')}") for p in r["probes"])
-        lines.append(f"| [{r['name']}]({full['source']}) | {params} | {full['plan_s']:.0f} s | {kernel} | {probed} |")
+        lines.append(f"| [{r['name']}]({full['source']}) | {params} | {plain} | {full['plan_s']:.0f} s | {kernel} "
+                     f"| {probed} |")
     return "\n".join(lines) + "\n"
+
+
+def _plain_cell(plain: dict[str, Any] | None) -> str:
+    """The plain command's cell: planned (its time, the fastest fitting config) or refused (its line)."""
+    if plain is None:
+        return "not run"
+    took = f"{plain['plan_s']:.0f} s" + ("" if plain["within_goal"] else f" (over {PLAIN_GOAL_S:.0f} s)")
+    if "refused" in plain:
+        return f"{took}, refused: {plain['refused']}"
+    config = plain["config"]
+    label = (f"mb{config['micro_batch_size']}x{config['grad_accum_steps']} z{config['zero_stage']} "
+             f"ckpt{config['checkpoint_ratio']:g} {config.get('attention', 'no attention')}")
+    return f"{took}, plans: {label}" + ("" if plain["fits"] else " (nothing fits)")
 
 
 def _spread(probe: dict[str, Any]) -> str:
@@ -238,18 +281,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=_at_least_one, default=3,
                         help="probes of each config, each a fresh process (its footprint measured again): the median "
                              "run is reported, every run kept")
-    parser.add_argument("--probes-only", action="store_true",
-                        help="probe the small copies only; keep the full-size plans of the last results file")
+    kept = parser.add_mutually_exclusive_group()
+    kept.add_argument("--probes-only", action="store_true",
+                      help="probe the small copies only; keep the full-size plans of the last results file")
+    kept.add_argument("--plans-only", action="store_true",
+                      help="plan at full size only; keep the small copies' probes of the last results file")
     args = parser.parse_args()
     chosen = [f for f in FAMILIES if not args.only or f.name in args.only.split(",")]
-    plans: dict[str, dict[str, Any]] = {}
-    if args.probes_only:
-        plans = {r["name"]: r["full"] for r in json.loads((RESULTS / "families.json").read_text())["rows"]}
+    last = {r["name"]: r for r in json.loads((RESULTS / "families.json").read_text())["rows"]} \
+        if args.probes_only or args.plans_only else {}
+    plans = {name: r["full"] for name, r in last.items()} if args.probes_only else {}
+    probed = {name: r["probes"] for name, r in last.items()} if args.plans_only else {}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as where, ThreadPoolExecutor(args.workers) as pool:
-        rows = list(pool.map(lambda f: run_family(f, Path(where), args.repeats, plans.get(f.name)), chosen))
+        rows = list(pool.map(lambda f: run_family(f, Path(where), args.repeats, plans.get(f.name), probed.get(f.name)),
+                             chosen))
     result = {"rows": rows, "summary": summary(rows), "total_s": round(time.perf_counter() - started, 1),
-              "setup": {"full": " ".join(FULL), "probe": " ".join(PROBE), "repeats": args.repeats}}
+              "setup": {"plain": " ".join(PLAIN), "full": " ".join(FULL), "probe": " ".join(PROBE), "repeats": args.repeats}}
     RESULTS.mkdir(exist_ok=True)
     if args.only and (RESULTS / "families.json").is_file():  # the others as the last full run left them
         kept = json.loads((RESULTS / "families.json").read_text())["rows"]
