@@ -150,12 +150,16 @@ def estimate(shared: Shared) -> None:
     """Cost model only: rank the space's candidates by predicted step time; no training step runs."""
     if shared.target.seq_len == "max":  # the longest sequence that fits (autofit/planning/longest.py)
         answer = longest_sequence(shared.target)
+        if answer.position_note:
+            say(f"autofit: warning: {answer.position_note}")
         if shared.as_json:
             emit_document(json.dumps(answer.to_dict(), indent=1))
         else:
             click.echo(answer.text())
         return
     result = estimate_command.estimate_target(shared.target)
+    for warning in result.model.warnings if result.model is not None else ():
+        say(f"autofit: warning: {warning}")
     if shared.as_json:
         emit_document(json.dumps(result.to_dict(), indent=1))
     else:

@@ -178,3 +178,52 @@ def test_the_hf_options_on_another_entry_and_an_hf_entry_without_its_sequence_le
     result = invoke("estimate", f"hf:{ROOT}/examples/hf_configs/llama_gqa", "--hardware", "cpu")
     assert result.exit_code == 1
     assert "needs a sequence length: pass --seq-len" in result.stderr and result.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_estimate_names_the_models_parameters_as_transformers_counts_them() -> None:
+    """The Llama-shaped example past its max_position_embeddings (128, rotary positions): planned, with the note in
+    the JSON and a warning line on stderr; the parameter count is the model transformers builds from the config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = ROOT / "examples" / "hf_configs" / "llama_gqa"
+    long_context_off = ["--set", "sequence_parallel=1", "--set", "tiled_mlp=false", "--set", "tiled_loss=false",
+                        "--set", "offload_activations=none"]
+    result = invoke("estimate", f"hf:{folder}", "--seq-len", "256", "--hardware", "h100-80gb", "--global-batch", "4",
+                    *ALL_FIXED, *long_context_off, "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    (candidate,) = document["candidates"]
+    assert candidate["fits"] is True
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    n_params = sum(p.numel() for p in model.parameters())
+    (note,) = document["model"]["notes"]
+    assert document["model"] == {"name": "llama_gqa", "n_params": n_params, "n_trainable_params": n_params,
+                                 "notes": [note]}
+    assert "seq_len=256 is past the config's max_position_embeddings=128" in note
+    assert f"autofit: warning: {note}" in result.stderr.splitlines()
+
+
+@pytest.mark.slow
+def test_clip_estimates_without_a_sequence_length_at_its_configs(tmp_path: Path) -> None:
+    """``autofit estimate hf:<CLIP> --hardware cpu --memory 2GiB --global-batch 4`` without --seq-len: the text is
+    planned at the config's max_position_embeddings, said under the model's line."""
+    from transformers import CLIPConfig
+
+    text = {"vocab_size": 64, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "hidden_size": 16,
+            "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 16}
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "image_size": 8, "patch_size": 4}
+    CLIPConfig(text_config=text, vision_config=vision, projection_dim=8,
+               architectures=["CLIPModel"]).save_pretrained(tmp_path / "clip")
+    result = invoke("estimate", f"hf:{tmp_path / 'clip'}", "--hardware", "cpu", "--memory", "2GiB", "--global-batch", "4",
+                    *ALL_FIXED)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("model: clip, ") and lines[0].endswith(" trainable)")
+    assert lines[1] == ("  note: seq_len=16: the config's max_position_embeddings, the length its text is trained at "
+                        "(contrastive); --seq-len N plans another")
+    assert "1 of 1 candidates fit" in result.stdout
+    result = invoke("estimate", f"hf:{tmp_path / 'clip'}", "--seq-len", "17", "--hardware", "cpu")
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1  # CLIP's text positions are a learned table
+    assert "seq_len=17 is past the config's max_position_embeddings=16" in result.stderr

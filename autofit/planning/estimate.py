@@ -16,6 +16,7 @@ from autofit.core.software import Software
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.ds.emit import deepspeed_config
 from autofit.planning.plan import Plan
+from autofit.workload.hf import entry_lengths
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,35 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class ModelSummary:
+    """What was planned, said first (as accelerate's ``estimate-memory`` leads with the parameter count): the model,
+    its parameters as traced (each shared tensor once, as ``sum(p.numel() for p in model.parameters())`` counts
+    them), and what the plan says of its sequence (:func:`autofit.workload.hf.entry_lengths`)."""
+
+    name: str
+    """The workload's name."""
+    n_params: int
+    """Every parameter."""
+    n_trainable_params: int
+    """Those with ``requires_grad``: what the gradients and optimizer states cover."""
+    notes: tuple[str, ...] = ()
+    """Sentences about the planned sequence: a length taken from the config, one past its position limit."""
+    warnings: tuple[str, ...] = ()
+    """The notes the command also says on stderr (a length past the position limit)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "n_params": self.n_params, "n_trainable_params": self.n_trainable_params,
+                "notes": list(self.notes)}
+
+
+def model_summary(plan: Plan) -> ModelSummary:
+    """:class:`ModelSummary` of ``plan``: its traced counts, and an ``hf:`` entry's notes from its config."""
+    lengths = entry_lengths(plan.entry)
+    return ModelSummary(name=plan.name, n_params=plan.facts.n_params, n_trainable_params=plan.facts.n_trainable_params,
+                        notes=lengths.notes if lengths else (), warnings=lengths.warnings if lengths else ())
+
+
+@dataclass(frozen=True)
 class EstimateResult:
     """Every candidate of the space, fitting ones first, each group fastest first."""
 
@@ -54,6 +84,8 @@ class EstimateResult:
     dimension, and its candidates' JSON has no ``attention`` key."""
     kernel_note: str | None = None
     """Why the kernels are fewer than every kernel, where they are."""
+    model: ModelSummary | None = None
+    """The model planned: its name, parameter count and the notes on its sequence."""
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -61,6 +93,7 @@ class EstimateResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "model": self.model.to_dict() if self.model is not None else None,
             "hardware": self.hardware.to_dict() | {"world_size": self.world_size},
             "candidates": [_without_kernel(c.to_dict()) if self.kernels == () else c.to_dict() for c in self.candidates],
             "rejected": [{"config": partial, "reason": reason} for partial, reason in self.rejected],
@@ -107,4 +140,5 @@ def estimate(plan: Plan) -> EstimateResult:
         software=plan.software,
         kernels=plan.kernels,
         kernel_note=plan.kernel_note,
+        model=model_summary(plan),
     )

@@ -113,9 +113,10 @@ class Target:
     None: resolved by :func:`prepare` (:func:`target_software`)."""
 
     seq_len: int | str | None = field(default=None, metadata=option(
-        "--seq-len", help="hf: entries: tokens per sample (the encoder's for seq2seq); max: autofit estimate answers "
-        "the longest that fits, with which config.", metavar="N|max"))
-    """An ``hf:`` entry's tokens per sample (:func:`autofit.workload.hf.hf_workload`); refused with any other entry."""
+        "--seq-len", help="hf: entries: tokens per sample (the encoder's for seq2seq; default for CLIP and Whisper: "
+        "the config's); max: autofit estimate answers the longest that fits, with which config.", metavar="N|max"))
+    """An ``hf:`` entry's tokens per sample (:func:`autofit.workload.hf.hf_workload`; None: the config's limit for a
+    contrastive or speech model, :mod:`autofit.workload.hf_positions`); refused with any other entry."""
     task: str | None = field(default=None, metadata=option(
         "--task", help="hf: entries: the task (default: the config's architectures).", choices=tuple(HF_TASKS)))
     """An ``hf:`` entry's task; None: from its config's ``architectures``."""

@@ -19,6 +19,10 @@ MAX_ROWS = 25
 def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
     """Candidates ranked by predicted step time, fitting ones first."""
     console = Console(width=None if Console().is_terminal else 180)
+    if getattr(result, "model", None) is not None:
+        console.print(model_line(result.model), markup=False)
+        for note in result.model.notes:
+            console.print(f"  note: {note}", markup=False)
     hw = result.hardware
     fitting = len(result.fitting)
     table = Table(title=f"{hw.name} x {result.world_size}: {fitting} of {len(result.candidates)} candidates fit "
@@ -51,6 +55,17 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
         console.print("Pruned by the space's rules before pricing:")
         for line in describe_rejections(result.rejected):
             console.print(f"  {line}", markup=False)  # a reason may name an extra: pip install -e '.[fp8]'
+
+
+def model_line(model: Any) -> str:
+    """``model: llama_gqa, 3.2 M parameters (3.2 M trainable)`` (:class:`autofit.planning.estimate.ModelSummary`)."""
+    return (f"model: {model.name}, {parameter_count(model.n_params)} parameters "
+            f"({parameter_count(model.n_trainable_params)} trainable)")
+
+
+def parameter_count(n: int) -> str:
+    """Millions with one decimal (the ladder's title writes them so), a count under 100,000 whole."""
+    return f"{n / 1e6:,.1f} M" if n >= 100_000 else f"{n:,}"
 
 
 def print_probe(measured: ProbeResult) -> None:
