@@ -83,33 +83,44 @@ def trace_workload(
     return replace(facts, trace_seconds=time.perf_counter() - started)
 
 
-def _traced_at_length(workload: Workload, structure: dict[str, Any], *request: Any) -> ModelFacts:
+def _traced_at_length(workload: Workload, structure: dict[str, Any], precisions: tuple[str, ...],
+                      attentions: tuple[str, ...], checkpoint_ratios: tuple[float, ...],
+                      checkpoint_granularities: tuple[str, ...], micro_batches: tuple[int, ...],
+                      sdpa_dispatch: str = "cpu") -> ModelFacts:
     """:func:`_trace_workload`, once a workload whose trace loops over its tokens (:attr:`Workload.at_length`) is
-    judged able to step through its length in time (:func:`check_scan_time`)."""
-    check_scan_time(workload, structure)
-    return _trace_workload(workload, structure, *request)
+    judged able to be traced in time (:func:`check_scan_time`, with the layers each step will run)."""
+    n_layers = structure["n_layers"]
+    scaled = structure["layers_alike"] and n_layers >= SCALE_MIN_LAYERS
+    kinds = ("full", *(checkpoint_granularities if n_layers else ()))
+    per_kind = [sum(CUT_LAYERS[kind]) if scaled else n_layers or 1 for kind in kinds]
+    steps = len({trace_dtype_of(p) for p in precisions}) * len(micro_batches)
+    check_scan_time(workload, structure, steps * sum(per_kind))
+    return _trace_workload(workload, structure, precisions, attentions, checkpoint_ratios, checkpoint_granularities,
+                           micro_batches, sdpa_dispatch)
 
 
-def check_scan_time(workload: Workload, structure: dict[str, Any]) -> None:
-    """For a workload whose trace loops over its tokens (:attr:`Workload.at_length`): one step of one sample at
-    :data:`PROBE_LENGTH` tokens, timed, and its time carried to the workload's length in proportion (a loop of the same
-    operations a token; the layers as the trace will run them: :data:`SCALE_MIN_LAYERS`); past the trace step's limit
-    (:func:`autofit.trace.step.trace_step_limit_s`) one error line now, not after the limit has run out at each step."""
+def check_scan_time(workload: Workload, structure: dict[str, Any], layer_steps: int) -> None:
+    """For a workload whose trace loops over its tokens (:attr:`Workload.at_length`): one step of one sample through
+    :data:`CUT_LAYERS` ``full``'s first count of layers at :data:`PROBE_LENGTH` tokens, timed, and carried to the whole
+    trace in proportion (``layer_steps``: the layers its steps run, summed; a loop of the same operations a token and a
+    layer). Past the trace step's limit (:func:`autofit.trace.step.trace_step_limit_s`), which such a model's whole
+    trace is held to, one error line now, not after the limit has run out step after step."""
     seq_len = workload.tokens_per_sample
     if workload.at_length is None or not seq_len or seq_len <= PROBE_LENGTH:
         return
     short = workload.at_length(PROBE_LENGTH)
-    scaled = structure["layers_alike"] and structure["n_layers"] >= SCALE_MIN_LAYERS
-    layers = max(CUT_LAYERS["block"]) if scaled else structure["n_layers"]
+    layers = min(CUT_LAYERS["full"][0], structure["n_layers"]) or 1
+    cut = structure["layers_alike"] and structure["n_layers"] > layers
     started = time.perf_counter()
-    step.trace_step(cut_workload(short, layers) if scaled else short, 1, "fp32", "sdpa", (0.0, "block"), "fake")
-    projected = (time.perf_counter() - started) * seq_len / PROBE_LENGTH
+    step.trace_step(cut_workload(short, layers) if cut else short, 1, "fp32", "sdpa", (0.0, "block"), "fake")
+    measured = time.perf_counter() - started
+    projected = measured / (layers if cut else structure["n_layers"] or 1) * layer_steps * seq_len / PROBE_LENGTH
     if projected > step.trace_step_limit_s():
         raise AutofitError(
-            f"tracing {workload.name} at {seq_len:,} tokens would take about {projected / 60:.0f} min a step (one at "
-            f"{PROBE_LENGTH} tokens took {projected * PROBE_LENGTH / seq_len:.1f} s; its reference code loops over "
-            f"the tokens) past the {step.trace_step_limit_s():g} s a trace step may take ({step.TRACE_STEP_ENV}): "
-            "install its fused kernels, plan a shorter --seq-len, or raise the limit")
+            f"tracing {workload.name} at {seq_len:,} tokens would take about {projected / 60:.0f} min (a step through "
+            f"{layers if cut else structure['n_layers']} layers at {PROBE_LENGTH} tokens took {measured:.1f} s; its "
+            f"reference code loops over the tokens), past the {step.trace_step_limit_s():g} s such a trace may take "
+            f"({step.TRACE_STEP_ENV}): install its fused kernels, plan a shorter --seq-len, or raise the limit")
 
 
 def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: tuple[str, ...],

@@ -199,6 +199,8 @@ class SearchResult:
         return {
             "best": {"config": self.config.to_dict(), "measured": self.measured.to_json(), "predicted": self.predicted.to_json(),
                      "differs_from_recipe": self.deepspeed.get("autofit", {}).get("differs_from_recipe", [])},
+            "model": ({"name": self.facts.name, "n_params": self.facts.n_params,
+                       "n_trainable_params": self.facts.n_trainable_params} if self.facts is not None else None),
             "trials": [t.to_dict() for t in self.trials],
             "pruned": self.pruned,
             "search": {

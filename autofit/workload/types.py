@@ -55,7 +55,7 @@ class Workload:
     at_length: Callable[[int], Workload] | None = None
     """``(seq_len) -> the same workload at another sequence length``, for a model whose trace loops over its tokens (a
     state-space model's reference scan, without its fused kernels): a step at a short length is timed first, and a
-    length whose steps would run past the trace's limit is one error line at once
+    length whose trace would run past the trace's limit is one error line at once
     (:func:`autofit.trace.tracer.check_scan_time`). None: nothing is timed first."""
     flash_stand_in: str = "sdpa"
     """The ``attention`` value ``model(attention=...)`` is built with when the trace stands SDPA's flash backend in for

@@ -274,6 +274,7 @@ def test_a_prober_plugs_in_and_the_search_finds_that_devices_best(tmp_path: Path
     best = max((cp for cp in fitting if cp[1].fits), key=lambda cp: cp[1].samples_per_s)
     assert result.config == best[0]
     assert [t.config for t in result.trials] == calls  # every probe went through the prober, in order
+    assert result.to_dict()["model"]["n_params"] == sum(p.numel() for p in workload.build_model().parameters())
     assert len({c.key() for c in calls}) < len(plan.candidates) // 2
 
 

@@ -41,7 +41,10 @@ def _plan(entry: str, workload: object, kernels: list[str]) -> Plan:
 
 
 def test_a_model_without_sdpa_plans_with_the_kernels_it_takes(tmp_path: Path) -> None:
-    from transformers import Gemma2Config
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    if Gemma2ForCausalLM._supports_sdpa:  # transformers 5.0 built Gemma-2 with SDPA; later versions refuse it
+        pytest.skip("this transformers builds Gemma-2 with sdpa")
 
     config = Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, architectures=["Gemma2ForCausalLM"])
