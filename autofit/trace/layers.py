@@ -4,7 +4,9 @@ What :func:`autofit.trace.trace_workload` uses to trace a many-layer model at th
 its layers (:mod:`autofit.trace.scaling` extrapolates). Only layers that are alike are cut: one class,
 the same parameter and buffer shapes, the same settings (plain attributes of every submodule; an
 integer that counts up with the layer, such as Hugging Face's ``layer_idx``, is its position, not a
-setting). Layers that differ (a CNN's stages, alternating sliding/global attention) are traced whole.
+setting), or layers whose pattern repeats every ``p`` of them (alternating sliding-window and global
+attention: :func:`layer_period`), cut to whole periods and extrapolated a period at a time. Layers that
+differ otherwise (a CNN's stages) are traced whole.
 
 Segments come from PyTorch's own ``ModTracker`` (``torch.distributed._tools.mod_tracker``, the
 tracker ``mem_tracker`` is built on): its forward hooks and its multi-grad hooks on each layer's
@@ -41,17 +43,31 @@ _PLAIN = (bool, int, float, str, type(None))
 
 def layers_alike(layers: list[Any]) -> bool:
     """True when ``layers`` have one class, the same parameter/buffer shapes and the same settings."""
-    if len(layers) < 2 or len({type(layer) for layer in layers}) != 1:
-        return False
-    shapes = {_shapes(layer) for layer in layers}
-    if len(shapes) != 1:
-        return False
+    return layer_period(layers) == 1
+
+
+def layer_period(layers: list[Any]) -> int:
+    """The fewest consecutive layers whose pattern repeats through the stack: 1 where every layer is alike (one
+    class, the same parameter/buffer shapes and settings); ``p`` where layers ``i`` and ``i + p`` are alike for every
+    ``i`` and ``p`` divides the count (Gemma-2's sliding-window and global attention in turn: 2); 0 where none does
+    (a CNN's stages), or for fewer than two layers."""
+    n = len(layers)
+    signatures = [(type(layer), _shapes(layer)) for layer in layers]
     settings = [_settings(layer) for layer in layers]
+    for period in range(1, n // 2 + 1):
+        if n % period == 0 and all(_alike(signatures[r::period], settings[r::period]) for r in range(period)):
+            return period
+    return 0
+
+
+def _alike(signatures: list[Any], settings: list[dict[tuple[str, str], Any]]) -> bool:
+    """One class and shapes, and each setting the same in every layer or its position (:func:`_counts_up`)."""
+    if len(set(signatures)) != 1:
+        return False
     for key in set().union(*settings):
         values = [s.get(key) for s in settings]
-        if len(set(values)) == 1 or _counts_up(values):
-            continue
-        return False
+        if len(set(values)) > 1 and not _counts_up(values):
+            return False
     return True
 
 
@@ -71,10 +87,11 @@ def _settings(layer: Any) -> dict[tuple[str, str], Any]:
 
 
 def _counts_up(values: list[Any]) -> bool:
-    """An integer that grows by one from layer to layer: the layer's position."""
-    if not all(type(v) is int for v in values):
+    """An integer that grows by one step from layer to layer (one, or the period between the layers compared): the
+    layer's position."""
+    if len(values) < 2 or not all(type(v) is int for v in values) or values[1] <= values[0]:
         return False
-    return all(b - a == 1 for a, b in zip(values, values[1:], strict=False))
+    return all(b - a == values[1] - values[0] for a, b in zip(values, values[1:], strict=False))
 
 
 def cut_model(model: Any, workload: Workload, n_layers: int) -> Any:

@@ -222,6 +222,18 @@ def is_head(segment: Segment, n_layers: int) -> bool:
     return segment == ("bhead", 0) or segment == ("fa", n_layers - 1)
 
 
+def grouped_segments(segments: Mapping[Segment, tuple[int, int]], period: int) -> dict[Segment, tuple[int, int]]:
+    """A cut trace's segment peaks with each ``period`` consecutive layers taken as one (a stack whose pattern repeats
+    every ``period`` layers, :func:`autofit.trace.layers.layer_period`): a group's segment of a phase peaks at the
+    most any of its layers' did, so the fit runs over groups as over alike layers."""
+    grouped: dict[Segment, tuple[int, int]] = {}
+    for (phase, index), (with_grads, without) in segments.items():
+        key = (phase, index // period) if phase in LAYER_PHASES else (phase, index)
+        before = grouped.get(key, (0, 0))
+        grouped[key] = (max(before[0], with_grads), max(before[1], without))
+    return grouped
+
+
 def part_peaks(segment_peaks: Mapping[Segment, tuple[int, int]], n_layers: int) -> dict[str, int]:
     """:class:`PeakPoint`'s ``head_peak_*`` and ``body_peak_*`` from a step's ``(with grads, without)`` segment
     peaks: the largest in the head's segments (:func:`is_head`) and in the others; zeros where none was recorded."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from autofit.ds.buckets import persistence_threshold
 from autofit.ds.fp8 import convertible_linear
-from autofit.trace.layers import layers_alike
+from autofit.trace.layers import layer_period
 from autofit.workload.types import Workload
 
 
@@ -37,7 +37,7 @@ def model_structure(workload: Workload, model: Any = None) -> dict[str, Any]:
         "n_trainable": sum(p.numel() for p in trainable),
         "param_bytes_fp32": 4 * sum(p.numel() for p in params),
         "n_layers": len(layers),
-        "layers_alike": layers_alike(layers),
+        "layer_period": layer_period(layers),
         "layer_params": [sum(p.numel() for p in layer.parameters()) for layer in layers],
         "largest_module_params": largest_module,
         "largest_param_numel": max((p.numel() for p in trainable), default=0),

@@ -17,7 +17,7 @@ from autofit.trace.attention import SDPA_FLASH, flash_attn_installed, flash_trac
 from autofit.trace.cache import cached_trace
 from autofit.trace.layers import cut_workload
 from autofit.trace.parallel import trace_in_parallel, trace_workers_setting
-from autofit.trace.scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, scaled_point
+from autofit.trace.scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, grouped_segments, scaled_point
 from autofit.trace.sdpa import DISPATCHES
 from autofit.trace.structure import model_structure
 from autofit.trace.tensors import (
@@ -89,10 +89,9 @@ def _traced_at_length(workload: Workload, structure: dict[str, Any], precisions:
                       sdpa_dispatch: str = "cpu") -> ModelFacts:
     """:func:`_trace_workload`, once a workload whose trace loops over its tokens (:attr:`Workload.at_length`) is
     judged able to be traced in time (:func:`check_scan_time`, with the layers each step will run)."""
-    n_layers = structure["n_layers"]
-    scaled = structure["layers_alike"] and n_layers >= SCALE_MIN_LAYERS
+    n_layers, period = structure["n_layers"], scale_period(structure)
     kinds = ("full", *(checkpoint_granularities if n_layers else ()))
-    per_kind = [sum(CUT_LAYERS[kind]) if scaled else n_layers or 1 for kind in kinds]
+    per_kind = [sum(CUT_LAYERS[kind]) * period if period else n_layers or 1 for kind in kinds]
     steps = len({trace_dtype_of(p) for p in precisions}) * len(micro_batches)
     check_scan_time(workload, structure, steps * sum(per_kind))
     return _trace_workload(workload, structure, precisions, attentions, checkpoint_ratios, checkpoint_granularities,
@@ -109,8 +108,8 @@ def check_scan_time(workload: Workload, structure: dict[str, Any], layer_steps: 
     if workload.at_length is None or not seq_len or seq_len <= PROBE_LENGTH:
         return
     short = workload.at_length(PROBE_LENGTH)
-    layers = min(CUT_LAYERS["full"][0], structure["n_layers"]) or 1
-    cut = structure["layers_alike"] and structure["n_layers"] > layers
+    layers = min(CUT_LAYERS["full"][0] * (scale_period(structure) or 1), structure["n_layers"]) or 1
+    cut = scale_period(structure) > 0
     started = time.perf_counter()
     step.trace_step(cut_workload(short, layers) if cut else short, 1, "fp32", "sdpa", (0.0, "block"), "fake")
     measured = time.perf_counter() - started
@@ -136,7 +135,7 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
     n_middle = middle_checkpointed_layers(checkpoint_ratios, n_layers)
     granularities = tuple(checkpoint_granularities) if n_layers else ()
     scaled = None
-    if structure["layers_alike"] and n_layers >= SCALE_MIN_LAYERS:
+    if scale_period(structure):
         with contextlib.suppress(CannotScale, step.NeedsRealTensors):
             scaled = _scaled_profiles(workload, structure, (dtype_names, attention_names), granularities, n_middle,
                                       micro_batches, sdpa_dispatch)
@@ -155,7 +154,8 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
     else:
         (profiles, traces), mode = scaled, "fake-scaled"
     if "sdpa" in attention_names and workload.searches_attention:
-        labelled = cut_workload(workload, CUT_LAYERS["full"][0]) if scaled is not None else workload
+        labelled = cut_workload(workload, CUT_LAYERS["full"][0] * scale_period(structure)) if scaled is not None \
+            else workload
         traces = {**traces, **{"sdpa": label for label in sorted(step.sdpa_labels(labelled))[:1]}}  # noqa: B035
     facts = _facts(workload, structure, profiles, n_layers, mode, time.perf_counter() - started)
     return replace(facts, attention_traces=dict(traces))
@@ -164,10 +164,14 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
 def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple[tuple[str, ...], tuple[str, ...]],
                      granularities: tuple[str, ...], n_middle: int, micro_batches: tuple[int, ...],
                      sdpa_dispatch: str = "cpu") -> tuple[dict[str, ActivationProfile], dict[str, str]]:
-    """Profiles of all the layers from the model cut to :data:`CUT_LAYERS` of them, on fake tensors;
-    ``kinds``: the dtypes and attention kernels to trace."""
-    n_layers = structure["n_layers"]
-    tracers = {k: _Tracer(cut_workload(workload, k), structure, cut_layers=k, sdpa_dispatch=sdpa_dispatch)
+    """Profiles of all the layers from the model cut to :data:`CUT_LAYERS` periods of them (:func:`scale_period`),
+    on fake tensors; ``kinds``: the dtypes and attention kernels to trace. Where a period is several layers, the
+    middle ratio's profile checkpoints the whole periods within its ``n_middle`` layers: at most one period fewer,
+    which holds more, never less."""
+    period = scale_period(structure)
+    n_layers = structure["n_layers"] // period
+    tracers = {k: _Tracer(cut_workload(workload, k * period), structure, cut_layers=k, sdpa_dispatch=sdpa_dispatch,
+                          period=period)
                for cut in CUT_LAYERS.values() for k in cut}
     trace_in_parallel(tracers, kinds, granularities, micro_batches)
     profiles: dict[str, ActivationProfile] = {}
@@ -186,12 +190,22 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
                 ckpt = fitted(1.0, granularity)
                 layouts = {ActivationProfile.key(dtype_name, attention, True, granularity): n_layers}
                 if n_middle and granularity == "block":
-                    layouts[ActivationProfile.partial_key(dtype_name, attention, n_middle, granularity)] = n_middle
+                    layouts[ActivationProfile.partial_key(dtype_name, attention, n_middle, granularity)] = \
+                        n_middle // period
                 for key, n_ckpt in layouts.items():
                     points = tuple(scaled_point(f, c, n_ckpt, n_layers) for f, c in zip(full, ckpt, strict=True))
                     profiles[key] = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=True,
                                                       points=points, granularity=granularity)
     return profiles, dict(tracers[CUT_LAYERS["full"][0]].attention_traces)
+
+
+def scale_period(structure: dict[str, Any]) -> int:
+    """The layers taken as one where the model is traced cut and extrapolated (:func:`autofit.trace.layers.layer_period`:
+    1 for alike layers); 0 where it is traced whole: fewer than :data:`SCALE_MIN_LAYERS` layers, or no more periods
+    than the deepest cut keeps."""
+    period, n_layers = structure["layer_period"], structure["n_layers"]
+    deep_enough = n_layers >= SCALE_MIN_LAYERS and period and n_layers // period > max(CUT_LAYERS["block"])
+    return period if deep_enough else 0
 
 
 def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, granularity: str, n_layers: int,
@@ -278,8 +292,10 @@ class _Tracer:
     """
 
     def __init__(self, workload: Workload, structure: dict[str, Any], cut_layers: int = 0,
-                 sdpa_dispatch: str = "cpu") -> None:
+                 sdpa_dispatch: str = "cpu", period: int = 1) -> None:
         self.workload = workload
+        self.period = period
+        """Layers taken as one in :meth:`cut_trace` (the model cut to ``cut_layers x period`` layers)."""
         self.sdpa_dispatch = sdpa_dispatch
         self.structure = structure
         self.cut_layers = cut_layers
@@ -316,7 +332,8 @@ class _Tracer:
         """The step at ``micro_batches[i]`` (traced with the others of ``micro_batches``), per segment."""
         point = self.points(dtype_name, attention, ratio, micro_batches, granularity)[i]
         key = (dtype_name, attention, (ratio, granularity if ratio else "block"), micro_batches)
-        return CutTrace(n_layers=self.cut_layers, point=point, segments=self.segments[key][i])
+        return CutTrace(n_layers=self.cut_layers, point=point,
+                        segments=grouped_segments(self.segments[key][i], self.period))
 
     def _flash_points(self, dtype_name: str, ckpt: tuple[float, str], micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
         """flash-attn's own functions where installed and they trace; SDPA's flash backend otherwise."""

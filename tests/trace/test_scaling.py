@@ -229,3 +229,35 @@ def test_attention_only_checkpointing_extrapolates_from_two_and_three_layers() -
     whole = _Tracer(cut_workload(workload, N_LAYERS), model_structure(workload), cut_layers=N_LAYERS)
     assert facts.profiles["fp32/sdpa/attnckpt"].points == whole.points("fp32", "sdpa", 1.0, TRACE_MICRO_BATCHES,
                                                                         "attention")
+
+
+def test_alternating_layers_are_traced_cut_a_period_at_a_time() -> None:
+    """A 12-layer Gemma-2 (sliding-window and global attention in turn: the layers repeat every two) is traced cut to
+    whole periods: without checkpointing its peaks are the whole trace's and its FLOPs exactly; checkpointed, within
+    2 %, and at the middle ratio (3 of 6 periods) never below the whole trace's."""
+    transformers = pytest.importorskip("transformers")
+    from autofit.trace.layers import layer_period
+
+    def build(attention: str = "eager") -> nn.Module:
+        config = transformers.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=12, head_dim=16,
+                                           num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                           sliding_window=8, max_position_embeddings=32, attn_implementation=attention)
+        return transformers.Gemma2ForCausalLM(config)
+
+    def batch(n: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 256, (n, 32))
+        return {"input_ids": ids, "labels": ids}
+
+    workload = Workload(model=build, batch=batch, name="gemma2-12", attention_kernels=("eager",))
+    with torch.device("meta"):
+        assert layer_period(workload.repeated_layers(workload.build_model())) == 2
+    facts = trace_workload(workload, precisions=("bf16",), attentions=("eager",), checkpoint_ratios=(0.0, 0.5, 1.0))
+    assert facts.trace_mode == "fake-scaled"
+    whole = _Tracer(cut_workload(workload, 12), model_structure(workload), cut_layers=12)
+    for key, ratio in (("bf16/eager/full", 0.0), ("bf16/eager/ckpt", 1.0), ("bf16/eager/ckpt6", 0.5)):
+        for got, want in zip(facts.profiles[key].points, whole.points("bf16", "eager", ratio, TRACE_MICRO_BATCHES),
+                             strict=True):
+            assert got.flops == want.flops, key
+            for field in ("peak_with_grads_bytes", "peak_without_grads_bytes"):
+                assert getattr(got, field) == pytest.approx(getattr(want, field), rel=0.02), (key, field)
+                assert getattr(got, field) >= getattr(want, field) * 0.995 or ratio == 1.0, (key, field)
