@@ -163,6 +163,9 @@ class ModelFacts:
     """Traced activation profiles by :meth:`ActivationProfile.key`."""
     attention_traces: dict[str, str] = field(default_factory=dict)
     """How a searched kernel was traced where not as itself: ``{"flash": "flash-attn" | "sdpa flash backend"}``."""
+    untraced_kernels: dict[str, str] = field(default_factory=dict)
+    """Kernels asked for that the model could not be built or run with in the trace, and the one line why: no profile
+    of theirs, so their candidates are rejected with it (:func:`autofit.trace.tracer.runnable_kernels`)."""
     kernel_footprint_bytes: dict[str, int] = field(default_factory=dict)
     """CPU only: what running the model leaves resident in a fresh process beyond its tensors (kernel code,
     oneDNN's primitives, allocator arenas), by traced dtype (``fp32``, ``bf16``) and whether its layers ran

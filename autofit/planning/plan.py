@@ -121,6 +121,7 @@ class Plan:
         configs = tuple(enumeration.candidates)
         facts = facts or trace_for(workload, configs, hardware.kind)
         configs, no_room = within_nvme_room(configs, facts, hardware, world_size, software)
+        configs, untraced = traced_kernels_only(configs, facts)
         return cls(
             entry=entry,
             name=workload.name or entry,
@@ -130,7 +131,7 @@ class Plan:
             global_batch=global_batch,
             fixed=fixed,
             candidates=configs,
-            rejected=(*enumeration.rejected, *no_room),
+            rejected=(*enumeration.rejected, *no_room, *untraced),
             facts=with_kernel_footprints(facts, entry, configs) if hardware.kind == "cpu" else facts,
             coefficients=coefficients or Coefficients.for_hardware(hardware),
             software=software,
@@ -160,6 +161,16 @@ class Plan:
         priced = [(c, self.predict(c, calibration)) for c in self.candidates]
         priced.sort(key=lambda cp: -cp[1].samples_per_s)
         return priced
+
+
+def traced_kernels_only(configs: tuple[Config, ...], facts: ModelFacts
+                        ) -> tuple[tuple[Config, ...], list[tuple[dict[str, Any], str]]]:
+    """``configs`` less those of an attention kernel the trace could not build or run the model with
+    (:attr:`autofit.cost_model.facts.ModelFacts.untraced_kernels`), and one rejection a kernel saying why."""
+    untraced = facts.untraced_kernels
+    rejected = [({"attention": kernel}, f"attention={kernel} could not be traced ({why}): planned with the other kernels")
+                for kernel, why in untraced.items()]
+    return tuple(c for c in configs if c.attention not in untraced), rejected
 
 
 def within_nvme_room(configs: tuple[Config, ...], facts: ModelFacts, hardware: Hardware, world_size: int,

@@ -12,7 +12,10 @@ rests on.
 The stand-in takes what flash-attn takes: key/value heads fewer than the query's (multi-query or grouped-query
 attention: Falcon-7B's one key head for 71 query heads) reach flash-attn unexpanded (``flash_attn_func`` takes
 ``nheads_k`` dividing ``nheads``), so a call that broadcasts them is run with ``enable_gqa`` (SDPA's flash backend
-refuses broadcast heads without it: ``check_batch_size_and_num_heads_dense`` in ``sdp_utils_cpp.h``).
+refuses broadcast heads without it: ``check_batch_size_and_num_heads_dense`` in ``sdp_utils_cpp.h``); values of a
+narrower head than the query's (DeepSeek-V2's multi-head latent attention: 192-wide queries and keys, 128-wide values)
+are padded to the query's width and the output cut back, as transformers does before it calls flash-attn, which
+takes one head width (``modeling_deepseek_v2.py``).
 """
 
 from __future__ import annotations
@@ -58,8 +61,12 @@ def kernel_context(label: str) -> Iterator[None]:
     def as_flash_attn(*args: Any, **kwargs: Any) -> Any:
         bound = dict(zip(SDPA_ARGUMENTS, args, strict=False)) | kwargs
         if broadcasts_heads(bound["query"], bound["key"], bool(bound.get("enable_gqa", False))):
-            return sdpa(**(bound | {"enable_gqa": True}))
-        return sdpa(*args, **kwargs)
+            bound["enable_gqa"] = True
+        width, value_width = bound["query"].shape[-1], bound["value"].shape[-1]
+        if value_width < width:
+            bound["value"] = functional.pad(bound["value"], (0, width - value_width))
+            return sdpa(**bound)[..., :value_width]
+        return sdpa(**bound)
 
     functional.scaled_dot_product_attention = as_flash_attn
     try:

@@ -17,6 +17,7 @@ from autofit.core.errors import AutofitError, is_control, user_code_error
 from autofit.core.units import seconds_from_env
 from autofit.cost_model.facts import PeakPoint
 from autofit.ds.apply import apply_checkpointing
+from autofit.trace.attention import flash_attn_installed, flash_trace_plan, kernel_context
 from autofit.trace.layers import SegmentMarks
 from autofit.trace.scaling import part_peaks
 from autofit.trace.sdpa import sdpa_as_dispatched
@@ -265,6 +266,28 @@ def sdpa_labels(workload: Workload) -> set[str]:
         model = to_dtype(workload.build_model(attention="sdpa"), torch.bfloat16)
         workload.compute_loss(model, cast_batch(workload.batch(1), torch.bfloat16))
     return seen
+
+
+def kernel_failure(workload: Workload, kernel: str, dispatch: str = "cpu") -> str | None:
+    """Why the model cannot be built or run with attention ``kernel`` as the trace runs it (one forward of one sample
+    on fake tensors, in bf16, without gradients; ``flash`` by any way of its trace plan,
+    :func:`autofit.trace.attention.flash_trace_plan`), in one line; None where it runs, or where what failed is
+    the fake tensors' own (the trace then runs it on real ones)."""
+    import torch
+
+    plan = flash_trace_plan(flash_attn_installed(), workload.flash_stand_in) if kernel == "flash" else [(kernel, "")]
+    why = None
+    for built_as, label in plan:
+        try:
+            with fake_mode("fake"), torch.no_grad(), kernel_context(label), sdpa_as_dispatched(dispatch):
+                model = to_dtype(workload.build_model(attention=built_as), torch.bfloat16)
+                workload.compute_loss(model, cast_batch(workload.batch(1), torch.bfloat16))
+            return None
+        except Exception as exc:
+            if _of_fake_tensors(exc):
+                return None
+            why = why or f"{type(exc).__name__}: {first_line(exc)}"
+    return why
 
 
 def ignore_existing(counter: LiveBytes, tensors: list[Any]) -> None:

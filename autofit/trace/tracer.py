@@ -130,7 +130,8 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
     started = time.perf_counter()
     step.trace_started()
     dtype_names = tuple(sorted({trace_dtype_of(p) for p in precisions}))
-    attention_names = attentions if workload.searches_attention else ("sdpa",)
+    attention_names, untraced = (runnable_kernels(workload, structure, attentions, sdpa_dispatch)
+                                 if workload.searches_attention else (("sdpa",), {}))
     n_layers = structure["n_layers"]
     n_middle = middle_checkpointed_layers(checkpoint_ratios, n_layers)
     granularities = tuple(checkpoint_granularities) if n_layers else ()
@@ -158,7 +159,21 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
             else workload
         traces = {**traces, **{"sdpa": label for label in sorted(step.sdpa_labels(labelled))[:1]}}  # noqa: B035
     facts = _facts(workload, structure, profiles, n_layers, mode, time.perf_counter() - started)
-    return replace(facts, attention_traces=dict(traces))
+    return replace(facts, attention_traces=dict(traces), untraced_kernels=untraced)
+
+
+def runnable_kernels(workload: Workload, structure: dict[str, Any], attentions: tuple[str, ...],
+                     sdpa_dispatch: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``attentions`` the model runs with in the trace, and why each other one does not
+    (:func:`autofit.trace.step.kernel_failure`, on the model cut as the trace will cut it): a kernel that cannot
+    build or run is left out of the plan with its reason, not the end of it; where none runs, the first one's error."""
+    period = scale_period(structure)
+    checked = cut_workload(workload, CUT_LAYERS["full"][0] * period) if period else workload
+    untraced = {k: why for k in attentions if (why := step.kernel_failure(checked, k, sdpa_dispatch)) is not None}
+    if untraced and len(untraced) == len(attentions):
+        kernel, why = next(iter(untraced.items()))
+        raise AutofitError(f"{workload.name} cannot be traced with attention={kernel}: {why}")
+    return tuple(k for k in attentions if k not in untraced), untraced
 
 
 def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple[tuple[str, ...], tuple[str, ...]],

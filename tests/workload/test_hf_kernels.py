@@ -4,6 +4,7 @@ line: Gemma-2 plans with the kernels it takes, Mamba with none, CLIP and Whisper
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,23 +62,33 @@ def test_a_model_without_sdpa_plans_with_the_kernels_it_takes(tmp_path: Path) ->
     _one_line(info, "--set attention=sdpa cannot run", "eager, flash")
 
 
-@pytest.mark.parametrize("family", ["gemma2", "falcon"])
+@pytest.mark.parametrize("family", ["gemma2", "falcon", "deepseek_v2"])
 def test_flash_is_planned_by_default_where_sdpa_cannot_stand_in_as_it_is(tmp_path: Path, family: str) -> None:
     """Without flash-attn here, flash is traced through SDPA's flash backend: Gemma-2 refuses SDPA (its soft-capping
     flag), so transformers' SDPA function stands in under autofit's name; Falcon's multi-query attention hands SDPA
     one key head for all the query heads, which the flash backend takes as grouped-query attention, as flash-attn
-    does. Both plan their default kernels, flash priced below eager (no S x S scores saved)."""
-    from transformers import FalconConfig, Gemma2Config
+    does; DeepSeek-V2's values are narrower than its queries, padded as transformers pads them for flash-attn. Each
+    plans its default kernels, flash priced below eager (no S x S scores saved)."""
+    from transformers import DeepseekV2Config, FalconConfig, Gemma2Config
 
     from autofit.trace.attention import SDPA_FLASH, flash_attn_installed
 
     if flash_attn_installed():
         pytest.skip("flash-attn is installed: flash traces through it")
-    config = (Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, architectures=["Gemma2ForCausalLM"])
-              if family == "gemma2" else
-              FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
-                           new_decoder_architecture=False, alibi=False, architectures=["FalconForCausalLM"]))
+    config = {
+        "gemma2": lambda: Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                       architectures=["Gemma2ForCausalLM"]),
+        "falcon": lambda: FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       multi_query=True, new_decoder_architecture=False, alibi=False,
+                                       architectures=["FalconForCausalLM"]),
+        "deepseek_v2": lambda: DeepseekV2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+                                                q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=8,
+                                                n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                                                moe_intermediate_size=32, first_k_dense_replace=1, bos_token_id=0,
+                                                eos_token_id=1, architectures=["DeepseekV2ForCausalLM"]),
+    }[family]()
     folder = _folder(tmp_path, config, family)
     workload = hf_workload(folder, seq_len=64)
     result = estimate(_plan(folder, workload, ["eager", "sdpa", "flash"]))
@@ -193,3 +204,28 @@ def test_a_slow_scan_model_is_refused_in_seconds_not_after_each_steps_limit(tmp_
     assert refused.returncode == 1 and len(lines) == 1 and "loops over the tokens" in lines[0], refused.stderr[-600:]
     planned = run_autofit(*args, "--seq-len", "48", "--json", cwd=tmp_path, timeout=300, environ=env)
     assert planned.returncode == 0 and json.loads(planned.stdout)["candidates"], planned.stderr[-600:]
+
+
+def test_a_kernel_the_model_cannot_run_is_left_out_of_the_plan_with_why(tmp_path: Path) -> None:
+    """A model whose flash stand-in cannot be built: the plan keeps its other kernels and says why flash is not
+    among them; with no kernel left, one error line."""
+    from autofit.trace.attention import flash_attn_installed
+    from autofit.workload.types import Workload
+
+    if flash_attn_installed():
+        pytest.skip("flash-attn is installed: flash traces through it")
+
+    def build(attention: str = "eager") -> torch.nn.Module:
+        if attention != "eager":
+            raise ValueError(f"this model has no {attention} attention")
+        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+
+    workload = Workload(model=build, batch=lambda n: torch.randn(n, 8), name="eager-only",
+                        loss=lambda model, batch: model(batch).sum(), attention_kernels=("eager", "flash"))
+    out = estimate(_plan("eager-only", workload, ["eager", "flash"])).to_dict()
+    assert {c["config"]["attention"] for c in out["candidates"]} == {"eager"}
+    (why,) = [r["reason"] for r in out["rejected"] if r["config"] == {"attention": "flash"}]
+    assert "attention=flash could not be traced" in why and "no sdpa attention" in why
+    with pytest.raises(AutofitError) as info:
+        estimate(_plan("eager-only", replace(workload, attention_kernels=("flash",)), ["flash"]))
+    _one_line(info, "cannot be traced with attention=flash")
