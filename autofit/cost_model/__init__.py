@@ -48,7 +48,8 @@ class Prediction:
     tokens_per_s: float | None
     """``samples_per_s x tokens_per_sample`` for token workloads."""
     fits: bool
-    """Whether ``peak_bytes`` is within the device memory and ``host_peak_bytes`` within the node's host memory."""
+    """Whether ``peak_bytes`` is within the ``hardware`` memory :func:`predict` was given (the usable budget,
+    :mod:`autofit.cost_model.budget`) and ``host_peak_bytes`` within the node's host memory."""
     reason: str | None = None
     """Why it does not fit (None when it does)."""
     time_breakdown: dict[str, float] = field(default_factory=dict)
@@ -81,7 +82,9 @@ def predict(
     world_size: int = 1,
     coefficients: Coefficients | None = None,
 ) -> Prediction:
-    """Price ``config`` for ``facts`` on ``world_size`` ranks of ``hardware``."""
+    """Price ``config`` for ``facts`` on ``world_size`` ranks of ``hardware``, judging whether it fits by
+    ``hardware.memory_bytes``: a plan gives it the device with its usable budget
+    (:func:`autofit.cost_model.budget.usable_hardware`, through :meth:`autofit.planning.plan.Plan.predict`)."""
     coefficients = coefficients or Coefficients.for_hardware(hardware)
     memory = predict_memory(config, facts, hardware, world_size, coefficients)
     peak = memory.total
@@ -115,7 +118,7 @@ def _not_fit_reason(peak: int, hardware: Hardware, memory: MemoryBreakdown) -> s
     parts = asdict(memory)
     biggest = max(parts, key=lambda k: parts[k])
     return (
-        f"needs {format_bytes(peak)} but {hardware.name} has {format_bytes(hardware.memory_bytes)} "
+        f"needs {format_bytes(peak)} but {format_bytes(hardware.memory_bytes)} is usable on {hardware.name} "
         f"(largest part: {biggest} {format_bytes(parts[biggest])})"
     )
 
