@@ -212,12 +212,10 @@ def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
 @click.option("--study", "study_name", default=None, help="Study name; the same name resumes a search.")
 @click.option("--out", "out_path", default="ds_config.json", show_default=True, help="Where the winner's JSON goes.")
 @click.option("--report", "report_dir", default=None, help="Write a report (HTML + PNG) to this folder.")
-@click.option("--margin", default=0.10, show_default=True, type=click.FloatRange(0.0, 0.9),
-              help="Fraction of the device memory the verified winner must leave free.")
 def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | None, study_name: str | None,
-        out_path: str, report_dir: str | None, margin: float, script: str | None) -> None:
+        out_path: str, report_dir: str | None, script: str | None) -> None:
     """The search: probe the most promising candidates and write the fastest that fits as DeepSpeed JSON."""
-    result = run_command.run_target(shared.target, trials=trials, timeout_s=timeout_s, margin=margin, out=out_path,
+    result = run_command.run_target(shared.target, trials=trials, timeout_s=timeout_s, out=out_path,
                                     report=report_dir, storage=storage, study_name=study_name, script=script,
                                     progress=progress_display, say=say)
     if shared.as_json:

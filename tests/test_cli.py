@@ -147,7 +147,8 @@ def test_the_shared_options_are_on_every_command_with_the_same_defaults() -> Non
     defaults = {f.name: f.default for f in cli_fields()}
     estimate = {param.name: param.default for param in main.commands["estimate"].params}
     assert {key: estimate[key] for key in defaults if key != "entry"} == {
-        "hardware": "auto", "memory": None, "gpus": None, "nodes": 1, "hosts": None, "global_batch": None, "space": None,
+        "hardware": "auto", "memory": None, "margin": 0.1, "gpus": None, "nodes": 1, "hosts": None, "global_batch": None,
+        "space": None,
         "set_values": (), "nvme_path": None, "seq_len": None, "task": None, "trust_remote_code": False,
         "optimizer": None, "precision": None, "allow": (), "lr": None,
         "weight_decay": None, "betas": None, "eps": None, "momentum": None, "recipe_from": None, "software": None,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from autofit.core.errors import AutofitError
+from autofit.cost_model.budget import DEFAULT_MARGIN
 from autofit.planning.target import Target
 from autofit.workload.entry import in_process_entry
 from autofit.workload.types import Workload
@@ -42,13 +43,17 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class DeviceOptions:
-    """Where the model runs: the device, its memory budget, how many of them, their software (the CLI's
-    ``--hardware``, ``--memory``, ``--gpus``, ``--nodes``, ``--hosts``, ``--nvme-path``, ``--software``)."""
+    """Where the model runs: the device, its memory budget and the share of it left free, how many of them, their
+    software (the CLI's ``--hardware``, ``--memory``, ``--margin``, ``--gpus``, ``--nodes``, ``--hosts``,
+    ``--nvme-path``, ``--software``)."""
 
     hardware: str = "auto"
     """A preset (``"h100-80gb"``, ``"a100-40gb"``, ...), ``"cpu"`` or ``"auto"`` (detect)."""
     memory: str | int | None = None
     """The device memory budget, ``"2GiB"``, ``"800MiB"`` or bytes; None: the device's own."""
+    margin: float = DEFAULT_MARGIN
+    """The share of the device memory every config must leave free: it fits when predicted within ``(1 - margin) x``
+    the memory (:mod:`autofit.cost_model.budget`); the search's winner must also be measured within it."""
     gpus: int | None = None
     """Devices per node; None: the visible GPUs with ``hardware="auto"`` on a CUDA machine, else 1."""
     nodes: int = 1
@@ -69,7 +74,7 @@ class DeviceOptions:
 
     def target_fields(self) -> dict[str, Any]:
         """The :class:`Target` fields of this section."""
-        return {"hardware": self.hardware, "memory": self.memory, "gpus": self.gpus, "nodes": self.nodes,
+        return {"hardware": self.hardware, "memory": self.memory, "margin": self.margin, "gpus": self.gpus, "nodes": self.nodes,
                 "hosts": self.hosts, "nvme_path": _path(self.nvme_path), "software": _path(self.software)}
 
 

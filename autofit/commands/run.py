@@ -46,12 +46,12 @@ def _no_progress(trials: int) -> AbstractContextManager[Callable[[SearchEvent], 
     return events_to(None)
 
 
-def run_target(target: Target, *, trials: int, timeout_s: float | None, margin: float, out: PathLike | None,
+def run_target(target: Target, *, trials: int, timeout_s: float | None, out: PathLike | None,
                report: PathLike | None, storage: str | None, study_name: str | None, script: str | None,
                progress: Progress, say: Callable[[str], None]) -> SearchResult:
-    """``autofit run``: :func:`search_target` with the command's knobs; a database error is one line, its URL's
-    password hidden (:func:`autofit.tuner.storage.storage_errors`)."""
-    settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=margin)
+    """``autofit run``: :func:`search_target` with the command's knobs (the margin is the target's, as every command's);
+    a database error is one line, its URL's password hidden (:func:`autofit.tuner.storage.storage_errors`)."""
+    settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=target.margin)
     with storage_errors(storage or DEFAULT_STORAGE):
         return search_target(target, settings, out=out, report=report, storage=storage, study_name=study_name,
                              script=script, progress=progress, say=say)
@@ -62,13 +62,15 @@ def search_target(target: Target, settings: SearchSettings, *, out: PathLike | N
                   workload: Workload | None = None, progress: Progress | None = None,
                   say: Callable[[str], None] = quiet) -> SearchResult:
     """The search (:func:`autofit.tuner.run_search`) of ``target``'s entry point, or of ``script`` (script mode,
-    :mod:`autofit.script`), exactly one of them; the winner's DeepSpeed JSON written to ``out`` (None: nowhere), and
+    :mod:`autofit.script`), exactly one of them, judging what fits with ``settings.margin`` (the plan's too); the
+    winner's DeepSpeed JSON written to ``out`` (None: nowhere), and
     with ``report`` a report folder (:func:`write_search_report`), whose ``index.html`` is the result's
     ``report_path``. ``progress``: a context per search giving the callback of its events (the CLI's progress bar);
     ``say``: progress lines."""
     if (target.entry is None) == (script is None):
         raise AutofitError('autofit run takes an ENTRY or --script "CMD ... {config}", exactly one of them')
     check_outputs(out, report)  # before anything is traced: a folder for --out, a report over the user's files
+    target = dataclasses.replace(target, margin=settings.margin)  # one margin: what the plan and the search judge by
     setup = prepare(target, workload, probes_here=True)
     with contextlib.ExitStack() as stack:
         if script is not None:
@@ -114,12 +116,13 @@ def _report_ladder(setup: Setup, result: SearchResult, say: Callable[[str], None
 @takes_options()
 def search(model: str, options: Options, *, trials: int = 20, out: PathLike | None = None,
            report: PathLike | None = None, storage: str | None = None, study_name: str | None = None,
-           timeout_s: float | None = None, margin: float = 0.10, settings: SearchSettings | None = None,
+           timeout_s: float | None = None, settings: SearchSettings | None = None,
            on_event: Callable[[SearchEvent], None] | None = None,
            say: Callable[[str], None] | None = None) -> SearchResult:
     """The search (``autofit run``): probe the most promising candidates for real, each in a subprocess, and return
     the fastest one that fits, verified. The options are :func:`autofit.estimate`'s keywords
-    (:mod:`autofit.commands.options`).
+    (:mod:`autofit.commands.options`); ``margin`` among them is the share of the device memory every candidate must
+    leave free (predicted, and the verified winner measured).
 
     :param model: an entry point (``"path/to/file.py:function"``, ``"package.module:function"``) or an ``"hf:"``
         config: each probe's subprocess loads the model from it. A :class:`autofit.Workload` object is refused
@@ -131,7 +134,6 @@ def search(model: str, options: Options, *, trials: int = 20, out: PathLike | No
         The same storage and study resume a search: its finished probes are not run again.
     :param study_name: the study's name; None: one made from the model, device, space and request.
     :param timeout_s: stop searching after this many seconds; None: no limit.
-    :param margin: the share of the device memory the verified winner must leave free.
     :param settings: every knob of the search (:class:`autofit.tuner.SearchSettings`); given, it replaces
         ``trials``, ``timeout_s`` and ``margin``.
     :param on_event: called with each :class:`autofit.tuner.SearchEvent` (progress: probes done, the best so far).
@@ -146,7 +148,7 @@ def search(model: str, options: Options, *, trials: int = 20, out: PathLike | No
     entry, workload = model_entry(model)
     target = options.target(entry)
     if settings is None:
-        settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=margin)
+        settings = SearchSettings(trials=trials, timeout_s=timeout_s, margin=target.margin)
     return search_target(target, settings, out=out, report=report, storage=storage,
                          study_name=study_name, workload=workload, progress=lambda _: events_to(on_event),
                          say=say or quiet)

@@ -33,7 +33,7 @@ def add_target(target: Target, *, trials: int, storage: str) -> Added:
     setup = prepare(target)
     request = make_request(setup.entry_point, setup.hardware, gpus=setup.gpus, nodes=target.nodes,
                            global_batch=target.global_batch, space=setup.space, fixed=setup.fixed, trials=trials,
-                           memory_bytes=target.memory_bytes(), recipe=setup.recipe)
+                           memory_bytes=target.memory_bytes(), recipe=setup.recipe, margin=target.margin)
     with storage_errors(storage):
         return submit(storage, setup.plan(), setup.loaded_workload, request)
 

@@ -14,6 +14,7 @@ from autofit.core.hardware import Hardware
 from autofit.core.recipe import Recipe
 from autofit.core.software import Software
 from autofit.cost_model import ModelFacts, Prediction
+from autofit.cost_model.budget import DEFAULT_MARGIN, budget_dict, usable_bytes
 from autofit.ds.emit import deepspeed_config
 from autofit.planning.plan import Plan
 from autofit.workload.hf import entry_lengths
@@ -71,9 +72,12 @@ class EstimateResult:
     """Every candidate of the space, fitting ones first, each group fastest first."""
 
     hardware: Hardware
+    """The device, with its memory budget (``--memory``)."""
     world_size: int
     candidates: list[Candidate]
     rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    margin: float = DEFAULT_MARGIN
+    """The safety margin every candidate's ``fits`` was judged with: predicted within :attr:`usable_bytes`."""
     facts: ModelFacts | None = None
     recipe: Recipe | None = None
     """The user's recipe the candidates were narrowed to (what each JSON's ``differs_from_recipe`` compares with)."""
@@ -88,6 +92,12 @@ class EstimateResult:
     """The model planned: its name, parameter count and the notes on its sequence."""
 
     @property
+    def usable_bytes(self) -> int:
+        """``(1 - margin) x`` the device memory: what a fitting candidate is predicted within
+        (:mod:`autofit.cost_model.budget`)."""
+        return usable_bytes(self.hardware.memory_bytes, self.margin)
+
+    @property
     def fitting(self) -> list[Candidate]:
         return [c for c in self.candidates if c.prediction.fits]
 
@@ -95,6 +105,8 @@ class EstimateResult:
         return {
             "model": self.model.to_dict() if self.model is not None else None,
             "hardware": self.hardware.to_dict() | {"world_size": self.world_size},
+            # what "fits" was judged against: peak_bytes <= usable_bytes = (1 - margin) x memory_bytes
+            "budget": budget_dict(self.hardware.memory_bytes, self.margin),
             "candidates": [_without_kernel(c.to_dict()) if self.kernels == () else c.to_dict() for c in self.candidates],
             "rejected": [{"config": partial, "reason": reason} for partial, reason in self.rejected],
             # how a kernel was traced where not as itself: {"flash": "flash-attn" | "sdpa flash backend"}
@@ -121,7 +133,8 @@ def rank(candidates: list[Candidate]) -> list[Candidate]:
 
 def estimate(plan: Plan) -> EstimateResult:
     """Price every candidate of ``plan`` with its prior coefficients, attach each one's DeepSpeed JSON (with the
-    plan's recipe: its hyperparameters, and what the candidate changes of it); ranked."""
+    plan's recipe: its hyperparameters, and what the candidate changes of it); ranked. Each ``fits`` is the plan's
+    judgement (:meth:`autofit.planning.plan.Plan.predict`: within ``(1 - margin) x`` the device memory)."""
     recipe = plan.stated_recipe
     candidates = [
         Candidate(config=config, prediction=prediction,
@@ -140,5 +153,6 @@ def estimate(plan: Plan) -> EstimateResult:
         software=plan.software,
         kernels=plan.kernels,
         kernel_note=plan.kernel_note,
+        margin=plan.margin,
         model=model_summary(plan),
     )

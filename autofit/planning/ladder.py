@@ -18,7 +18,8 @@ The rungs step through the optimizer and the precision, which are the user's rec
 recipe (``differs``), a substitute (8-bit states, mixed precision for an fp32 recipe) marked as such.
 
 The rungs are priced through :class:`autofit.planning.plan.Plan` (the same ``Plan.predict`` as ``autofit
-estimate`` and the search), against the device's whole memory; a rung a rule of the device refuses
+estimate`` and the search), against the usable budget, ``(1 - margin) x`` the device memory
+(:mod:`autofit.cost_model.budget`); a rung a rule of the device refuses
 (offload when the device is the CPU) carries that rule's reason and is never probed.
 
 :func:`run_ladder` is ``autofit ladder`` as a function of a :class:`autofit.planning.target.Setup`;
@@ -37,6 +38,7 @@ from autofit.core.hardware import Hardware
 from autofit.core.recipe import Difference, Recipe, differences
 from autofit.core.space import DEFAULT_ATTENTION, SPACE_KEYS, SearchSpace
 from autofit.cost_model import ModelFacts, Prediction
+from autofit.cost_model.budget import DEFAULT_MARGIN, budget_dict, usable_bytes
 from autofit.cost_model.calibrate import Calibration
 from autofit.machine.device import cuda_devices_here
 from autofit.machine.software import detect_software
@@ -176,18 +178,18 @@ def check_can_measure(hardware: Hardware) -> None:
 
 def ladder_plan(entry: str, workload: Workload | SourcePlannedWorkload, hardware: Hardware, *, world_size: int, global_batch: int,
                 fixed: dict[str, Any] | None = None, facts: ModelFacts | None = None,
-                software: Software | None = None, recipe: Recipe | None = None) -> Plan:
+                software: Software | None = None, recipe: Recipe | None = None, margin: float = DEFAULT_MARGIN) -> Plan:
     """The plan of the ladder's space: enumerated under the rules, traced once (``facts``: a trace made earlier,
     used where it covers every rung; ``software``: what the machine runs, this one's by default). ``recipe``
     (default: the device's, :func:`autofit.planning.plan.default_recipe`) does not narrow the rungs: it is what each row is
-    compared with."""
+    compared with; ``margin``: the share of the device memory a rung must leave free to fit."""
     fixed = dict(fixed or {})
     check_fixed(fixed)
     ladder = rungs(mixed_precision(hardware), world_size, workload.sequence is not None)
     space = ladder_space(ladder, max(1, global_batch // world_size))
     plan = Plan.make(entry, workload, hardware, space, world_size=world_size, global_batch=global_batch,
                      fixed=fixed, facts=facts if facts is not None and covers(facts, space) else None,
-                     software=software, recipe=recipe, narrow=False)
+                     software=software, recipe=recipe, narrow=False, margin=margin)
     return plan
 
 
@@ -233,7 +235,7 @@ class LadderRow:
 
     @property
     def fits(self) -> bool:
-        """Runnable here and predicted within the device memory."""
+        """Runnable here and predicted within the usable budget (:meth:`autofit.planning.plan.Plan.predict`)."""
         return self.rule is None and self.prediction.fits
 
     @property
@@ -269,6 +271,13 @@ class Ladder:
     """The traced model the rungs were priced with: a probed rung's DeepSpeed JSON is derived from it as the cost
     model priced it (ZeRO buckets from its hidden size, NVMe swap buffers from its largest parameter;
     :func:`autofit.probe.spec.probe_spec`)."""
+    margin: float = DEFAULT_MARGIN
+    """The safety margin the rungs' ``fits`` was judged with: predicted within :attr:`usable_bytes`."""
+
+    @property
+    def usable_bytes(self) -> int:
+        """``(1 - margin) x`` the device memory (:mod:`autofit.cost_model.budget`)."""
+        return usable_bytes(self.hardware.memory_bytes, self.margin)
 
     def with_measured(self, measured: dict[int, dict[str, Any]]) -> Ladder:
         """The same ladder with the probes' JSON (by rung index) added."""
@@ -279,6 +288,7 @@ class Ladder:
         return {
             "model": {"name": self.name, "n_params": self.n_params},
             "hardware": self.hardware.to_dict() | {"world_size": self.world_size},
+            "budget": budget_dict(self.hardware.memory_bytes, self.margin),  # what "fits" was judged against
             "global_batch": self.global_batch,
             "rungs": [row.to_dict() for row in self.rows],
         }
@@ -296,7 +306,7 @@ def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
         for i, (rung, config) in enumerate(zip(ladder, rung_configs(base, ladder), strict=True))
     )
     return Ladder(name=plan.name, n_params=plan.facts.n_params, hardware=plan.hardware, world_size=plan.world_size,
-                  global_batch=first.samples_per_step(plan.world_size), rows=rows, facts=plan.facts)
+                  global_batch=first.samples_per_step(plan.world_size), rows=rows, facts=plan.facts, margin=plan.margin)
 
 
 def _quiet(line: str) -> None:
@@ -345,7 +355,7 @@ def run_ladder(setup: Setup, *, measure: bool = False, steps: int = 3, timeout_s
     say(f"autofit: {setup.tracing_note()}")
     plan = ladder_plan(setup.entry_point, setup.planning_workload, setup.hardware, world_size=setup.world_size,
                        global_batch=global_batch, fixed=setup.fixed, software=setup.software,
-                       recipe=setup.recipe)
+                       recipe=setup.recipe, margin=setup.target.margin)
     ladder = price_ladder(plan)
     if measure:
         ladder = measure_ladder(ladder, setup.entry_point, steps=steps, timeout_s=timeout_s, software=setup.software,
@@ -379,5 +389,5 @@ def search_ladder(entry: str, workload: Workload, result: SearchResult, fixed: d
     kept |= {"micro_batch_size": winner.micro_batch_size, "grad_accum_steps": winner.grad_accum_steps}
     plan = ladder_plan(entry, workload, result.hardware, world_size=result.world_size,
                        global_batch=winner.samples_per_step(result.world_size), fixed=kept, facts=result.facts,
-                       recipe=recipe_of(result))
+                       recipe=recipe_of(result), margin=result.margin)
     return price_ladder(plan, result.calibration)

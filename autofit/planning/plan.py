@@ -1,10 +1,12 @@
 """The plan of a search or an estimate: what is searched, on what, for which model. Made once.
 
 A :class:`Plan` holds everything that does not change while candidates are priced and probed:
-the workload's traced facts, the device, the world size, the space's candidates after its rules
-and the rules' rejections. ``autofit estimate`` prices it with the prior coefficients; ``autofit
+the workload's traced facts, the device, the safety margin, the world size, the space's candidates after
+its rules and the rules' rejections. ``autofit estimate`` prices it with the prior coefficients; ``autofit
 run`` prices it again after every probe with the calibrated ones. Both go through
-:meth:`Plan.price`, so the two commands cannot disagree on what a candidate is predicted to need.
+:meth:`Plan.predict`, which judges every prediction against the usable budget, ``(1 - margin) x`` the device
+memory (:mod:`autofit.cost_model.budget`), so no two commands disagree on what a candidate needs or on whether
+it fits.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from autofit.core.software import Software
 from autofit.core.space import SearchSpace, enumerate_candidates
 from autofit.core.units import format_bytes
 from autofit.cost_model import Coefficients, ModelFacts, Prediction
+from autofit.cost_model.budget import DEFAULT_MARGIN, check_margin, usable_bytes, usable_hardware
 from autofit.cost_model.calibrate import Calibration
 from autofit.cost_model.facts import footprint_key
 from autofit.cost_model.states import optimizer_state_bytes
@@ -45,7 +48,7 @@ class Plan:
     name: str
     """The workload's name (the entry when it has none)."""
     hardware: Hardware
-    """The device, with the memory budget the candidates are priced against."""
+    """The device, with its memory budget (``--memory``): what a probe runs on and is capped at."""
     space: SearchSpace
     """The search space the candidates come from."""
     world_size: int
@@ -76,10 +79,14 @@ class Plan:
     model has no kernel dimension (no attention, or no ``attention`` keyword); None: a plan made by hand."""
     kernel_note: str | None = None
     """Why :attr:`kernels` is narrower than every kernel (:attr:`autofit.workload.types.Workload.kernel_note`)."""
+    margin: float = DEFAULT_MARGIN
+    """The share of the device memory every candidate must leave free (``--margin``): a candidate fits when it is
+    predicted within :attr:`usable_bytes` (:mod:`autofit.cost_model.budget`)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, but got {self.world_size=}")
+        object.__setattr__(self, "margin", check_margin(self.margin))
 
     @classmethod
     def make(
@@ -98,6 +105,7 @@ class Plan:
         recipe: Recipe | None = None,
         narrow: bool = True,
         hosts: tuple[str, ...] = (),
+        margin: float = DEFAULT_MARGIN,
     ) -> Plan:
         """Enumerate the space under its rules and trace the workload once for every candidate's needs (``coefficients``:
         the prior, the device's own by default; ``facts``: a trace made earlier; ``software``: what the target runs,
@@ -107,7 +115,8 @@ class Plan:
         names); with ``narrow`` the space's optimizers and precisions are narrowed to it and its allowed
         substitutes (:func:`autofit.core.recipe.narrow_space`). ``narrow=False`` keeps the space as written: the
         ladder, whose rungs step through them and are labelled instead (and tests of the policy over several
-        optimizers); the emitted JSON still says what differs from the recipe."""
+        optimizers); the emitted JSON still says what differs from the recipe. ``margin``: the share of the device
+        memory every candidate must leave free (:attr:`margin`)."""
         fixed = dict(fixed or {})
         software = software if software is not None else detect_software()
         recipe = _checked_recipe(recipe if recipe is not None else default_recipe(hardware, fixed), fixed)
@@ -136,7 +145,7 @@ class Plan:
             coefficients=coefficients or Coefficients.for_hardware(hardware),
             software=software,
             recipe=recipe,
-            hosts=tuple(hosts), kernels=workload.kernels, kernel_note=workload.kernel_note,
+            hosts=tuple(hosts), kernels=workload.kernels, kernel_note=workload.kernel_note, margin=margin,
         )
 
     @property
@@ -144,17 +153,35 @@ class Plan:
         """The recipe the plan was made for (:func:`default_recipe` where it was made by hand without one)."""
         return self.recipe if self.recipe is not None else default_recipe(self.hardware, self.fixed)
 
+    @property
+    def usable_bytes(self) -> int:
+        """What a candidate may be predicted to hold and still fit: ``(1 - margin) x`` the device memory."""
+        return usable_bytes(self.hardware.memory_bytes, self.margin)
+
     def with_memory(self, memory_bytes: int) -> Plan:
-        """The same plan priced against another budget (the search's usable part of the device)."""
+        """The same plan on a device with another memory budget (its margin kept)."""
         return replace(self, hardware=self.hardware.with_memory(memory_bytes))
+
+    def with_margin(self, margin: float) -> Plan:
+        """The same plan with another safety margin (the search's ``--margin``)."""
+        return replace(self, margin=check_margin(margin))
+
+    def usable(self) -> Plan:
+        """The same plan with the device memory cut to its usable budget and no margin left to apply: what the
+        search prices, calibrates and advises against (its ``usable.hardware.memory_bytes`` is the usable budget);
+        every prediction the same as :meth:`predict` makes of this plan."""
+        return replace(self, hardware=usable_hardware(self.hardware, self.margin), margin=0.0)
 
     def uncalibrated(self) -> Calibration:
         """The prior coefficients as a calibration of no probe."""
         return Calibration(coefficients=self.coefficients)
 
-    def predict(self, config: Config, calibration: Calibration | None = None) -> Prediction:
-        """``config`` priced with ``calibration`` (the prior when None) against this plan's budget."""
-        return (calibration or self.uncalibrated()).predict(config, self.facts, self.hardware, self.world_size)
+    def predict(self, config: Config, calibration: Calibration | None = None, facts: ModelFacts | None = None) -> Prediction:
+        """``config`` priced with ``calibration`` (the prior when None), its ``fits`` judged against the usable budget
+        (:attr:`usable_bytes`; :mod:`autofit.cost_model.budget`). ``facts``: other facts of the same model than the
+        plan's (its trace carried to another length, :mod:`autofit.planning.longest`)."""
+        budget = usable_hardware(self.hardware, self.margin)
+        return (calibration or self.uncalibrated()).predict(config, facts or self.facts, budget, self.world_size)
 
     def price(self, calibration: Calibration | None = None) -> list[tuple[Config, Prediction]]:
         """Every candidate priced with ``calibration`` (the prior when None), fastest predicted first."""

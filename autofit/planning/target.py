@@ -27,6 +27,7 @@ from autofit.core.recipe import parse_hyperparameters, recipe_for
 from autofit.core.software import CUDA_CLUSTER
 from autofit.core.space import load_space
 from autofit.core.units import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, parse_bytes, whole
+from autofit.cost_model.budget import DEFAULT_MARGIN, MAX_MARGIN, check_margin
 from autofit.ds.recipe_from import read_recipe
 from autofit.machine.device import cuda_devices_here, get_hardware
 from autofit.machine.software import check_nvme_path, detect_software, read_software_file
@@ -78,6 +79,12 @@ class Target:
         "--memory", help="Device memory budget, e.g. 2GiB, 1.5GiB, 800MiB."))
     """The device memory budget, overriding the preset's: ``2GiB``, ``800MiB`` or bytes
     (:func:`autofit.core.units.parse_bytes`); None: the device's own."""
+    margin: float = field(default=DEFAULT_MARGIN, metadata=option(
+        "--margin", help=f"Share of the device memory every config must leave free: it fits when predicted within "
+        f"(1 - margin) x memory, and the search's winner when measured within it (0 to {MAX_MARGIN:g}).",
+        show_default=True))
+    """The safety margin (:mod:`autofit.cost_model.budget`): every command judges what fits against
+    ``(1 - margin) x`` the device memory, the search its measured peaks too."""
     gpus: int | None = field(default=None, metadata=option(
         "--gpus", help="Devices per node (default: the GPUs visible here with --hardware auto on a CUDA machine, "
         "else 1).", minimum=1))
@@ -160,6 +167,7 @@ class Target:
         if self.global_batch is not None:
             whole("global_batch", self.global_batch, 1, MAX_GLOBAL_BATCH, or_none=True)
         object.__setattr__(self, "seq_len", _seq_len(self.seq_len))
+        object.__setattr__(self, "margin", check_margin(self.margin))
         if isinstance(self.set_values, str):
             raise AutofitError(f"set_values must be a tuple of key=value strings, but got {self.set_values!r}")
         object.__setattr__(self, "set_values", tuple(self.set_values))
@@ -278,7 +286,7 @@ class Setup:
 
         return Plan.make(self.entry_point, self.planning_workload, self.hardware, self.space,
                          world_size=self.world_size, global_batch=self.global_batch, fixed=self.fixed,
-                         software=self.software, recipe=self.recipe, hosts=self.hosts)
+                         software=self.software, recipe=self.recipe, hosts=self.hosts, margin=self.target.margin)
 
 
 def _seq_len(value: int | str | None) -> int | str | None:

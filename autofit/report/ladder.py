@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.core.config import Config
 from autofit.core.recipe import differences
 from autofit.core.units import format_bytes
+from autofit.cost_model.budget import budget_text
 from autofit.cost_model.prediction import PredictionRecord
 from autofit.planning.ladder import Ladder, LadderRow, recipe_label, recipe_of
 from autofit.report.plots import pyplot
@@ -26,7 +27,7 @@ COLORS = {"fits": "#2a9d8f", "too big": "#e63946", "cannot run": "#adb5bd", "win
 
 def ladder_title(ladder: Ladder) -> str:
     return (f"{ladder.name} ({ladder.n_params / 1e6:,.1f} M parameters) on {ladder.world_size} x "
-            f"{ladder.hardware.name} ({format_bytes(ladder.hardware.memory_bytes)} each), "
+            f"{ladder.hardware.name} ({budget_text(ladder.hardware.memory_bytes, ladder.margin)} each), "
             f"global batch {ladder.global_batch}")
 
 
@@ -66,7 +67,7 @@ def winner_place(ladder: Ladder, winner: Config, predicted_samples_per_s: float)
         return f"The winner is rung {same[0].index} ({same[0].rung.name}) of the ladder."
     fitting = [row for row in ladder.rows if row.fits]
     if not fitting:
-        return (f"No rung of the ladder is predicted to fit {format_bytes(ladder.hardware.memory_bytes)}; the winner "
+        return (f"No rung of the ladder is predicted to fit {budget_text(ladder.hardware.memory_bytes, ladder.margin)}; the winner "
                 f"({winner.label()}) does: it differs from the last rung in {_differences(winner, ladder.rows[-1].config)}.")
     best = max(fitting, key=lambda row: row.prediction.samples_per_s)
     ratio = predicted_samples_per_s / best.prediction.samples_per_s if best.prediction.samples_per_s else 0.0

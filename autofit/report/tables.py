@@ -10,6 +10,7 @@ from rich.table import Table
 from autofit.core.recipe import recipe_line
 from autofit.core.space import describe_rejections
 from autofit.core.units import format_bytes
+from autofit.cost_model.budget import budget_text
 from autofit.probe.result import ProbeResult
 from autofit.report.ladder import ladder_rows, ladder_title
 
@@ -26,7 +27,7 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
     hw = result.hardware
     fitting = len(result.fitting)
     table = Table(title=f"{hw.name} x {result.world_size}: {fitting} of {len(result.candidates)} candidates fit "
-                        f"{format_bytes(hw.memory_bytes)}")
+                        f"{budget_text(hw.memory_bytes, result.margin)}")
     for column in ("#", "config", "peak", "params", "grads", "optim", "activ", "other", "step s", "samples/s", "fits"):
         table.add_column(column, justify="right" if column not in ("config", "fits") else "left")
     for i, candidate in enumerate(result.candidates[:max_rows], 1):

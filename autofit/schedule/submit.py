@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autofit.cost_model.budget import DEFAULT_MARGIN, check_margin
 from autofit.machine.fingerprint import check_device_name, device_name
 from autofit.planning.estimate import estimate
 from autofit.schedule import queue
@@ -31,26 +32,31 @@ def absolute_entry(entry: str) -> str:
 
 
 def make_request(entry: str, hardware: Any, *, gpus: int, nodes: int, global_batch: int | None, space: Any,
-                 fixed: dict[str, Any], trials: int, memory_bytes: int | None, recipe: Any = None) -> dict[str, Any]:
+                 fixed: dict[str, Any], trials: int, memory_bytes: int | None, recipe: Any = None,
+                 margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
     """The study's ``request`` attribute: all a worker needs to plan the search again (``recipe``: the user's
-    :class:`autofit.core.recipe.Recipe`; None: the worker's device default, :func:`autofit.planning.plan.default_recipe`)."""
+    :class:`autofit.core.recipe.Recipe`; None: the worker's device default, :func:`autofit.planning.plan.default_recipe`;
+    ``margin``: what the worker's search judges fits by, as the preview here did)."""
     return {
         "entry": entry, "hardware": check_device_name(device_name(hardware)), "gpus": gpus, "nodes": nodes,
         "global_batch": global_batch, "space": space.to_dict(), "space_name": space.name,
         "fixed": {k: fixed[k] for k in sorted(fixed)}, "trials": trials, "memory_bytes": memory_bytes,
+        "margin": check_margin(margin),
         "recipe": recipe.to_dict() if recipe is not None else None,
         "sources": sources_digest(entry),  # compared by a worker before it imports the entry
     }
 
 
 def planned(plan: Any) -> dict[str, Any] | None:
-    """The cost model's fastest candidate predicted to fit (prior coefficients), None when none does."""
+    """The cost model's fastest candidate predicted to fit (prior coefficients; within the plan's usable budget, as
+    the worker's search judges it), None when none does."""
 
     fitting = estimate(plan).fitting
     if not fitting:
         return None
     best = fitting[0]
-    return {"config": best.config.to_dict(), "predicted": best.prediction.to_dict(), "memory_bytes": plan.hardware.memory_bytes}
+    return {"config": best.config.to_dict(), "predicted": best.prediction.to_dict(), "memory_bytes": plan.hardware.memory_bytes,
+            "margin": plan.margin, "usable_bytes": plan.usable_bytes}
 
 
 def submit(url: str, plan: Any, workload: Any, request: dict[str, Any]) -> queue.Added:

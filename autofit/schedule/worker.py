@@ -41,6 +41,7 @@ from autofit.core.recipe import Recipe
 from autofit.core.space import space_from_dict
 from autofit.core.storage_url import drop_storage_from_environ, redact_url, scrub
 from autofit.core.units import finite
+from autofit.cost_model.budget import DEFAULT_MARGIN
 from autofit.machine.fingerprint import MachineFingerprint
 from autofit.machine.software import detect_software
 from autofit.planning.plan import Plan
@@ -236,7 +237,7 @@ class Worker:
                 raise Interrupted(self.stopping)
             attrs = queue.study_attrs(self.url, search_id)
             plan = plan_for(attrs, self.hardware)
-            settings = SearchSettings(trials=int(attrs[queue.REQUEST_ATTR]["trials"]))
+            settings = SearchSettings(trials=int(attrs[queue.REQUEST_ATTR]["trials"]), margin=plan.margin)
             with tempfile.TemporaryDirectory(prefix="autofit-worker-") as tmp:
                 result = run_search(plan, settings, out_path=Path(tmp) / "ds_config.json", storage=self.url,
                                     study_name=queue.study_name(search_id),
@@ -358,7 +359,8 @@ def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
     space = space_from_dict(request["space"], name=request["space_name"])
     return Plan.make(request["entry"], workload, hardware, space, world_size=request["gpus"] * request["nodes"],
                      global_batch=request["global_batch"], fixed=request["fixed"], software=detect_software(),
-                     recipe=Recipe.from_dict(request["recipe"]) if request.get("recipe") else None)
+                     recipe=Recipe.from_dict(request["recipe"]) if request.get("recipe") else None,
+                     margin=request.get("margin", DEFAULT_MARGIN))  # queued before --margin travelled: the default
 
 
 def winner_record(result: SearchResult, machine: MachineFingerprint, plan: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from autofit.core.recipe import substitutes_of
 from autofit.core.rules import RULES, Context
 from autofit.core.units import format_bytes
 from autofit.cost_model import Prediction
+from autofit.cost_model.budget import budget_text, memory_for
 from autofit.cost_model.calibrate import Calibration
 from autofit.cost_model.memory_correction import family
 from autofit.planning.plan import Plan
@@ -29,8 +30,7 @@ def nothing_fits(
     ranked = usable.price(calibration)
     smallest_config, smallest = min(ranked, key=lambda cp: cp[1].peak_bytes)
     text = (
-        f"nothing fits {device.name} ({format_bytes(device.memory_bytes)}, "
-        f"{format_bytes(usable.hardware.memory_bytes)} usable with the {margin:.0%} safety margin): "
+        f"nothing fits {device.name} within {budget_text(device.memory_bytes, margin)}: "
         + _measured(records)
         + _smallest_need(smallest_config, smallest)
     )
@@ -99,7 +99,7 @@ def _cpu_ideas(
     measured = [r.peak_bytes for r in records if r.phase == "search" and r.status == "ok" and r.peak_bytes > 0]
     p = calibration.predict(smallest, usable.facts, usable.hardware, 1)
     need = min(measured) if measured else p.peak_bytes
-    return [(p.samples_per_s, f"--memory {format_bytes(int(need / (1.0 - margin)) + 1)} or more "
+    return [(p.samples_per_s, f"--memory {format_bytes(memory_for(need, margin))} or more "
                               f"({p.samples_per_s:.3g} samples/s)")]
 
 

@@ -3,7 +3,8 @@
 The loop, with Optuna owning the study and its storage (:mod:`autofit.tuner.study`):
 
 1. The :class:`~autofit.planning.plan.Plan` (made once) is priced against the *usable* budget,
-   ``(1 - margin) x device memory``; a config predicted past it is not probed (the memory band aside).
+   ``(1 - margin) x device memory`` (:meth:`~autofit.planning.plan.Plan.usable`, the rule every command judges
+   by: :mod:`autofit.cost_model.budget`); a config predicted past it is not probed (the memory band aside).
 2. Each round, :mod:`autofit.tuner.policy` says whether to stop and what to probe next. The
    ``prober`` runs the probe (by default :func:`subprocess_prober`: real DeepSpeed steps in a
    subprocess with its own deadline; a benchmark's replay or a remote executor plugs in here).
@@ -96,8 +97,9 @@ class _Search:
 
     def __init__(self, plan: Plan, settings: SearchSettings, study: Any, prober: Prober,
                  on_event: Callable[[SearchEvent], None]) -> None:
+        plan = plan.with_margin(settings.margin)  # what fits is judged by the search's margin, in every price
         self.plan, self.settings, self.study, self.prober, self.on_event = plan, settings, study, prober, on_event
-        self.usable = plan.with_memory(int((1.0 - settings.margin) * plan.hardware.memory_bytes))
+        self.usable = plan.usable()
         self.params = distributions(plan)
         self.records = read_back(study)
         self.n_done = sum(1 for r in self.records if r.phase == "search")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofit.core.errors import AutofitError
+from autofit.cost_model.budget import DEFAULT_MARGIN, check_margin
 
 
 @dataclass(frozen=True)
@@ -15,8 +16,10 @@ class SearchSettings:
     """Most search probes of the study (probes an earlier run of the study made count)."""
     timeout_s: float | None = None
     """Wall seconds of this call's search (verification may run past it, once); None: no limit."""
-    margin: float = 0.10
-    """Share of the device memory the verified winner must leave free: usable = ``(1 - margin) x`` memory."""
+    margin: float = DEFAULT_MARGIN
+    """Share of the device memory every candidate must leave free: usable = ``(1 - margin) x`` memory, what
+    predictions are judged against and the verified winner's measured peak must stay within
+    (:mod:`autofit.cost_model.budget`)."""
     stop_tolerance: float = 0.05
     """The least doubt the stop rule gives a prediction: a candidate predicted within ``1 / (1 + this)`` of
     the best measured may still beat it and is probed."""
@@ -72,8 +75,7 @@ class SearchSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise AutofitError(f"{name} must be an integer >= 1, but got {value!r}")
-        if not 0.0 <= self.margin < 1.0:
-            raise AutofitError(f"margin must be within [0, 1), but got {self.margin!r}")
+        object.__setattr__(self, "margin", check_margin(self.margin))
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise AutofitError(f"timeout must be positive, but got {self.timeout_s!r}")
         for name in ("probe_timeout_s", "min_probe_timeout_s", "probe_seconds", "timeout_slack"):

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from autofit.cli import main
 from autofit.core.boundary import STATUSES
 from autofit.core.config import Config
+from autofit.cost_model.budget import memory_for
 from autofit.machine.device import get_hardware
 from autofit.planning.ladder import BASELINE, ladder_plan, measure_ladder, price_ladder, rung_configs, rungs
 from autofit.planning.plan import Plan
@@ -77,7 +78,9 @@ def test_a_budget_below_a_rung_says_it_does_not_fit(plan: Plan) -> None:
     full = price_ladder(plan).rows
     # the checkpointing rung is below the baseline (asserted above); the mixed-precision rung need not be
     budget = (full[0].prediction.peak_bytes + full[1].prediction.peak_bytes) // 2
-    rows = price_ladder(plan.with_memory(budget)).rows
+    ladder = price_ladder(plan.with_memory(memory_for(budget, plan.margin)))  # a usable budget between the two
+    assert ladder.usable_bytes == budget and ladder.to_dict()["budget"]["usable_bytes"] == budget
+    rows = ladder.rows
     assert not rows[0].fits and rows[0].why_not is not None and rows[0].why_not.startswith("needs")
     assert rows[1].fits and rows[1].why_not is None
 
