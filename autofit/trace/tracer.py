@@ -108,8 +108,9 @@ def check_scan_time(workload: Workload, structure: dict[str, Any], layer_steps: 
     if workload.at_length is None or not seq_len or seq_len <= PROBE_LENGTH:
         return
     short = workload.at_length(PROBE_LENGTH)
-    layers = min(CUT_LAYERS["full"][0] * (scale_period(structure) or 1), structure["n_layers"]) or 1
-    cut = scale_period(structure) > 0
+    period = scale_period(structure)
+    layers = min(CUT_LAYERS["full"][0] * (period or 1), structure["n_layers"]) or 1
+    cut = period > 0
     started = time.perf_counter()
     step.trace_step(cut_workload(short, layers) if cut else short, 1, "fp32", "sdpa", (0.0, "block"), "fake")
     measured = time.perf_counter() - started
