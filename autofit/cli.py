@@ -265,7 +265,7 @@ def schedule_add(shared: Shared, trials: int, storage: str) -> None:
     """
     added = schedule_command.add_target(shared.target, trials=trials, storage=storage)
     if shared.as_json:
-        click.echo(json.dumps(added.to_dict()))
+        emit_document(json.dumps(added.to_dict()))
         return
     click.echo(added.id)
     say(f"autofit: {added.state}{' (cached)' if added.cached else ''}")
@@ -278,13 +278,14 @@ def schedule_add(shared: Shared, trials: int, storage: str) -> None:
 @user_errors
 def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
     """Every search: hardware, state (queued, running, done, failed, nothing-fits), trials, worker, best so far."""
-    searches = schedule_command.list_searches(storage)
-    if as_json:
-        click.echo(json.dumps({"searches": searches}, indent=1))
-    else:
-        from autofit.schedule.status import print_searches  # sqlalchemy: autofit.commands.schedule
+    with json_stdout(as_json):  # --json: the document alone
+        searches = schedule_command.list_searches(storage)
+        if as_json:
+            emit_document(json.dumps({"searches": searches}, indent=1))
+            return
+    from autofit.schedule.status import print_searches  # sqlalchemy: autofit.commands.schedule
 
-        print_searches(searches)
+    print_searches(searches)
 
 
 @main.command()
@@ -329,10 +330,11 @@ def worker(storage: str, hardware: str, gpus: int | None, nodes: int, idle_exit_
 def results(storage: str, entry: str | None, prices: tuple[str, ...], report_dir: str | None, as_json: bool,
             debug: bool) -> None:
     """Each model's winners across hardware: samples/s, tokens/s, memory headroom, cost per million tokens."""
-    rows = schedule_command.results(storage, prices=prices, entry=entry, report_dir=report_dir)
-    if as_json:
-        click.echo(json.dumps({"results": rows}, indent=1))
-    else:
-        from autofit.schedule.results import print_results  # sqlalchemy: autofit.commands.schedule
+    with json_stdout(as_json):  # --json: the document alone
+        rows = schedule_command.results(storage, prices=prices, entry=entry, report_dir=report_dir)
+        if as_json:
+            emit_document(json.dumps({"results": rows}, indent=1))
+            return
+    from autofit.schedule.results import print_results  # sqlalchemy: autofit.commands.schedule
 
-        print_results(rows)
+    print_results(rows)
