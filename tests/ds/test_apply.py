@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from compiled_script import Net  # the tiny residual MLP the compiled-engine script trains
+from hostile_helpers import python
 
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError
@@ -80,6 +81,26 @@ def test_apply_to_model_reads_the_autofit_section() -> None:
     model = Net(width=16, n_layers=4)
     ds = deepspeed_config(Config(checkpoint_ratio=0.5))
     assert apply_to_model(model, ds, list(model.blocks)) == 2
+
+
+def test_the_public_name_autofit_apply_imports_in_a_fresh_interpreter() -> None:
+    """``from autofit.apply import apply_to_model`` (the guides' and older scripts' import) is autofit.ds.apply itself,
+    as the first import of a fresh process, and stays light (no torch until the model needs it)."""
+    code = """
+import sys
+from autofit.apply import apply_to_model
+import autofit.apply, autofit.ds.apply
+assert autofit.apply is autofit.ds.apply and apply_to_model is autofit.ds.apply.apply_to_model
+assert "torch" not in sys.modules, "autofit.apply imported torch"
+from torch import nn
+from autofit.core.config import Config
+from autofit.ds.emit import deepspeed_config
+blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+print(apply_to_model(nn.Sequential(*blocks), deepspeed_config(Config(checkpoint_ratio=0.5)), list(blocks)))
+"""
+    res = python(code)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "2"
 
 
 def test_client_optimizer_only_when_the_json_names_none() -> None:
