@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hostile_helpers import autofit, one_line_error
 
 from autofit.core.config import CONFIG_KEYS, LONG_CONTEXT_KEYS, Config, parse_set
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import PRESETS, Hardware
 from autofit.core.rules import OFFLOADABLE_OPTIMIZERS, RULES, Context
+from autofit.core.sequence import SequenceShape
 from autofit.core.software import Software
-from autofit.core.space import SPACE_KEYS, SearchSpace, enumerate_candidates, load_space, search_space_dirs, shipped_spaces
+from autofit.core.space import (
+    SPACE_KEYS,
+    SearchSpace,
+    count_surviving,
+    dimensions,
+    enumerate_candidates,
+    load_space,
+    pruned_assignments,
+    search_space_dirs,
+    shipped_spaces,
+    space_from_dict,
+    surviving_points,
+)
 from autofit.machine.device import get_hardware
 
 REPO_SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -458,3 +473,56 @@ def test_detected_cpu_enumerates_the_cpu_space():
     result = enum(load_space("cpu"), hardware=get_hardware("cpu"), world_size=1, global_batch=None)
     assert result.candidates
     assert all(c.attention != "flash" and c.precision in ("fp32", "bf16") for c in result.candidates)
+
+
+# --- the bound on candidates, counted before the walk ------------------------------------------
+
+#: Llama-3.1-8B's sequence, so that the long-context keys' rules prune (tests/core/test_long_context_rules.py)
+LONG = SequenceShape(seq_len=65536, n_heads=32, n_kv_heads=8, hidden_size=4096)
+
+
+@pytest.mark.parametrize("name", ["cpu", "single_gpu", "cluster"])
+@pytest.mark.parametrize(("hardware", "world_size", "global_batch", "sequence"),
+                         [(CPU, 1, None, None), (H100, 8, 64, None), (A100, 1, 24, None), (H100, 8, 16, LONG)],
+                         ids=["cpu", "h100x8", "a100-gb24", "h100x8-long"])
+def test_the_count_of_runnable_candidates_is_the_walks_length(name, hardware, world_size, global_batch, sequence):
+    ctx = Context(hardware, world_size, global_batch, Software(), sequence)
+    dims = dimensions(load_space(name), {}, ctx, searches_attention=True)
+    bad, _ = pruned_assignments(dims, ctx)
+    assert count_surviving(dims, bad) == sum(1 for _ in surviving_points(dims, bad)) > 0
+
+
+def huge_space(n: int = 10**4) -> dict:
+    """10^4 micro-batches x 10^4 checkpoint ratios: 10^8 configs (issue 51)."""
+    return {"micro_batch_size": list(range(1, n + 1)), "checkpoint_ratio": [i / n for i in range(n)]}
+
+
+@pytest.mark.parametrize(("global_batch", "n_runnable"), [(None, "100,000,000"), (16, None), (10_000, None)])
+def test_a_space_of_1e8_is_counted_before_the_walk(global_batch, n_runnable):
+    """Counted exactly before anything is walked: with no global batch all 10^8 can run (refused, the count said);
+    --global-batch 16 leaves the 5 dividing micro-batches, 50,000 candidates (under the bound: enumerated)."""
+    space = space_from_dict(huge_space(), name="huge")
+    ctx = Context(CPU, 1, global_batch, Software())
+    dims = dimensions(space, {}, ctx, searches_attention=False)
+    bad, _ = pruned_assignments(dims, ctx)
+    divisors = None if global_batch is None else sum(global_batch % m == 0 for m in range(1, 10**4 + 1))
+    assert count_surviving(dims, bad) == (10**8 if divisors is None else divisors * 10**4)
+    if n_runnable is not None:
+        with pytest.raises(AutofitError, match=f"has {n_runnable} candidates that can run here"):
+            enum(space, hardware=CPU, global_batch=global_batch, searches_attention=False)
+
+
+@pytest.mark.slow  # a CLI run
+def test_estimate_refuses_a_1e8_space_file_in_one_line_within_seconds(tmp_path):
+    import yaml
+
+    space = tmp_path / "huge.yaml"
+    space.write_text(yaml.safe_dump(huge_space()))
+    example = Path(__file__).resolve().parents[2] / "examples" / "mlp.py"
+    start = time.monotonic()
+    res = autofit("estimate", f"{example}:workload", "--hardware", "cpu", "--memory", "2GiB", "--space", str(space),
+                  timeout=120)
+    elapsed_s = time.monotonic() - start
+    assert one_line_error(res, "has 100,000,000 candidates that can run here (more than 250,000)"), res.stderr[-600:]
+    assert len(res.stderr.strip().splitlines()) == 1 and not res.stdout
+    assert elapsed_s < 10, elapsed_s  # imports included; walked to the bound before: minutes at a global batch
