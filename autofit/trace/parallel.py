@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from autofit.core.errors import AutofitError, is_control
 from autofit.cost_model.facts import PeakPoint
+from autofit.machine.lifetime import die_with_parent
 from autofit.trace import step
 from autofit.trace.scaling import CUT_LAYERS
 from autofit.trace.tensors import (
@@ -120,8 +121,12 @@ def _forked_results(runs: list[_Run], keys: list[_StepKey], workers: int) -> dic
     global _FORKED_RUNS
     _FORKED_RUNS = runs
     try:
-        # a pool of ProcessPoolExecutor raises BrokenProcessPool where a worker dies (multiprocessing.Pool waits)
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        # a pool of ProcessPoolExecutor raises BrokenProcessPool where a worker dies (multiprocessing.Pool waits);
+        # each worker dies with this process (a SIGKILL from outside included): a tracer runs no subprocess, so the
+        # parent-death signal is enough (autofit/machine/lifetime.py); a fork pool starts its workers from this
+        # thread, the one that waits for them (the signal follows the thread that forked)
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=die_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
             return dict(zip(keys, pool.map(_forked_step, keys), strict=True))
     except (OSError, BrokenProcessPool) as exc:  # a fork refused (no memory, a process limit), a worker killed
         _in_one_process(f"a trace worker could not start or died: {type(exc).__name__}: {first_line(exc)}")
