@@ -45,6 +45,7 @@ from typing import Any
 from autofit.cost_model.facts import footprint_key
 from autofit.ds.apply import apply_checkpointing
 from autofit.ds.emit import write_json_atomic
+from autofit.machine.lifetime import die_with_parent, parent_from_env
 from autofit.probe.launch import free_port, rank_env
 from autofit.probe.rank.memory import settled_rss_bytes
 from autofit.probe.rank.worker import import_workload
@@ -146,6 +147,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m autofit.probe.footprint ENTRY PRECISION ATTENTION OUT", file=sys.stderr)
         return 2
     entry, precision, attention, out = argv[1:5]
+    die_with_parent(parent_from_env(os.getppid()))  # the user's model runs here: not on, past a SIGKILLed autofit
     write_json_atomic(Path(out), measure(entry, precision, attention))
     return 0
 

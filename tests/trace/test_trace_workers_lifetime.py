@@ -1,6 +1,6 @@
-"""The forked trace workers die with the autofit process that forked them, however it dies: a SIGKILL from outside
-(a scheduler's timeout, ``subprocess.run(timeout=...)``, the OOM killer) leaves no tracer running on as an orphan
-(issue 51; autofit/machine/lifetime.py)."""
+"""The forked trace workers and the kernel footprint's process die with the autofit process that started them,
+however it dies: a SIGKILL from outside (a scheduler's timeout, ``subprocess.run(timeout=...)``, the OOM killer)
+leaves none running on as an orphan (issue 51; autofit/machine/lifetime.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ import pytest
 from hostile_helpers import ROOT, env
 
 #: a model deep enough to be traced cut in forked workers (autofit/trace/tracer.py, SCALE_MIN_LAYERS); its forward,
-#: in any process but the one that imported it (autofit's), marks its pid and sleeps: a tracer that would outlive us
+#: in a process forked from the one that imported it (autofit's: a tracer) or in the program $SLEEP_IN names (the
+#: kernel footprint's, autofit/probe/footprint.py), marks its pid and sleeps: a child that would outlive autofit
 ENTRY = '''\
-import os, time
+import os, sys, time
 import torch
 from torch import nn
 from autofit import Workload
@@ -31,7 +32,7 @@ class Block(nn.Module):
         self.fc = nn.Linear(16, 16)
 
     def forward(self, x):
-        if os.getpid() != AUTOFIT_PID:
+        if os.getpid() != AUTOFIT_PID or sys.argv[0].endswith(os.environ["SLEEP_IN"]):
             open(os.path.join(os.environ["MARKS"], str(os.getpid())), "w").close()
             time.sleep(600)
         return x + self.fc(x)
@@ -80,21 +81,24 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and the parent-death signal are Linux's")
-def test_no_trace_worker_outlives_a_sigkilled_autofit(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("trace_workers", "sleep_in", "n_children"), [("2", "/nothing", 2), ("1", "footprint.py", 1)],
+                         ids=["trace-workers", "kernel-footprint"])
+def test_no_child_outlives_a_sigkilled_autofit(tmp_path: Path, trace_workers: str, sleep_in: str,
+                                               n_children: int) -> None:
     (tmp_path / "deep.py").write_text(ENTRY)
     marks = tmp_path / "marks"
     marks.mkdir()
     args = [sys.executable, "-m", "autofit", "estimate", f"{tmp_path / 'deep.py'}:deep_workload", "--hardware", "cpu",
             "--memory", "1GiB", "--global-batch", "8", "--set", "zero_stage=0", "--set", "precision=fp32",
             "--set", "compile=off", "--optimizer", "sgd"]
-    proc = subprocess.Popen(args, cwd=ROOT, env=env(AUTOFIT_TRACE_WORKERS="2", MARKS=str(marks)),
+    proc = subprocess.Popen(args, cwd=ROOT, env=env(AUTOFIT_TRACE_WORKERS=trace_workers, MARKS=str(marks), SLEEP_IN=sleep_in),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while len(list(marks.iterdir())) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        while len(list(marks.iterdir())) < n_children and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         tracers = {int(p.name) for p in marks.iterdir()}
-        assert len(tracers) == 2, proc.stderr.read()[-2000:] if proc.poll() is not None else "no tracer started"
+        assert len(tracers) == n_children, proc.stderr.read()[-2000:] if proc.poll() is not None else "none started"
         family = _children(proc.pid)
         assert tracers <= family
         os.kill(proc.pid, signal.SIGKILL)
