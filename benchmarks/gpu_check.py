@@ -1,24 +1,27 @@
-"""One command, one short GPU check: what a bare GPU machine says of autofit, in under 9 minutes.
+"""One command, one short GPU check that brings the GPU's truth home as data, in under 9 minutes.
 
     benchmarks/gpu_carry.sh                                          # here: the wheels the GPU image lacks, in .whl
     python3 benchmarks/gpu_check.py --install .whl --out OUT         # there (carry .whl): the check
     python benchmarks/gpu_check.py --dry-run --out tmp               # the same steps on the CPU, tiny, in CI
 
 Steps, each a subprocess under its own time limit (its process group killed at the limit), a failure recorded and
-the next step run; ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` are rewritten after every step (and the accuracy
-step's rows as they are measured), so a run cut short still returns what it measured:
+the next step run; ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` are rewritten after every step (and as a step's
+rows come), so a run cut short still returns what it measured:
 
-1. ``install``: the carried wheels into ``/tmp/site`` (``--install DIR``; skipped without);
+1. ``install``: the carried wheels into ``/tmp/site`` (``--install DIR``; skipped without), byte-compiled;
 2. ``env``: torch, CUDA, the device, NVML, and what autofit detects (hardware, the software the rules judge by);
-3. ``ops``: DeepSpeed's compiled ops the checked configs need, built or loaded (:func:`autofit.probe.ops.prepare_ops`);
-4. ``accuracy``: predicted vs measured peak memory and throughput of a handful of configs of one model (on the GPU a
-   0.5 B Qwen2-shaped decoder built from ``benchmarks/models/hf/qwen2_0p5b/config.json``: bf16 ZeRO 0 and 3,
-   checkpointing on and off, flash where flash-attn is installed, fp8 where the card and torchao have it, compile
-   once); a config the rules prune here is listed with the reason;
-5. ``run``: a 3-trial ``autofit run`` (1 in the dry run) with its verification, the winner's JSON written to ``OUT/ds_config.json``;
-6. ``pytest``: ``pytest -m gpu``.
+3. ``ops``: DeepSpeed's compiled ops the grid needs, built or loaded (:func:`autofit.probe.ops.prepare_ops`);
+4. ``host``: the host's own constants (a kernel launch, autograd per layer, DeepSpeed per step, tensor and module at
+   ZeRO 0-3) from micro-benchmarks that share nothing with the grid (``benchmarks/gpu_check_host.py``);
+5. ``grid``: the raw truth of a grid of configs of two models, one of them held out from any fitting
+   (``benchmarks/gpu_check_grid.py``, one process a model): every step's time, the allocator's allocated and
+   reserved peaks, NVML's peak, the allocator's counters and segments, and for some configs the allocator's whole
+   event history (``OUT/alloc_history_<model>.json.gz``). No prediction is made there: the CPU prices the rows
+   afterwards with whatever cost model it has then;
+6. ``run``: a 3-trial ``autofit run`` (1 in the dry run) with its verification, the winner's JSON in ``OUT/ds_config.json``;
+7. ``pytest``: ``pytest -m gpu``.
 
-``--dry-run`` runs the same steps on the CPU with a tiny model (``examples/hf_configs/llama_gqa``) and tiny limits.
+``--dry-run`` runs the same steps on the CPU with tiny models and tiny limits.
 """
 
 from __future__ import annotations
@@ -39,66 +42,110 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("install", "env", "ops", "accuracy", "run", "pytest")
+STEPS = ("install", "env", "ops", "host", "grid", "run", "pytest")
 GIB = 2**30
 
 
 @dataclass(frozen=True)
-class Profile:
-    """What the GPU check and its dry run differ in: the model, the device, the grid and the limits."""
+class GridModel:
+    """One model of the grid: every micro-batch x ZeRO stage x checkpoint ratio, in bf16 with AdamW."""
 
+    name: str
     entry: str
-    """An ``hf:`` entry built from its config (random weights)."""
+    """An ``hf:`` folder built from its config (random weights), with its ``seq_len``."""
+    hidden_size: int
+    micro_batches: tuple[int, ...]
+    zero_stages: tuple[int, ...]
+    checkpoint_ratios: tuple[float, ...]
+    held_out: bool
+    """True: no constant is ever fitted to this model's rows (they only judge)."""
+    history_micro_batches: tuple[int, ...] = ()
+    """The allocator's whole event history is recorded at these micro-batches."""
+    expandable: tuple[tuple[int, int, float], ...] = ()
+    """(micro-batch, stage, ratio) measured once more with ``expandable_segments:True``."""
+    limit_s: float = 100.0
+
+    def items(self, precision: str, optimizer: str) -> list[dict[str, Any]]:
+        """The configs ``benchmarks/gpu_check_grid.py`` measures, in order (the expandable ones last)."""
+        from autofit.core.config import Config
+
+        items = []
+        cells = [(mb, z, r, None) for z in self.zero_stages for r in self.checkpoint_ratios for mb in self.micro_batches]
+        cells += [(mb, z, r, "expandable_segments:True") for mb, z, r in self.expandable]
+        for mb, z, r, alloc_conf in cells:
+            config = Config(micro_batch_size=mb, precision=precision, zero_stage=z, checkpoint_ratio=r,
+                            optimizer=optimizer, attention="sdpa")
+            items.append({"label": config.label() + (" expandable" if alloc_conf else ""), "config": config.to_dict(),
+                          "history": mb in self.history_micro_batches and alloc_conf is None,
+                          "alloc_conf": alloc_conf})
+        return items
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the GPU check and its dry run differ in: the models, the device, the limits."""
+
+    grid: tuple[GridModel, ...]
+    run_entry: str
+    """The search's model (an ``hf:`` entry)."""
     seq_len: int
+    run_micro_batch: int
     hardware: str
-    micro_batch: int
     optimizer: str
     precision: str
-    grid: dict[str, list[Any]]
-    """The accuracy step's space: every value a checked config takes (the trace covers them all)."""
-    checked: tuple[dict[str, Any], ...]
-    """The handful of configs measured, as changes of the grid's first values; in this order."""
     limits_s: dict[str, float]
     budget_s: float
     """All steps together."""
-    probe_timeout_s: float
+    steps: int = 10
+    """Steps each grid config runs, every one timed."""
     run_set: tuple[str, ...] = ()
     """``--set`` of the search, keeping it short."""
     trials: int = 3
     """The search's ``--trials`` (its verification probes come after them)."""
     pytest_paths: tuple[str, ...] = ("tests",)
     env: dict[str, str] = field(default_factory=dict)
+    host_quick: bool = False
 
 
+QWEN = "benchmarks/models/hf/qwen2_0p5b"
 GPU = Profile(
-    entry="hf:benchmarks/models/hf/qwen2_0p5b", seq_len=1024, hardware="auto", micro_batch=4, optimizer="adamw",
-    precision="bf16",
-    grid={"precision": ["bf16", "fp8"], "zero_stage": [0, 3], "checkpoint_ratio": [0.0, 1.0],
-          "attention": ["sdpa", "flash"], "compile": ["off", "on"]},
-    checked=({}, {"zero_stage": 3}, {"checkpoint_ratio": 1.0}, {"attention": "flash"}, {"precision": "fp8"},
-             {"compile": "on"}),
-    # measured on an H100 machine of 16 cores (2026-11-27): FusedAdam's nvcc build 41 s (the ops step 60 s with its
-    # trace), a 0.5 B probe 29-31 s (imports 14-15 s, model build 7-9 s); 180 s for the accuracy step cut the compile
-    # probe, and 90 s of pytest ended inside its first probe test
-    limits_s={"install": 30, "env": 30, "ops": 90, "accuracy": 230, "run": 130, "pytest": 30},
-    budget_s=530, probe_timeout_s=120,
+    grid=(
+        GridModel("qwen2_0p5b", f"hf:{QWEN}?seq_len=1024", 896, micro_batches=(1, 4, 16), zero_stages=(0, 3),
+                  checkpoint_ratios=(0.0, 1.0), held_out=False, history_micro_batches=(1, 4),
+                  expandable=((16, 0, 0.0),), limit_s=100),
+        GridModel("stablelm_2_1p6b", "hf:benchmarks/models/families/stablelm-2-1.6b?seq_len=1024", 2048,
+                  micro_batches=(2, 8), zero_stages=(0, 3), checkpoint_ratios=(0.0, 1.0), held_out=True,
+                  history_micro_batches=(2,), limit_s=90),
+    ),
+    run_entry=f"hf:{QWEN}", seq_len=1024, run_micro_batch=4, hardware="auto", optimizer="adamw", precision="bf16",
+    # measured on an H100 machine of 16 cores (2026-11-27): FusedAdam's nvcc build 41 s, a 0.5 B probe 29-31 s
+    # (imports 14-15 s, model build 7-9 s); 120 s of `autofit run` ended in its second trial (3 trials and a
+    # verifying probe need about 55 s of planning and 4 x 30 s)
+    limits_s={"install": 25, "env": 25, "ops": 60, "host": 40, "grid": 190, "run": 180, "pytest": 20},
+    budget_s=535,
     run_set=("compile=off", "offload_optimizer=none", "offload_params=none", "attention=sdpa"),
     pytest_paths=("tests/probe/test_cuda.py::test_cuda_nvml_row_is_found_by_uuid_under_cuda_visible_devices",),
 )
 
+TINY = "examples/hf_configs"
 DRY = Profile(
-    entry="hf:examples/hf_configs/llama_gqa", seq_len=128, hardware="cpu", micro_batch=2, optimizer="sgd",
+    grid=(
+        GridModel("llama_gqa", f"hf:{TINY}/llama_gqa?seq_len=128", 64, micro_batches=(1, 2), zero_stages=(0, 3),
+                  checkpoint_ratios=(0.0, 1.0), held_out=False, history_micro_batches=(1,),
+                  expandable=((2, 0, 0.0),), limit_s=90),
+        GridModel("mistral_sliding", f"hf:{TINY}/mistral_sliding?seq_len=128", 64, micro_batches=(2,),
+                  zero_stages=(0, 3), checkpoint_ratios=(1.0,), held_out=True, limit_s=60),
+    ),
+    run_entry=f"hf:{TINY}/llama_gqa", seq_len=128, run_micro_batch=2, hardware="cpu", optimizer="sgd",
     precision="fp32",
-    grid={"precision": ["fp32"], "zero_stage": [0], "checkpoint_ratio": [0.0, 1.0], "attention": ["sdpa"],
-          "compile": ["off"]},
-    checked=({}, {"checkpoint_ratio": 1.0}),
-    limits_s={"install": 30, "env": 60, "ops": 60, "accuracy": 150, "run": 150, "pytest": 90},
-    budget_s=480, probe_timeout_s=90,
+    limits_s={"install": 30, "env": 60, "ops": 60, "host": 150, "grid": 200, "run": 150, "pytest": 90},
+    budget_s=700, steps=3,
     run_set=("compile=off", "zero_stage=0", "checkpoint_granularity=block", "attention=sdpa", "micro_batch_size=2",
              "checkpoint_ratio=0"),
     trials=1,
     pytest_paths=("tests/probe/test_cuda.py",),
     env={"DS_ACCELERATOR": "cpu"},
+    host_quick=True,
 )
 
 
@@ -112,9 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     profile = DRY if args.dry_run else GPU
     if args.budget is not None:
         profile = dataclasses.replace(profile, budget_s=args.budget)
+    if args.grid_s is not None:
+        profile = with_grid_seconds(profile, args.grid_s)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"check": "gpu_check", "dry_run": args.dry_run, "model": profile.entry,
+    report: dict[str, Any] = {"check": "gpu_check", "dry_run": args.dry_run, "model": profile.run_entry,
+                              "grid_models": [dataclasses.asdict(m) for m in profile.grid],
                               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "budget_s": profile.budget_s,
                               "steps": {}}
     deadline = time.monotonic() + profile.budget_s
@@ -124,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         left = deadline - time.monotonic()
         if name == "install" and not args.install:
             record = {"status": "skipped", "summary": "no --install: the packages are taken as installed"}
+        elif args.only and name not in args.only.split(","):
+            record = {"status": "skipped", "summary": f"not among --only {args.only}"}
         elif left < 10:
             record = {"status": "skipped", "summary": f"the check's budget ({profile.budget_s:.0f} s) is spent"}
         else:
@@ -137,12 +189,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["status"] in ("ok", "skipped") for r in report["steps"].values()) else 1
 
 
+def with_grid_seconds(profile: Profile, seconds: float) -> Profile:
+    """``profile`` with ``seconds`` for the grid step, each model's share scaled alike."""
+    scale = seconds / profile.limits_s["grid"]
+    grid = tuple(dataclasses.replace(m, limit_s=m.limit_s * scale) for m in profile.grid)
+    return dataclasses.replace(profile, grid=grid, limits_s=profile.limits_s | {"grid": seconds})
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="Where gpu_check.json, gpu_check.md and ds_config.json go.")
     parser.add_argument("--dry-run", action="store_true", help="The same steps on the CPU, a tiny model, tiny limits.")
     parser.add_argument("--install", default=None, metavar="DIR", help="Install DIR/*.whl into /tmp/site first.")
-    parser.add_argument("--budget", type=float, default=None, help="Seconds for all steps (default: 530; dry run 480).")
+    parser.add_argument("--budget", type=float, default=None, help="Seconds for all steps (default: 535; dry run 700).")
+    parser.add_argument("--grid-s", type=float, default=None, help="Seconds for the grid step (default: 190).")
+    parser.add_argument("--only", default=None, metavar="STEP,...", help="Run these steps alone (the rest: skipped).")
+    parser.add_argument("--resume", default=None, metavar="REPORT",
+                        help="A former gpu_check.json: the grid's configs it holds as measured are not measured again.")
     parser.add_argument("--step", choices=STEPS, default=None, help=argparse.SUPPRESS)  # one step, in its process
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)  # where the step writes what it found
     parser.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)  # the step's end, epoch s
@@ -150,9 +213,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def child_env(profile: Profile, install: str | None) -> dict[str, str]:
-    """The steps' environment: this checkout (and the installed wheels) importable, output unbuffered."""
+    """The steps' environment: this checkout (and the installed wheels) importable, output unbuffered, and
+    ``TORCH_CUDA_ARCH_LIST`` as DeepSpeed's builder reads it (the ops step builds with it; a process that loads
+    the op with another would build it again)."""
     paths = ([SITE] if install else []) + [str(ROOT), os.environ.get("PYTHONPATH", "")]
-    return os.environ | profile.env | {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "PYTHONUNBUFFERED": "1"}
+    env = os.environ | profile.env | {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "PYTHONUNBUFFERED": "1"}
+    sys.path.insert(0, str(ROOT))
+    from autofit.core.software import deepspeed_arch_list
+
+    if arch_list := deepspeed_arch_list(env.get("TORCH_CUDA_ARCH_LIST")):
+        env["TORCH_CUDA_ARCH_LIST"] = arch_list
+    return env
 
 
 #: where --install puts the wheels
@@ -168,6 +239,8 @@ def supervise(name: str, args: argparse.Namespace, env: dict[str, str], limit_s:
                "--deadline", str(time.time() + limit_s)]
     command += ["--dry-run"] if args.dry_run else []
     command += ["--install", args.install] if args.install else []
+    command += ["--resume", str(Path(args.resume).resolve())] if args.resume else []
+    command += ["--grid-s", str(args.grid_s)] if args.grid_s is not None else []
     log = scratch / f"{name}.log"
     start = time.monotonic()
     with open(log, "w") as sink:
@@ -234,7 +307,7 @@ def write(out: Path, report: dict[str, Any]) -> None:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The steps' table, the accuracy rows, and the tail of each failure's output."""
+    """The steps' table, the grid's rows, and the tail of each failure's output."""
     kind = "dry run (CPU)" if report["dry_run"] else "GPU"
     lines = [f"# gpu_check: {kind}, {report['started']}", "", f"Model: `{report['model']}`.", "",
              "| step | status | wall s | limit s | summary |", "|---|---|---:|---:|---|"]
@@ -242,28 +315,28 @@ def markdown(report: dict[str, Any]) -> str:
         r = report["steps"].get(name, {"status": "not run"})
         lines.append(f"| {name} | {r['status']} | {r.get('wall_s', '')} | {r.get('limit_s', '')} | "
                      f"{str(r.get('summary', '')).replace('|', '/')} |")
-    rows = report["steps"].get("accuracy", {}).get("result", {}).get("rows", [])
-    if rows:
-        lines += ["", "| config | status | predicted GiB | measured GiB | error | predicted samples/s | measured "
-                  "samples/s | error |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-        lines += [accuracy_line(row) for row in rows]
-    pruned = report["steps"].get("accuracy", {}).get("result", {}).get("pruned", [])
-    lines += [f"- pruned here: {reason}" for reason in pruned]
+    for model, found in report["steps"].get("grid", {}).get("result", {}).get("models", {}).items():
+        lines += ["", f"Grid: {model} ({found.get('n_params', 0) / 1e9:.2f} B parameters"
+                  f"{', held out' if found.get('held_out') else ''}).", "",
+                  "| config | status | median step ms | first step ms | allocated GiB | reserved GiB | NVML GiB |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        lines += [grid_line(row) for row in found.get("rows", [])]
     for name, r in report["steps"].items():
         if r["status"] in ("failed", "timeout"):
             lines += ["", f"## {name}: {r['status']}", "", "```", str(r.get("log_tail", ""))[-1500:], "```"]
     return "\n".join(lines) + "\n"
 
 
-def accuracy_line(row: dict[str, Any]) -> str:
-    def pct(value: Any) -> str:
-        return f"{value:+.1%}" if isinstance(value, float) else ""
+def grid_line(row: dict[str, Any]) -> str:
+    def gib(key: str) -> str:
+        return f"{row[key] / GIB:.2f}" if row.get(key) else ""
 
-    measured = f"{row['measured_peak_bytes'] / GIB:.2f}" if row.get("measured_peak_bytes") else ""
-    speed = f"{row['measured_samples_per_s']:.3g}" if row.get("measured_samples_per_s") else ""
-    return (f"| {row['label']} | {row['status']} | {row['predicted_peak_bytes'] / GIB:.2f} | {measured} | "
-            f"{pct(row.get('peak_error'))} | {row['predicted_samples_per_s']:.3g} | {speed} | "
-            f"{pct(row.get('throughput_error'))} |")
+    times = row.get("step_times_s") or []
+    settled = sorted(times[len(times) // 2:])
+    median = f"{settled[len(settled) // 2] * 1e3:.1f}" if settled else ""
+    first = f"{times[0] * 1e3:.0f}" if times else ""
+    return (f"| {row['label']} | {row['status']} | {median} | {first} | {gib('max_memory_allocated_bytes')} | "
+            f"{gib('max_memory_reserved_bytes')} | {gib('nvml_peak_bytes')} |")
 
 
 # -- the steps, each in its own process ------------------------------------------------------------------------------
@@ -274,6 +347,8 @@ def run_step(args: argparse.Namespace) -> int:
     import gpu_check_steps as steps  # beside this file
 
     profile = DRY if args.dry_run else GPU
+    if args.grid_s is not None:
+        profile = with_grid_seconds(profile, args.grid_s)
     part = Path(args.part)
     result = getattr(steps, f"step_{args.step}")(profile, args, lambda found: _save(part, found))
     _save(part, result)

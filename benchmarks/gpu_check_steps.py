@@ -4,10 +4,14 @@ has so far, so a step cut at its limit still reports its rows."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import glob
+import gzip
 import importlib.metadata
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from gpu_check import GIB, ROOT, SITE, Profile, host_line
 
 from autofit.core.config import Config
@@ -34,8 +37,14 @@ def step_install(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                            "--no-cache-dir", "--upgrade", "--target", SITE, *wheels], capture_output=True, text=True)
     names = [Path(w).name.split("-")[0] for w in wheels]
-    return {"ok": done.returncode == 0, "wheels": names, "stderr": done.stderr[-2000:],
-            "summary": f"{len(wheels)} wheels into {SITE}" if done.returncode == 0 else done.stderr.strip()[-300:]}
+    if done.returncode != 0:
+        return {"ok": False, "wheels": names, "stderr": done.stderr[-2000:], "summary": done.stderr.strip()[-300:]}
+    # byte-compiled once here, not again by every process that imports them (pip's --no-compile kept the carry small)
+    t0 = time.time()
+    compiled = subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", SITE, str(ROOT / "autofit")],
+                              capture_output=True, text=True)
+    return {"ok": True, "wheels": names, "compile_s": round(time.time() - t0, 1), "compiled": compiled.returncode == 0,
+            "summary": f"{len(wheels)} wheels into {SITE}, byte-compiled in {time.time() - t0:.0f} s"}
 
 
 def step_env(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
@@ -52,6 +61,8 @@ def step_env(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
         found["device"] = {"name": props.name, "capability": f"sm{props.major}{props.minor}",
                            "memory_bytes": props.total_memory, "count": torch.cuda.device_count()}
     found["nvml"] = nvml()
+    found["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    found["cpu_count"] = os.cpu_count()
     hardware = get_hardware(profile.hardware)
     found["autofit_hardware"] = hardware.to_dict()
     found["autofit_software"] = software_here_dict()
@@ -91,128 +102,161 @@ def nvml() -> dict[str, Any]:
         return {"error": f"{type(error).__name__}: {error}"[:200]}
 
 
-def setup_of(profile: Profile, args: Any) -> Any:
-    """The accuracy grid's setup, probed here (the rules judge by this machine's software)."""
-    from autofit.planning.target import Target, prepare
+def grid_configs(profile: Profile) -> list[Any]:
+    """Every config the grid measures (the ops step builds what they need)."""
+    from autofit.core.config import Config
 
-    space = Path(args.part).with_suffix(".space.yaml")
-    space.write_text(yaml.safe_dump(space_values(profile)))
-    allow = ("fp8",) if "fp8" in profile.grid.get("precision", ()) else ()
-    target = Target(entry=profile.entry, seq_len=profile.seq_len, hardware=profile.hardware, gpus=1,
-                    global_batch=profile.micro_batch, space=str(space), optimizer=profile.optimizer,
-                    precision=profile.precision, allow=allow)
-    return prepare(target, probes_here=True)
-
-
-def space_values(profile: Profile) -> dict[str, Any]:
-    """The accuracy step's space: the grid, every other key at one value."""
-    fixed = {"micro_batch_size": [profile.micro_batch], "checkpoint_granularity": ["block"],
-             "optimizer": [profile.optimizer], "offload_optimizer": ["none"], "offload_params": ["none"],
-             "overlap_comm": [False], "contiguous_gradients": [True], "bucket_scale": [1]}
-    return {"description": "gpu_check's accuracy grid", "global_batch_size": profile.micro_batch, **fixed,
-            **{key: list(values) for key, values in profile.grid.items()}}
-
-
-def checked_configs(profile: Profile) -> list[Config]:
-    """The handful measured: the grid's first values, each changed as :attr:`Profile.checked` says."""
-    base = {key: values[0] for key, values in profile.grid.items()}
-    return [Config(micro_batch_size=profile.micro_batch, optimizer=profile.optimizer, **(base | change))
-            for change in profile.checked]
+    return [Config.from_dict(item["config"]) for model in profile.grid
+            for item in model.items(profile.precision, profile.optimizer)]
 
 
 def step_ops(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
-    """DeepSpeed's compiled ops the checked configs need, built or loaded once (their own step, as the probes)."""
+    """DeepSpeed's compiled ops the grid and the search need, built or loaded once (their own step, as the probes)."""
+    from autofit.machine.device import get_hardware
     from autofit.probe.ops import prepare_ops
 
-    setup = setup_of(profile, args)
-    report = prepare_ops(checked_configs(profile), setup.hardware, setup.software)
+    report = prepare_ops(grid_configs(profile), get_hardware(profile.hardware))
     failed = {op: state for op, state in report.loaded.items() if state != "ok"}
     return {"ok": not failed, "ops": list(report.ops), "loaded": report.loaded, "seconds": report.seconds,
-            "summary": "; ".join(report.lines()) or "no compiled op needed"}
+            "arch_list": report.arch_list, "summary": "; ".join(report.lines()) or "no compiled op needed"}
 
 
-def step_accuracy(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
-    """Predicted vs measured peak and throughput of each checked config the rules let run here; saved row by row."""
-    from autofit.probe.ops import prepare_ops
-
-    setup = setup_of(profile, args)
-    plan = setup.plan()
-    offered = {c.key() for c in plan.candidates}
-    found: dict[str, Any] = {"rows": [], "pruned": [], "software": setup.software.to_dict(),
-                             "hardware": setup.hardware.name}
-    configs = checked_configs(profile)
-    software = prepare_ops(configs, setup.hardware, setup.software).software(setup.software)
-    for config in configs:
-        if config.key() not in offered:
-            found["pruned"].append(f"{config.label()}: {pruned_reason(plan, config)}")
-            continue
-        left = float(args.deadline) - time.time() - 5
-        if left < 20:
-            found["pruned"].append(f"{config.label()}: not run, {left:.0f} s left in the step")
-            continue
-        found["rows"].append(measure(setup, plan, config, min(profile.probe_timeout_s, left), software))
-        found["summary"] = accuracy_summary(found)
-        save(found)
-    found["summary"] = accuracy_summary(found)
-    found["ok"] = bool(found["rows"]) and all(r["status"] == "ok" for r in found["rows"])
+def step_host(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
+    """The host's constants (benchmarks/gpu_check_host.py), in a process of their own."""
+    part = Path(args.part).with_suffix(".host.json")
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check_host.py"), "--part", str(part)]
+    command += ["--quick"] if profile.host_quick else []
+    done = run_child(command, float(args.deadline), Path(args.part).with_suffix(".host.log"))
+    found = read_json(part)
+    found.setdefault("summary", done["summary"])
+    found["ok"] = done["ok"] and found.get("ok", False)
+    found["log_tail"] = done["log_tail"]
     return found
 
 
-def pruned_reason(plan: Any, config: Config) -> str:
-    """Why the plan's rules removed ``config``: the reasons of the rejections its values match."""
-    values = config.to_dict()
-    reasons = [reason for partial, reason in plan.rejected if all(values.get(k) == v for k, v in partial.items())]
-    return "; ".join(dict.fromkeys(reasons)) or "not a candidate here"
+def step_grid(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
+    """Each grid model in processes of its own (benchmarks/gpu_check_grid.py) under its own share of the step; a
+    process that stops because a config leaked tensors is followed by a fresh one for the configs left. The rows as
+    they come; the allocator histories merged into ``OUT/alloc_history_<model>.json.gz``. ``--resume REPORT``: the
+    configs a report already holds as measured are not measured again."""
+    found: dict[str, Any] = {"models": {}}
+    scratch = Path(args.part).parent
+    for index, model in enumerate(profile.grid):
+        later = sum(m.limit_s for m in profile.grid[index + 1:])
+        deadline = min(time.time() + model.limit_s, float(args.deadline) - later)
+        measured = resumed_labels(args.resume, model.name)
+        todo = [item for item in model.items(profile.precision, profile.optimizer) if item["label"] not in measured]
+        rows: dict[str, Any] = {"rows": [], "processes": [], "resumed": sorted(measured)}
+        found["models"][model.name] = rows
+        histories: dict[str, Any] = {}
+        while todo and time.time() < deadline - 20:
+            done, part = grid_process(profile, model, todo, deadline, scratch / f"grid_{model.name}_{len(rows['processes'])}",
+                                      functools.partial(_grid_progress, found, model.name, rows, save))
+            histories |= read_histories(part.with_suffix(".history.json.gz"))
+            result = read_json(part)
+            ran = [r for r in result.get("rows", []) if r["status"] != "skipped"]
+            rows["rows"] += ran
+            rows.update({k: v for k, v in result.items() if k not in ("rows", "ok", "summary")})
+            rows["processes"].append({"configs": len(ran), "summary": done["summary"],
+                                      "leaked_after": result.get("leaked_after"),
+                                      "log_tail": done["log_tail"] if not done["ok"] else ""})
+            todo = [item for item in todo if item["label"] not in {r["label"] for r in ran}]
+            if not result.get("leaked_after") or not ran:
+                break
+        rows["rows"] += [{"label": item["label"], "status": "skipped", "message": "the step's time is spent"}
+                         for item in todo]
+        if histories:
+            write_histories(Path(args.out).resolve() / f"alloc_history_{model.name}.json.gz", histories)
+        found["models"][model.name] = rows  # the progress showed a copy
+        rows.update(held_out=model.held_out, ok=all(r["status"] == "ok" for r in rows["rows"]),
+                    summary=f"{sum(r['status'] == 'ok' for r in rows['rows'])} of {len(rows['rows'])} configs ran "
+                            f"in {len(rows['processes'])} processes")
+        save(found)
+    all_rows = [r for m in found["models"].values() for r in m.get("rows", [])]
+    ran = sum(r["status"] == "ok" for r in all_rows)
+    found["ok"] = all(m["ok"] for m in found["models"].values())
+    found["summary"] = (f"{ran} of {len(all_rows)} configs ran in {len(found['models'])} models; "
+                        + "; ".join(f"{n}: {m['summary']}" for n, m in found["models"].items()))
+    return found
 
 
-def measure(setup: Any, plan: Any, config: Config, timeout_s: float, software: Any) -> dict[str, Any]:
-    from autofit.probe.run import run_probe
-    from autofit.probe.spec import probe_spec
-
-    predicted = plan.predict(config)
-    spec = probe_spec(plan.entry, config, plan.hardware, 1, steps=5, warmup_steps=2, software=software,
-                      facts=plan.facts)
-    result = run_probe(spec, timeout_s=timeout_s)
-    memory = result.device_memory
-    allocator = (memory.get("max_memory_reserved_bytes") or 0) + (memory.get("context_bytes") or 0)
-    ok = result.status == "ok"
-    return {
-        "label": config.label(), "config": config.to_dict(), "status": result.status,
-        "message": (result.message or "")[:300] or None,
-        "predicted_peak_bytes": predicted.peak_bytes, "measured_peak_bytes": result.peak_bytes if ok else None,
-        "nvml_peak_bytes": memory.get("nvml_peak_bytes"), "reserved_plus_context_bytes": allocator or None,
-        # the live tensors' peak, apart from what the caching allocator keeps reserved beside them
-        "max_memory_allocated_bytes": memory.get("max_memory_allocated_bytes"),
-        "max_memory_reserved_bytes": memory.get("max_memory_reserved_bytes"),
-        "predicted": predicted.to_dict(),
-        "step_times_s": result.step_times_s, "phases_s": result.phases_s,
-        "predicted_samples_per_s": predicted.samples_per_s,
-        "measured_samples_per_s": result.samples_per_s if ok else None,
-        "peak_error": error(predicted.peak_bytes, result.peak_bytes) if ok else None,
-        "throughput_error": error(predicted.samples_per_s, result.samples_per_s) if ok else None,
-        "compile_s": result.phases_s.get("compile_s"), "wall_s": round(result.wall_s, 1),
-    }
+def grid_process(profile: Profile, model: Any, items: list[dict[str, Any]], deadline: float, stem: Path,
+                 tick: Callable[[Path], None]) -> tuple[dict[str, Any], Path]:
+    """One process of ``benchmarks/gpu_check_grid.py`` measuring ``items`` until ``deadline``; (its end, its rows' file)."""
+    configs, part = stem.with_suffix(".configs.json"), stem.with_suffix(".json")
+    configs.write_text(json.dumps(items))
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check_grid.py"), "--entry", model.entry,
+               "--configs", str(configs), "--part", str(part), "--hidden-size", str(model.hidden_size),
+               "--steps", str(profile.steps), "--deadline", str(deadline - 5),
+               "--history", str(part.with_suffix(".history.json.gz"))]
+    done = run_child(command, deadline, stem.with_suffix(".log"), tick=functools.partial(tick, part))
+    return done, part
 
 
-def error(predicted: float, measured: float) -> float | None:
-    return (predicted - measured) / measured if measured else None
+def resumed_labels(report: str | None, model: str) -> set[str]:
+    """The labels a former report (``--resume``) holds as measured for ``model``."""
+    if not report:
+        return set()
+    found = read_json(Path(report)).get("steps", {}).get("grid", {}).get("result", {}).get("models", {})
+    return {r["label"] for r in found.get(model, {}).get("rows", []) if r["status"] not in ("skipped", "invalid")}
 
 
-def accuracy_summary(found: dict[str, Any]) -> str:
-    ok = [r for r in found["rows"] if r["status"] == "ok"]
-    if not ok:
-        return f"no config ran ({len(found['rows'])} tried, {len(found['pruned'])} pruned)"
-    peak = max(abs(r["peak_error"]) for r in ok)
-    speed = max(abs(r["throughput_error"]) for r in ok if r["throughput_error"] is not None)
-    return (f"{len(ok)} of {len(found['rows'])} configs ran, {len(found['pruned'])} pruned; worst |error| peak "
-            f"{peak:.1%}, throughput {speed:.1%}")
+def read_histories(path: Path) -> dict[str, Any]:
+    try:
+        with gzip.open(path, "rt") as source:
+            return json.load(source)
+    except (OSError, ValueError):
+        return {}
+
+
+def write_histories(path: Path, histories: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with gzip.open(tmp, "wt") as sink:
+        json.dump(histories, sink)
+    tmp.replace(path)
+
+
+def _grid_progress(found: dict[str, Any], name: str, rows: dict[str, Any], save: Save, part: Path) -> None:
+    """The running process's rows shown after the rows of the processes before it."""
+    running = [r for r in read_json(part).get("rows", []) if r["status"] != "skipped"]
+    if running:
+        found["models"][name] = rows | {"rows": rows["rows"] + running}
+        save(found)
+
+
+def run_child(command: list[str], deadline: float, log: Path, tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """``command`` until ``deadline`` (epoch s; its process group killed then), its output into ``log``."""
+    with open(log, "w") as sink:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = False
+        while process.poll() is None:
+            if time.time() > deadline:
+                timed_out = True
+                break
+            time.sleep(1.0)
+            tick()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    tail = log.read_text(errors="replace")[-3000:]
+    ok = not timed_out and process.returncode == 0
+    last = (tail.strip().splitlines() or ["no output"])[-1][:200]
+    summary = "cut at its limit" if timed_out else ("done" if ok else f"exit {process.returncode}: {last}")
+    return {"ok": ok, "summary": summary, "log_tail": tail}
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def step_run(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
     """A 3-trial ``autofit run`` (1 in the dry run) with its verification; the winner's JSON in ``OUT/ds_config.json``."""
     out = Path(args.out).resolve() / "ds_config.json"
     storage = f"sqlite:///{Path(args.part).with_suffix('.db')}"
-    command = [sys.executable, "-c", "from autofit.cli import main; main()", "run", profile.entry,
+    command = [sys.executable, "-c", "from autofit.cli import main; main()", "run", profile.run_entry,
                "--seq-len", str(profile.seq_len), "--hardware", profile.hardware, "--gpus", "1",
                "--optimizer", profile.optimizer, "--precision", profile.precision, "--trials", str(profile.trials),
                "--out", str(out), "--storage", storage, "--json", *run_options(profile)]
@@ -246,7 +290,7 @@ def step_run(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
 
 def run_options(profile: Profile) -> list[str]:
     """The search's own options: the global batch, the space's keys fixed to keep it short, a CPU's budget."""
-    options = ["--global-batch", str(4 * profile.micro_batch)]
+    options = ["--global-batch", str(4 * profile.run_micro_batch)]
     for value in profile.run_set:
         options += ["--set", value]
     if profile.hardware == "cpu":

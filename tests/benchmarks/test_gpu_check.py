@@ -31,11 +31,18 @@ def test_the_dry_run_records_every_step_in_the_json_and_the_markdown(tmp_path: P
     assert report["steps"]["env"]["status"] == "ok", report["steps"]["env"].get("log_tail")
     assert report["steps"]["env"]["result"]["autofit_software"]["source"] == "here"
     assert report["steps"]["pytest"]["status"] == "ok"  # the gpu tests skip without CUDA
-    # the probes the GPU check measures, built as the search builds them, ran: an error in the step's own code fails
-    # it; a step or a probe past its limit (a loaded machine) is a result
-    accuracy = report["steps"]["accuracy"]
-    assert accuracy["status"] in ("ok", "timeout"), accuracy.get("log_tail")
-    assert all(row["status"] in ("ok", "timeout") for row in accuracy["result"].get("rows", [])), accuracy["result"]
+    # the grid's configs and the host's micro-benchmarks ran: an error in the step's own code fails it; a step past
+    # its limit (a loaded machine) is a result
+    grid = report["steps"]["grid"]
+    assert grid["status"] in ("ok", "timeout"), grid.get("log_tail")
+    rows = [row for model in grid["result"]["models"].values() for row in model.get("rows", [])]
+    assert rows and all(row["status"] in ("ok", "skipped") for row in rows), rows
+    ran = [row for row in rows if row["status"] == "ok"]
+    assert all(len(row["step_times_s"]) == gpu_check.DRY.steps and row["step_times_s"][0] > 0 for row in ran)
+    assert "| mb1x1 fp32 sgd z0 ckpt0 sdpa | ok |" in markdown
+    host = report["steps"]["host"]
+    assert host["status"] in ("ok", "timeout"), host.get("log_tail")
+    assert host["status"] == "timeout" or host["result"]["launch"]["queued_s"] > 0
     assert done.returncode == (0 if all(s["status"] in ("ok", "skipped") for s in report["steps"].values()) else 1)
 
 
@@ -48,16 +55,18 @@ def test_a_step_past_its_limit_is_killed_and_recorded_and_the_next_one_runs(tmp_
     assert time.monotonic() - start < 10 and process.returncode is not None
 
 
-def test_the_gpu_grid_covers_the_checked_configs() -> None:
-    import gpu_check_steps
-
-    configs = gpu_check_steps.checked_configs(gpu_check.GPU)
-    labels = [c.label() for c in configs]
-    assert len(labels) == len(set(labels)) == 6
-    assert {c.zero_stage for c in configs} == {0, 3} and {c.checkpoint_ratio for c in configs} == {0.0, 1.0}
-    assert {c.attention for c in configs} == {"sdpa", "flash"} and {c.precision for c in configs} == {"bf16", "fp8"}
-    assert [c.compile for c in configs].count("on") == 1
-    space = gpu_check_steps.space_values(gpu_check.GPU)
-    for config in configs:  # each checked config is a candidate of the step's space
-        assert all(config.to_dict()[key] in values for key, values in space.items() if isinstance(values, list))
+def test_the_gpu_grid_spans_micro_batch_zero_and_checkpointing_on_two_models_one_held_out() -> None:
+    models = gpu_check.GPU.grid
+    assert [m.held_out for m in models].count(True) == 1 and len(models) == 2
+    for model in models:
+        items = model.items(gpu_check.GPU.precision, gpu_check.GPU.optimizer)
+        labels = [item["label"] for item in items]
+        assert len(labels) == len(set(labels))
+        configs = [item["config"] for item in items if item["alloc_conf"] is None]
+        assert len(configs) == len(model.micro_batches) * 4  # ZeRO 0 and 3, checkpointing off and on
+        assert {c["zero_stage"] for c in configs} == {0, 3} and {c["checkpoint_ratio"] for c in configs} == {0.0, 1.0}
+        assert any(item["history"] for item in items)
+    assert any(item["alloc_conf"] for m in models for item in m.items("bf16", "adamw"))  # expandable_segments once
+    assert {mb for m in models for mb in m.micro_batches} >= {1, 16}
     assert sum(gpu_check.GPU.limits_s.values()) <= 9 * 60 and gpu_check.GPU.budget_s < 9 * 60
+    assert sum(m.limit_s for m in models) <= gpu_check.GPU.limits_s["grid"]

@@ -1,0 +1,184 @@
+"""The GPU check's host micro-benchmark: what a step costs the CPU that drives the GPU, measured on its own.
+
+    python benchmarks/gpu_check_host.py --part HOST.json
+
+The time model prices the device's work; at a small micro-batch the host that launches it is the bound (issue 48:
+ZeRO-3 at micro-batch 4 ran 5x under its prediction on an H100). The host model's constants come from here, from
+programs that share nothing with the grid's rows they are judged on:
+
+- ``launch``: one tiny elementwise op (``torch.add(x, 1, out=y)`` on one element) issued many times without a sync:
+  the host's cost of one kernel launch through PyTorch's dispatcher, and the same with a sync after each (the
+  round trip);
+- ``mlp``: forward and backward of a stack of small ``Linear`` + ReLU layers outside DeepSpeed at two depths: the
+  host's cost per layer of autograd (its slope) and per step (its intercept);
+- ``engine``: the same stacks through ``deepspeed.initialize`` in bf16 with AdamW (FusedAdam on CUDA) at ZeRO 0, 1, 2
+  and 3, every step timed: what DeepSpeed adds per step, per parameter tensor (the optimizer's and the gradient
+  hooks') and, at ZeRO-3, per module (its fetch and release hooks), as the slopes between the two depths.
+
+Every figure is a median of timed repeats after warm-up ones; the raw step times are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+#: the two depths of the layer stacks (their difference gives the per-layer slope)
+DEPTHS = (16, 64)
+#: width of each layer: small enough that the device's work is far below the host's
+WIDTH = 64
+STAGES = (0, 1, 2, 3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", required=True)
+    parser.add_argument("--quick", action="store_true", help="Fewer repeats (the dry run).")
+    args = parser.parse_args(argv)
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", str(29500 + os.getpid() % 1000))):
+        os.environ.setdefault(key, value)
+    import deepspeed
+    import torch
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    found: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if cuda else "cpu",
+                             "torch": torch.__version__, "deepspeed": deepspeed.__version__}
+    repeats = 3 if args.quick else 10
+    found["launch"] = launch(torch, device, 2_000 if args.quick else 20_000)
+    save(args.part, found)
+    found["mlp"] = {str(depth): mlp(torch, device, depth, repeats) for depth in DEPTHS}
+    save(args.part, found)
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+    found["engine"] = {}
+    for stage in STAGES:
+        for depth in DEPTHS:
+            found["engine"][f"z{stage}_L{depth}"] = engine(torch, deepspeed, device, stage, depth, repeats)
+            save(args.part, found)
+    found["summary"] = summary(found)
+    found["ok"] = True
+    save(args.part, found)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def save(path: str, found: dict[str, Any]) -> None:
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(found, indent=1))
+    tmp.replace(path)
+
+
+def sync_of(torch: Any, device: Any) -> Any:
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def launch(torch: Any, device: Any, n: int) -> dict[str, float]:
+    """Seconds per tiny op: queued back to back (the host's launch cost) and synced after each (the round trip)."""
+    sync = sync_of(torch, device)
+    x, y = torch.zeros(1, device=device), torch.empty(1, device=device)
+    for _ in range(100):
+        torch.add(x, 1, out=y)
+    sync()
+    queued = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            torch.add(x, 1, out=y)
+        sync()
+        queued.append((time.perf_counter() - t0) / n)
+    synced = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n // 10):
+            torch.add(x, 1, out=y)
+            sync()
+        synced.append((time.perf_counter() - t0) / (n // 10))
+    return {"queued_s": statistics.median(queued), "synced_s": statistics.median(synced), "n": n}
+
+
+def stack(torch: Any, depth: int) -> Any:
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+def mlp(torch: Any, device: Any, depth: int, repeats: int) -> dict[str, Any]:
+    """Forward and backward of ``depth`` layers in bf16 (fp32 on the CPU), no optimizer: seconds per step."""
+    sync = sync_of(torch, device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = stack(torch, depth).to(device=device, dtype=dtype)
+    x = torch.randn(4, WIDTH, device=device, dtype=dtype)
+    times = []
+    for index in range(repeats + 3):
+        sync()
+        t0 = time.perf_counter()
+        model(x).float().pow(2).mean().backward()
+        sync()
+        if index >= 3:
+            times.append(time.perf_counter() - t0)
+    return {"step_s": statistics.median(times), "step_times_s": times, "layers": depth, "tensors": 2 * depth}
+
+
+def engine(torch: Any, deepspeed: Any, device: Any, stage: int, depth: int, repeats: int) -> dict[str, Any]:
+    """Steps of ``depth`` layers through DeepSpeed at ZeRO ``stage`` with the product's JSON (bf16, AdamW): every
+    step's seconds and the optimizer's own, the first three warm-up."""
+    from autofit.core.config import Config
+    from autofit.ds.emit import deepspeed_config
+    from autofit.probe.rank.steps import train_step
+
+    cuda = device.type == "cuda"
+    config = Config(micro_batch_size=4, precision="bf16" if cuda else "fp32", zero_stage=stage, optimizer="adamw",
+                    attention="sdpa")
+    ds = deepspeed_config(config, 1, "cuda" if cuda else "cpu", hidden_size=WIDTH)
+    if stage == 3:  # no parameter kept whole: every module's hooks gather and release (the cost measured)
+        ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    if stage == 3:  # built inside zero.Init, as the product builds (zero.Init(module=...) would keep fp32)
+        with deepspeed.zero.Init(config_dict_or_path=ds):
+            model = stack(torch, depth)
+    else:
+        model = stack(torch, depth)
+    held, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()], config=ds)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    x = torch.randn(4, WIDTH, device=device, dtype=dtype)
+    sync = sync_of(torch, device)
+    steps, optimizer = [], []
+    try:
+        for _ in range(repeats + 3):
+            seconds, opt, _ = train_step(held, lambda: held(x).float().pow(2).mean(), 1, sync)
+            steps.append(seconds)
+            optimizer.append(opt)
+    finally:
+        held.destroy()
+        model = None
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    return {"step_s": statistics.median(steps[3:]), "optimizer_s": statistics.median(optimizer[3:]),
+            "step_times_s": steps, "optimizer_times_s": optimizer, "layers": depth, "tensors": 2 * depth,
+            "zero_stage": stage}
+
+
+def summary(found: dict[str, Any]) -> str:
+    per_layer = {}
+    for stage in STAGES:
+        short, long = (found["engine"][f"z{stage}_L{d}"]["step_s"] for d in DEPTHS)
+        per_layer[stage] = (long - short) / (DEPTHS[1] - DEPTHS[0])
+    mlp_short, mlp_long = (found["mlp"][str(d)]["step_s"] for d in DEPTHS)
+    return (f"launch {found['launch']['queued_s'] * 1e6:.1f} us queued, {found['launch']['synced_s'] * 1e6:.1f} us "
+            f"synced; autograd {(mlp_long - mlp_short) / (DEPTHS[1] - DEPTHS[0]) * 1e6:.0f} us a layer; DeepSpeed "
+            + ", ".join(f"z{s} {v * 1e6:.0f}" for s, v in per_layer.items()) + " us a layer")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
