@@ -2,8 +2,9 @@
 
 What the allocator reserves beyond the live tensors (issue 48, item 1) follows from the order of the requests and
 a handful of rules, all in ``DeviceCachingAllocator`` of c10/cuda/CUDACachingAllocator.cpp (read at pytorch/pytorch
-001074d2; PyTorch 2.11 keeps these rules, its ``get_free_block`` names the oversize rounding limit
-``max_non_split_rounding_size``, default ``kLargeBuffer``). :class:`CachingAllocator` replays them:
+001074d2; later versions name the oversize rounding limit ``max_non_split_rounding_size``, default ``kLargeBuffer``,
+the constant before; PyTorch 2.11's own histories replay to the byte, docs/results/allocator.md).
+:class:`CachingAllocator` replays them:
 
 * ``round_size``: a request is rounded up to a multiple of ``kMinBlockSize`` (512 B), or with
   ``roundup_power2_divisions`` set to the next of N divisions between two powers of two

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,32 @@ def test_empty_cache_unmaps_only_free_whole_pages() -> None:
     allocator.free(kept)
     allocator.empty_cache()
     assert (allocator.reserved_bytes, allocator.n_segments, allocator.segments()) == (0, 0, ())
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_random_requests_keep_the_books(expandable: bool) -> None:
+    """Over random requests and frees of every size class: the segments' blocks add up to what is reserved and the
+    allocated ones to what is allocated, no two free blocks sit side by side (coalescing), and once all is freed
+    empty_cache gives everything back."""
+    rng = random.Random(48)
+    allocator = CachingAllocator(AllocatorSettings(expandable_segments=expandable))
+    live: list[int] = []
+    for _ in range(2000):
+        if live and rng.random() < 0.45:
+            allocator.free(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(allocator.malloc(rng.choice([rng.randint(1, 4096), rng.randint(1, 3 * MIB),
+                                                     rng.randint(3 * MIB, 64 * MIB)])))
+        if rng.random() < 0.01:
+            allocator.empty_cache()
+    segments = allocator.segments()
+    assert sum(s.total_bytes() for s in segments) == allocator.reserved_bytes
+    assert sum(size for s in segments for size, allocated in s.blocks if allocated) == allocator.allocated_bytes
+    assert all(a or b for s in segments for (_, a), (_, b) in zip(s.blocks, s.blocks[1:], strict=False))
+    for address in live:
+        allocator.free(address)
+    allocator.empty_cache()
+    assert (allocator.reserved_bytes, allocator.allocated_bytes, allocator.segments()) == (0, 0, ())
 
 
 def test_bad_input_is_refused() -> None:
