@@ -117,7 +117,7 @@ class Coefficients:
         measured), the kernels that do no matmul at :data:`ACHIEVED_BANDWIDTH` of the memory bandwidth, both
         times the share of that roofline a whole training step reaches on the device
         (:attr:`Hardware.step_efficiency`, from one published run; :data:`UNANCHORED_STEP_EFFICIENCY` where none),
-        plus ~5 ms a micro-batch of launches and Python. The two sides differ across generations: an H100 has 3.2x an
+        and the host's dispatch where it is slower (:mod:`autofit.cost_model.dispatch`). The two sides differ across generations: an H100 has 3.2x an
         A100's bf16 FLOP/s but 1.6x its bandwidth, so the same model spends a larger share of its step in
         memory-bound kernels there (the lower MFU its published runs report).
         CPU: MKL/oneDNN reach ~35% of nominal fp32 on large matmuls, everything else folded in; bf16 is given
@@ -130,8 +130,9 @@ class Coefficients:
                 # fp8 keeps the earlier prior's ratio to bf16 (0.35 / 0.45): an assumption, no fp8 MAMF is sourced
                 compute_efficiency={"fp32": ceiling, "bf16": ceiling, "fp16": ceiling, "fp8": ceiling * 0.35 / 0.45},
                 memory_bound_bytes_per_s=step * ACHIEVED_BANDWIDTH * hardware.memory_bandwidth_bytes_per_s,
-                micro_batch_overhead_s=0.005,
-                step_overhead_s=0.005,
+                # the host's dispatch is priced by its own model (cost_model/dispatch.py), phase by phase
+                micro_batch_overhead_s=0.0,
+                step_overhead_s=0.0,
                 optimizer_bytes_per_s=0.7 * hardware.memory_bandwidth_bytes_per_s,
                 runtime_overhead_bytes=0,
                 # an assumption, not a measurement: tens of microseconds a call, the floor nccl-tests' smallest

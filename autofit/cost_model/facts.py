@@ -35,6 +35,12 @@ class PeakPoint:
     fused_memory_bound_bytes: int = 0
     """The same kernels' bytes as ``torch.compile`` fuses their chains between matmuls (a lower bound:
     :mod:`autofit.trace.traffic`)."""
+    dispatched_ops: int = 0
+    """Ops the step dispatches (forward, backward and recompute; views too): each costs the host its dispatch and,
+    on a GPU, most a kernel launch (:mod:`autofit.cost_model.dispatch`). The same at every micro-batch."""
+    kernels: int = 0
+    """The part of ``dispatched_ops`` that runs a kernel (matmuls and every op that reads or writes memory; not views
+    or allocations: :class:`autofit.trace.traffic.Traffic`)."""
     head_peak_with_grads_bytes: int = 0
     """``peak_with_grads_bytes`` in the head's segments alone: after the last layer's forward and before its backward
     (:func:`autofit.trace.scaling.is_head`), where the final norm, the logits and the loss run; 0 where not measured.
@@ -140,6 +146,9 @@ class ModelFacts:
     """``sum(in x out)`` over the Linear layers fp8 training converts: the weights its casts read."""
     fp8_feature_elements: int = 0
     """``sum(in + out)`` over the same layers: elements its casts read per row of input (input and output grad)."""
+    n_param_modules: int = 0
+    """Modules that hold trainable parameters of their own (ZeRO-3 gathers and releases each one's in its hooks:
+    :mod:`autofit.cost_model.dispatch`); 0 where not traced."""
     hidden_size: int = 0
     """The model's hidden size (:func:`autofit.trace.structure.hidden_size_of`), which the ZeRO bucket sizes are
     derived from (:mod:`autofit.ds.buckets`); 0: unknown (DeepSpeed's buckets as autofit pinned them)."""

@@ -37,6 +37,8 @@ Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
 * the optimizer step is memory-bound: bytes of parameters, gradients and states touched,
   over the achieved memory bandwidth, plus the engine's fixed per-step bookkeeping (what a
   probe times as ``engine.step`` at the accumulation boundary).
+* the host (CUDA): forward and backward, and the optimizer step, each take the longer of the device's work and the
+  host's dispatch of it (:mod:`autofit.cost_model.dispatch`); ``host`` is what the host adds beyond the device.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.hardware import Hardware
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.comm import CommPhases, communication_phases
+from autofit.cost_model.dispatch import MEASURED_H200_MACHINE, host_step_time
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_seconds, fp8_flops
 from autofit.cost_model.long_context import activation_offload_s, extra_flops, sp_all_to_all_s
@@ -174,10 +177,24 @@ def predict_step_time(
         optimizer_s = touched / HOST_OPTIMIZER_BYTES_PER_S
     else:
         optimizer_s = touched / coefficients.optimizer_bytes_per_s
+    optimizer_s += coefficients.step_overhead_s
     return {
         "compute": compute_s,
         "communication": comm_s,
         "offload": offload_s,
-        "optimizer": optimizer_s + coefficients.step_overhead_s,
+        "optimizer": optimizer_s,
         "overhead": a * coefficients.micro_batch_overhead_s,
+        "host": host_excess_s(config, facts, hardware, compute_s + comm_s, optimizer_s),
     }
+
+
+def host_excess_s(config: Config, facts: ModelFacts, hardware: Hardware, device_forward_backward_s: float,
+                  device_optimizer_s: float) -> float:
+    """Seconds the host's dispatch adds to a CUDA step beyond the device's work, phase by phase (0 on the CPU, where
+    the host is the device): forward and backward against the device's compute and exposed communication, the
+    optimizer step against its own (:mod:`autofit.cost_model.dispatch`)."""
+    if hardware.kind != "cuda":
+        return 0.0
+    host = host_step_time(config, facts, MEASURED_H200_MACHINE)
+    return (max(0.0, host.forward_backward_s - device_forward_backward_s)
+            + max(0.0, host.optimizer_s - device_optimizer_s))

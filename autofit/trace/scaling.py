@@ -45,7 +45,7 @@ LAYER_PHASES = ("f", "fa", "b", "ba")
 #: segments before the first layer's forward and before the last layer's backward
 EDGE_PHASES = ("fpre", "bhead")
 ADDITIVE = ("activation_bytes", "grad_bytes", "flops", "fp8_flops", "memory_bound_bytes",
-            "fused_memory_bound_bytes")
+            "fused_memory_bound_bytes", "dispatched_ops", "kernels")
 
 Segment = tuple[str, int]
 """``(phase, layer index)``; index 0 for the edge phases."""

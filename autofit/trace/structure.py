@@ -49,6 +49,8 @@ def model_structure(workload: Workload, model: Any = None) -> dict[str, Any]:
             for p in trainable
         ),
         "n_param_tensors": len(trainable),
+        # modules holding trainable parameters of their own: ZeRO-3 fetches and releases each one's in its hooks
+        "n_param_modules": sum(any(p.requires_grad for p in m.parameters(recurse=False)) for m in model.modules()),
         # ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank (the threshold
         # autofit writes for this model: autofit.ds.buckets)
         "n_persistent_params": sum(p.numel() for p in params if p.numel() < threshold),

@@ -411,6 +411,7 @@ def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, Ac
         adam_mini_state_numel=structure.get("adam_mini_state_numel", 0),
         adam_mini_error=structure.get("adam_mini_error", ""),
         n_param_tensors=structure["n_param_tensors"],
+        n_param_modules=structure["n_param_modules"],
         n_persistent_params=structure["n_persistent_params"],
         buffer_bytes=structure["buffer_bytes"],
         fp8_largest_linear=tuple(structure["fp8_largest_linear"]),

@@ -49,6 +49,11 @@ class Traffic:
 
     eager: int = 0
     """Every memory-bound op's inputs and outputs."""
+    ops: int = 0
+    """Every op dispatched, views and allocations too (:mod:`autofit.cost_model.dispatch`)."""
+    kernels: int = 0
+    """The ops among them that run a kernel on a GPU: matmuls and every op that reads or writes memory (not a view
+    or an allocation)."""
     reads: int = 0
     """What fused chains read from memory: their inputs written outside them."""
     writes: int = 0
@@ -64,14 +69,19 @@ class Traffic:
 
     def record(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         """One op of the step, with its outputs."""
+        outputs = _tensors(out)
+        if not outputs:  # a query of a fake tensor's metadata (``prim.device``), which a real run does not dispatch
+            return
+        self.ops += 1
         matmul = _is_matmul(func)
         if not matmul and _moves_nothing(func):
             return  # a view or an allocation: no kernel reads anything
-        inputs, outputs = _tensors(args, kwargs), _tensors(out)
+        inputs = _tensors(args, kwargs)
         moved = 0 if matmul else _moved(func, inputs, outputs)
         self.eager += moved
         if not moved and not matmul:
             return
+        self.kernels += 1
         gather = moved and _is_gather(func)
         for tensor in inputs:
             key = storage_key(tensor)
