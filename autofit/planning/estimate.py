@@ -15,6 +15,7 @@ from autofit.core.recipe import Recipe
 from autofit.core.software import Software
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.budget import DEFAULT_MARGIN, budget_dict, usable_bytes
+from autofit.cost_model.uncertainty import cuda_bands
 from autofit.ds.emit import deepspeed_config
 from autofit.planning.plan import Plan
 from autofit.workload.hf import entry_lengths
@@ -107,6 +108,8 @@ class EstimateResult:
             "hardware": self.hardware.to_dict() | {"world_size": self.world_size},
             # what "fits" was judged against: peak_bytes <= usable_bytes = (1 - margin) x memory_bytes
             "budget": budget_dict(self.hardware.memory_bytes, self.margin),
+            # how sure an unprobed plan is on a GPU: the prior's error on every GPU row so far (cost_model/uncertainty.py)
+            "expected_error": cuda_bands() if self.hardware.kind == "cuda" else None,
             "candidates": [_without_kernel(c.to_dict()) if self.kernels == () else c.to_dict() for c in self.candidates],
             "rejected": [{"config": partial, "reason": reason} for partial, reason in self.rejected],
             # how a kernel was traced where not as itself: {"flash": "flash-attn" | "sdpa flash backend"}

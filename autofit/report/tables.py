@@ -11,6 +11,7 @@ from autofit.core.recipe import recipe_line
 from autofit.core.space import describe_rejections
 from autofit.core.units import format_bytes
 from autofit.cost_model.budget import budget_text
+from autofit.cost_model.uncertainty import cuda_band_line
 from autofit.probe.result import ProbeResult
 from autofit.report.ladder import ladder_rows, ladder_title
 
@@ -39,6 +40,8 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
             f"{p.step_time_s:.3g}", f"{p.samples_per_s:.3g}", "yes" if p.fits else f"no: {p.reason}",
         )
     console.print(table)
+    if hw.kind == "cuda":
+        console.print(cuda_band_line(result.margin), markup=False)
     if result.recipe is not None:
 
         console.print(recipe_line(result.recipe.to_dict()), markup=False)
