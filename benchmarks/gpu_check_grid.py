@@ -178,7 +178,8 @@ def measure(torch: Any, deepspeed: Any, workload: Any, template: Any, item: dict
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         sampler = start_sampler(torch, 0, os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if item.get("history"):
+        if item.get("history"):  # what the allocator held when the history began: a replay starts from it
+            row["segments_at_start"] = segments(torch)
             torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
                                                      max_entries=HISTORY_MAX_ENTRIES)
     t0 = time.time()

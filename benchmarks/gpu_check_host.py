@@ -13,7 +13,11 @@ programs that share nothing with the grid's rows they are judged on:
   host's cost per layer of autograd (its slope) and per step (its intercept);
 - ``engine``: the same stacks through ``deepspeed.initialize`` in bf16 with AdamW (FusedAdam on CUDA) at ZeRO 0, 1, 2
   and 3, every step timed: what DeepSpeed adds per step, per parameter tensor (the optimizer's and the gradient
-  hooks') and, at ZeRO-3, per module (its fetch and release hooks), as the slopes between the two depths.
+  hooks') and, at ZeRO-3, per module (its fetch and release hooks), as the slopes between the two depths; at ZeRO-3
+  once more without biases (one tensor a module: the module's share and the tensor's apart);
+- ``decoder``: a tiny Llama decoder (transformers, width 64) at two depths, plain and with every layer checkpointed,
+  and through DeepSpeed at ZeRO 0 and 3: the host's cost per op of a real transformer layer's Python, and what
+  checkpointing's hooks add beyond the recompute's ops (the ops are counted on any machine, as the trace counts them).
 
 Every figure is a median of timed repeats after warm-up ones; the raw step times are kept.
 """
@@ -34,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 #: the two depths of the layer stacks (their difference gives the per-layer slope)
 DEPTHS = (16, 64)
+#: the two depths of the tiny decoder
+DECODER_DEPTHS = (2, 6)
 #: width of each layer: small enough that the device's work is far below the host's
 WIDTH = 64
 STAGES = (0, 1, 2, 3)
@@ -65,6 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         for depth in DEPTHS:
             found["engine"][f"z{stage}_L{depth}"] = engine(torch, deepspeed, device, stage, depth, repeats)
             save(args.part, found)
+    for depth in DEPTHS:
+        found["engine"][f"z3nobias_L{depth}"] = engine(torch, deepspeed, device, 3, depth, repeats, bias=False)
+        save(args.part, found)
+    found["decoder"] = {}
+    for depth in DECODER_DEPTHS:
+        for checkpointed in (False, True):
+            for stage in (None, 0, 3):
+                key = f"{'plain' if stage is None else f'z{stage}'}_L{depth}{'_ckpt' if checkpointed else ''}"
+                found["decoder"][key] = decoder(torch, deepspeed, device, depth, checkpointed, stage, repeats)
+                save(args.part, found)
     found["summary"] = summary(found)
     found["ok"] = True
     save(args.part, found)
@@ -106,10 +122,10 @@ def launch(torch: Any, device: Any, n: int) -> dict[str, float]:
     return {"queued_s": statistics.median(queued), "synced_s": statistics.median(synced), "n": n}
 
 
-def stack(torch: Any, depth: int) -> Any:
+def stack(torch: Any, depth: int, bias: bool = True) -> Any:
     layers = []
     for _ in range(depth):
-        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+        layers += [torch.nn.Linear(WIDTH, WIDTH, bias=bias), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers)
 
 
@@ -130,7 +146,8 @@ def mlp(torch: Any, device: Any, depth: int, repeats: int) -> dict[str, Any]:
     return {"step_s": statistics.median(times), "step_times_s": times, "layers": depth, "tensors": 2 * depth}
 
 
-def engine(torch: Any, deepspeed: Any, device: Any, stage: int, depth: int, repeats: int) -> dict[str, Any]:
+def engine(torch: Any, deepspeed: Any, device: Any, stage: int, depth: int, repeats: int,
+           bias: bool = True) -> dict[str, Any]:
     """Steps of ``depth`` layers through DeepSpeed at ZeRO ``stage`` with the product's JSON (bf16, AdamW): every
     step's seconds and the optimizer's own, the first three warm-up."""
     from autofit.core.config import Config
@@ -145,9 +162,9 @@ def engine(torch: Any, deepspeed: Any, device: Any, stage: int, depth: int, repe
         ds["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     if stage == 3:  # built inside zero.Init, as the product builds (zero.Init(module=...) would keep fp32)
         with deepspeed.zero.Init(config_dict_or_path=ds):
-            model = stack(torch, depth)
+            model = stack(torch, depth, bias)
     else:
-        model = stack(torch, depth)
+        model = stack(torch, depth, bias)
     held, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()], config=ds)
     dtype = torch.bfloat16 if cuda else torch.float32
     x = torch.randn(4, WIDTH, device=device, dtype=dtype)
@@ -165,8 +182,68 @@ def engine(torch: Any, deepspeed: Any, device: Any, stage: int, depth: int, repe
         if cuda:
             torch.cuda.empty_cache()
     return {"step_s": statistics.median(steps[3:]), "optimizer_s": statistics.median(optimizer[3:]),
-            "step_times_s": steps, "optimizer_times_s": optimizer, "layers": depth, "tensors": 2 * depth,
+            "step_times_s": steps, "optimizer_times_s": optimizer, "layers": depth, "tensors": (2 if bias else 1) * depth,
             "zero_stage": stage}
+
+
+def decoder_model(depth: int) -> Any:
+    """A tiny Llama (width 64, 4 heads, 2 key-value heads, 256 tokens of vocabulary) with ``depth`` layers."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
+                                      num_hidden_layers=depth, num_attention_heads=4, num_key_value_heads=2,
+                                      attn_implementation="sdpa")
+    return transformers.LlamaForCausalLM(config)
+
+
+def decoder(torch: Any, deepspeed: Any, device: Any, depth: int, checkpointed: bool, stage: int | None,
+            repeats: int) -> dict[str, Any]:
+    """Steps of the tiny decoder: plain autograd (``stage`` None) or through DeepSpeed at ZeRO ``stage``; every layer
+    checkpointed as the product checkpoints (:func:`autofit.ds.apply.apply_checkpointing`) where ``checkpointed``."""
+    from autofit.core.config import Config
+    from autofit.ds.apply import apply_checkpointing
+    from autofit.ds.emit import deepspeed_config
+    from autofit.probe.rank.steps import train_step
+
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    ids = torch.randint(0, 256, (2, 32), device=device)
+    sync = sync_of(torch, device)
+    if stage is None:
+        model = decoder_model(depth).to(device=device, dtype=dtype)
+        if checkpointed:
+            apply_checkpointing(model, list(model.model.layers), 1.0)
+        times = []
+        for _ in range(repeats + 3):
+            sync()
+            t0 = time.perf_counter()
+            model(input_ids=ids, labels=ids).loss.backward()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return {"step_s": statistics.median(times[3:]), "step_times_s": times, "layers": depth}
+    config = Config(micro_batch_size=2, precision="bf16" if cuda else "fp32", zero_stage=stage, optimizer="adamw",
+                    attention="sdpa", checkpoint_ratio=1.0 if checkpointed else 0.0)
+    ds = deepspeed_config(config, 1, "cuda" if cuda else "cpu", hidden_size=WIDTH)
+    if stage == 3:
+        with deepspeed.zero.Init(config_dict_or_path=ds):
+            model = decoder_model(depth)
+    else:
+        model = decoder_model(depth)
+    if checkpointed:
+        apply_checkpointing(model, list(model.model.layers), 1.0)
+    held, _, _, _ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds)
+    steps, optimizer = [], []
+    try:
+        for _ in range(repeats + 3):
+            seconds, opt, _ = train_step(held, lambda: held(input_ids=ids, labels=ids).loss, 1, sync)
+            steps.append(seconds)
+            optimizer.append(opt)
+    finally:
+        held.destroy()
+        model = None
+        gc.collect()
+    return {"step_s": statistics.median(steps[3:]), "optimizer_s": statistics.median(optimizer[3:]),
+            "step_times_s": steps, "optimizer_times_s": optimizer, "layers": depth, "zero_stage": stage}
 
 
 def summary(found: dict[str, Any]) -> str:
