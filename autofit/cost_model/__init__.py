@@ -8,7 +8,7 @@ formulas (:mod:`autofit.cost_model.memory`) and the time formulas
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from autofit.core.config import Config
@@ -115,7 +115,7 @@ def predict(
 
 def _not_fit_reason(peak: int, hardware: Hardware, memory: MemoryBreakdown) -> str:
 
-    parts = asdict(memory)
+    parts = memory.to_dict()
     biggest = max(parts, key=lambda k: parts[k])
     return (
         f"needs {format_bytes(peak)} but {format_bytes(hardware.memory_bytes)} is usable on {hardware.name} "

@@ -70,6 +70,11 @@ class MemoryBreakdown:
     def total(self) -> int:
         return self.params + self.grads + self.optimizer + self.activations + self.other
 
+    def to_dict(self) -> dict[str, int]:
+        """The parts by name, in field order: ``dataclasses.asdict`` without its deep copy (once a candidate)."""
+        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
+                "activations": self.activations, "other": self.other}
+
 
 def activation_peak_bytes(config: Config, facts: ModelFacts, keep_grads: bool) -> float:
     """Peak live bytes of forward+backward from the trace, at this micro-batch and checkpoint ratio.

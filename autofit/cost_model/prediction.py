@@ -9,7 +9,7 @@ The cost model's own :class:`autofit.cost_model.Prediction` adds whether the con
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from autofit.core.boundary import read_record
@@ -40,7 +40,7 @@ class PredictionRecord:
         return {
             "peak_bytes": self.peak_bytes,
             "host_peak_bytes": self.host_peak_bytes,
-            "breakdown": asdict(self.breakdown),
+            "breakdown": self.breakdown.to_dict(),
             "step_time_s": self.step_time_s,
             "samples_per_s": self.samples_per_s,
             "tokens_per_s": self.tokens_per_s,
