@@ -205,7 +205,22 @@ class ModelFacts:
         and the partial ones. Layers are not alike in general (a CNN's early stages hold most of its
         activations, an encoder-decoder's halves differ), so the trace at a middle ratio is what
         bends the line; with none, a straight line between none and all.
+
+        Memoized on this instance (a plan asks the same few dozen questions for each of its thousands of candidates):
+        the facts are frozen, and :func:`dataclasses.replace` makes a new instance with an empty memo.
         """
+        key = (dtype, attention, n_checkpointed, micro_batch_size, attr, granularity)
+        memo: dict[tuple[Any, ...], float] | None = self.__dict__.get("_at_memo")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_at_memo", memo)  # not a field: not compared, copied by replace or written
+        if key not in memo:
+            memo[key] = self._at_checkpointed(dtype, attention, n_checkpointed, micro_batch_size, attr, granularity)
+        return memo[key]
+
+    def _at_checkpointed(self, dtype: str, attention: str, n_checkpointed: int, micro_batch_size: int, attr: str,
+                         granularity: str) -> float:
+        """:meth:`at_checkpointed`, computed."""
         full = self.profile(dtype, attention, False)
         if n_checkpointed <= 0 or self.n_layers == 0:
             return full.at(micro_batch_size, attr)

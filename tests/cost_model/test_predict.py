@@ -205,6 +205,27 @@ def test_a_partial_checkpoint_trace_bends_the_interpolation() -> None:
     assert middle_checkpointed_layers((0.0, 0.5, 1.0), 1) == 0
 
 
+def test_two_facts_never_share_a_memoized_value() -> None:
+    """``at_checkpointed`` is memoized on its facts: facts made from others (``replace``) or alike but apart answer
+    their own, each what facts never asked before answer, and the memo is no part of the facts' value or JSON."""
+    from dataclasses import replace
+
+    questions = [(dtype, n, mb, attr) for dtype in ("fp32", "bf16") for n in (0, 3, 8) for mb in (1, 3, 8)
+                 for attr in ("peak_without_grads_bytes", "flops")]
+
+    def answers(f: ModelFacts) -> list[float]:
+        return [f.at_checkpointed(dtype, "sdpa", n, mb, attr) for dtype, n, mb, attr in questions]
+
+    small, large = facts_with(10**6, n_layers=8), facts_with(10**6, n_layers=8, act_per_sample=5000)
+    first = answers(small)
+    assert answers(replace(small, profiles=large.profiles)) == answers(facts_with(10**6, n_layers=8,
+                                                                                  act_per_sample=5000))
+    assert answers(large) != first
+    assert answers(small) == first == answers(facts_with(10**6, n_layers=8))
+    assert small == facts_with(10**6, n_layers=8)
+    assert small.to_dict() == facts_with(10**6, n_layers=8).to_dict()
+
+
 def test_accumulating_zero1_and_zero2_hold_the_gradients_as_zero0_does() -> None:
     """Under accumulation the first micro-batch's gradients live through the next ones: autograd's .grad under
     ZeRO 0/1, ZeRO-2's grads_in_partition (the Qwen2-shaped model at mb2x8 fp32 ZeRO-1/2 was predicted 1.07 GiB
