@@ -185,7 +185,9 @@ class Plan:
 
     def price(self, calibration: Calibration | None = None) -> list[tuple[Config, Prediction]]:
         """Every candidate priced with ``calibration`` (the prior when None), fastest predicted first."""
-        priced = [(c, self.predict(c, calibration)) for c in self.candidates]
+        calibration = calibration or self.uncalibrated()
+        budget = usable_hardware(self.hardware, self.margin)  # what predict() judges against, made once
+        priced = [(c, calibration.predict(c, self.facts, budget, self.world_size)) for c in self.candidates]
         priced.sort(key=lambda cp: -cp[1].samples_per_s)
         return priced
 
