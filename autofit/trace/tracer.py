@@ -19,7 +19,7 @@ from autofit.trace.layers import cut_workload
 from autofit.trace.parallel import trace_in_parallel, trace_workers_setting
 from autofit.trace.scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, grouped_segments, scaled_point
 from autofit.trace.sdpa import DISPATCHES
-from autofit.trace.structure import model_structure
+from autofit.trace.structure import ModelStructure, model_structure
 from autofit.trace.tensors import (
     first_line,
 )
@@ -83,13 +83,13 @@ def trace_workload(
     return replace(facts, trace_seconds=time.perf_counter() - started)
 
 
-def _traced_at_length(workload: Workload, structure: dict[str, Any], precisions: tuple[str, ...],
+def _traced_at_length(workload: Workload, structure: ModelStructure, precisions: tuple[str, ...],
                       attentions: tuple[str, ...], checkpoint_ratios: tuple[float, ...],
                       checkpoint_granularities: tuple[str, ...], micro_batches: tuple[int, ...],
                       sdpa_dispatch: str = "cpu") -> ModelFacts:
     """:func:`_trace_workload`, once a workload whose trace loops over its tokens (:attr:`Workload.at_length`) is
     judged able to be traced in time (:func:`check_scan_time`, with the layers each step will run)."""
-    n_layers, period = structure["n_layers"], scale_period(structure)
+    n_layers, period = structure.n_layers, scale_period(structure)
     kinds = ("full", *(checkpoint_granularities if n_layers else ()))
     per_kind = [sum(CUT_LAYERS[kind]) * period if period else n_layers or 1 for kind in kinds]
     steps = len({trace_dtype_of(p) for p in precisions}) * len(micro_batches)
@@ -98,7 +98,7 @@ def _traced_at_length(workload: Workload, structure: dict[str, Any], precisions:
                            micro_batches, sdpa_dispatch)
 
 
-def check_scan_time(workload: Workload, structure: dict[str, Any], layer_steps: int) -> None:
+def check_scan_time(workload: Workload, structure: ModelStructure, layer_steps: int) -> None:
     """For a workload whose trace loops over its tokens (:attr:`Workload.at_length`): one step of one sample through
     :data:`CUT_LAYERS` ``full``'s first count of layers at :data:`PROBE_LENGTH` tokens, timed, and carried to the whole
     trace in proportion (``layer_steps``: the layers its steps run, summed; a loop of the same operations a token and a
@@ -109,21 +109,21 @@ def check_scan_time(workload: Workload, structure: dict[str, Any], layer_steps: 
         return
     short = workload.at_length(PROBE_LENGTH)
     period = scale_period(structure)
-    layers = min(CUT_LAYERS["full"][0] * (period or 1), structure["n_layers"]) or 1
+    layers = min(CUT_LAYERS["full"][0] * (period or 1), structure.n_layers) or 1
     cut = period > 0
     started = time.perf_counter()
     step.trace_step(cut_workload(short, layers) if cut else short, 1, "fp32", "sdpa", (0.0, "block"), "fake")
     measured = time.perf_counter() - started
-    projected = measured / (layers if cut else structure["n_layers"] or 1) * layer_steps * seq_len / PROBE_LENGTH
+    projected = measured / (layers if cut else structure.n_layers or 1) * layer_steps * seq_len / PROBE_LENGTH
     if projected > step.trace_step_limit_s():
         raise AutofitError(
             f"tracing {workload.name} at {seq_len:,} tokens would take about {projected / 60:.0f} min (a step through "
-            f"{layers if cut else structure['n_layers']} layers at {PROBE_LENGTH} tokens took {measured:.1f} s; its "
+            f"{layers if cut else structure.n_layers} layers at {PROBE_LENGTH} tokens took {measured:.1f} s; its "
             f"reference code loops over the tokens), past the {step.trace_step_limit_s():g} s such a trace may take "
             f"({step.TRACE_STEP_ENV}): install its fused kernels, plan a shorter --seq-len, or raise the limit")
 
 
-def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: tuple[str, ...],
+def _trace_workload(workload: Workload, structure: ModelStructure, precisions: tuple[str, ...],
                     attentions: tuple[str, ...], checkpoint_ratios: tuple[float, ...],
                     checkpoint_granularities: tuple[str, ...], micro_batches: tuple[int, ...],
                     sdpa_dispatch: str = "cpu") -> ModelFacts:
@@ -133,7 +133,7 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
     dtype_names = tuple(sorted({trace_dtype_of(p) for p in precisions}))
     attention_names, untraced = (runnable_kernels(workload, structure, attentions, sdpa_dispatch)
                                  if workload.searches_attention else (("sdpa",), {}))
-    n_layers = structure["n_layers"]
+    n_layers = structure.n_layers
     n_middle = middle_checkpointed_layers(checkpoint_ratios, n_layers)
     granularities = tuple(checkpoint_granularities) if n_layers else ()
     scaled = None
@@ -163,7 +163,7 @@ def _trace_workload(workload: Workload, structure: dict[str, Any], precisions: t
     return replace(facts, attention_traces=dict(traces), untraced_kernels=untraced)
 
 
-def runnable_kernels(workload: Workload, structure: dict[str, Any], attentions: tuple[str, ...],
+def runnable_kernels(workload: Workload, structure: ModelStructure, attentions: tuple[str, ...],
                      sdpa_dispatch: str) -> tuple[tuple[str, ...], dict[str, str]]:
     """``attentions`` the model runs with in the trace, and why each other one does not
     (:func:`autofit.trace.step.kernel_failure`, on the model cut as the trace will cut it): a kernel that cannot
@@ -177,7 +177,7 @@ def runnable_kernels(workload: Workload, structure: dict[str, Any], attentions: 
     return tuple(k for k in attentions if k not in untraced), untraced
 
 
-def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple[tuple[str, ...], tuple[str, ...]],
+def _scaled_profiles(workload: Workload, structure: ModelStructure, kinds: tuple[tuple[str, ...], tuple[str, ...]],
                      granularities: tuple[str, ...], n_middle: int, micro_batches: tuple[int, ...],
                      sdpa_dispatch: str = "cpu") -> tuple[dict[str, ActivationProfile], dict[str, str]]:
     """Profiles of all the layers from the model cut to :data:`CUT_LAYERS` periods of them (:func:`scale_period`),
@@ -185,7 +185,7 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     middle ratio's profile checkpoints the whole periods within its ``n_middle`` layers: at most one period fewer,
     which holds more, never less."""
     period = scale_period(structure)
-    n_layers = structure["n_layers"] // period
+    n_layers = structure.n_layers // period
     tracers = {k: _Tracer(cut_workload(workload, k * period), structure, cut_layers=k, sdpa_dispatch=sdpa_dispatch,
                           period=period)
                for cut in CUT_LAYERS.values() for k in cut}
@@ -215,11 +215,11 @@ def _scaled_profiles(workload: Workload, structure: dict[str, Any], kinds: tuple
     return profiles, dict(tracers[CUT_LAYERS["full"][0]].attention_traces)
 
 
-def scale_period(structure: dict[str, Any]) -> int:
+def scale_period(structure: ModelStructure) -> int:
     """The layers taken as one where the model is traced cut and extrapolated (:func:`autofit.trace.layers.layer_period`:
     1 for alike layers); 0 where it is traced whole: fewer than :data:`SCALE_MIN_LAYERS` layers, or no more periods
     than the deepest cut keeps."""
-    period, n_layers = structure["layer_period"], structure["n_layers"]
+    period, n_layers = structure.layer_period, structure.n_layers
     deep_enough = n_layers >= SCALE_MIN_LAYERS and period and n_layers // period > max(CUT_LAYERS["block"])
     return period if deep_enough else 0
 
@@ -240,16 +240,16 @@ def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, gra
     return out
 
 
-def _structure(workload: Workload, optimizers: tuple[str, ...], model: Any = None) -> dict[str, Any]:
+def _structure(workload: Workload, optimizers: tuple[str, ...], model: Any = None) -> ModelStructure:
     """:func:`model_structure` (of ``model``, built on the meta device, where given), with Adam-mini's state
     elements where ``optimizers`` has it."""
     structure = model_structure(workload, model)
     if "adam_mini" in optimizers:
 
         try:
-            structure["adam_mini_state_numel"] = adam_mini_state_numel(workload.build_model)
+            structure = replace(structure, adam_mini_state_numel=adam_mini_state_numel(workload.build_model))
         except Exception as exc:  # the package's own step refuses the model: priced as not fitting, with why
-            structure["adam_mini_error"] = f"{type(exc).__name__}: {first_line(exc)}"
+            structure = replace(structure, adam_mini_error=f"{type(exc).__name__}: {first_line(exc)}")
     return structure
 
 
@@ -273,7 +273,7 @@ def parameter_facts(workload: Workload) -> ModelFacts:
     without the activation traces that pricing a whole config needs."""
     started = time.perf_counter()
     structure = model_structure(workload)
-    return _facts(workload, structure, {}, structure["n_layers"], "fake", time.perf_counter() - started)
+    return _facts(workload, structure, {}, structure.n_layers, "fake", time.perf_counter() - started)
 
 
 def middle_checkpointed_layers(ratios: tuple[float, ...], n_layers: int) -> int:
@@ -307,7 +307,7 @@ class _Tracer:
     segment (:mod:`autofit.trace.scaling`); such a tracer never falls back to real tensors.
     """
 
-    def __init__(self, workload: Workload, structure: dict[str, Any], cut_layers: int = 0,
+    def __init__(self, workload: Workload, structure: ModelStructure, cut_layers: int = 0,
                  sdpa_dispatch: str = "cpu", period: int = 1) -> None:
         self.workload = workload
         self.period = period
@@ -382,43 +382,45 @@ class _Tracer:
         except step.NeedsRealTensors as exc:
             if self.cut_layers:
                 raise
-            if self.structure["param_bytes_fp32"] > REAL_TRACE_LIMIT_BYTES:
+            if self.structure.param_bytes_fp32 > REAL_TRACE_LIMIT_BYTES:
                 raise AutofitError(
                     f"cannot trace {self.workload.name} on fake tensors ({exc}) and at "
-                    f"{self.structure['param_bytes_fp32'] / 2**30:.1f} GiB it is too large to trace on real ones"
+                    f"{self.structure.param_bytes_fp32 / 2**30:.1f} GiB it is too large to trace on real ones"
                 ) from None
             self.mode = "real"
             return self._run(n, dtype_name, kernel, ckpt)
 
 
-#: the facts :func:`autofit.trace.structure.sequence_structure` reads of a causal LM
-SEQUENCE_FACTS = ("seq_len", "vocab_size", "intermediate_size", "kv_width", "n_kv_heads", "mlp_intermediates",
-                  "mlp_matrices")
-
-
-def _facts(workload: Workload, structure: dict[str, Any], profiles: dict[str, ActivationProfile], n_layers: int,
+def _facts(workload: Workload, structure: ModelStructure, profiles: dict[str, ActivationProfile], n_layers: int,
            mode: str, seconds: float) -> ModelFacts:
+    sequence = structure.sequence
     return ModelFacts(
         name=workload.name or "workload",
-        n_params=structure["n_params"],
-        n_trainable_params=structure["n_trainable"],
+        n_params=structure.n_params,
+        n_trainable_params=structure.n_trainable,
         n_layers=n_layers,
-        layer_params=tuple(structure["layer_params"]) if n_layers else (),
-        largest_module_params=structure["largest_module_params"],
-        largest_param_numel=structure["largest_param_numel"],
-        n_small_params=structure["n_small_params"],
-        factored_state_numel=structure["factored_state_numel"],
-        adam_mini_state_numel=structure.get("adam_mini_state_numel", 0),
-        adam_mini_error=structure.get("adam_mini_error", ""),
-        n_param_tensors=structure["n_param_tensors"],
-        n_param_modules=structure["n_param_modules"],
-        n_persistent_params=structure["n_persistent_params"],
-        buffer_bytes=structure["buffer_bytes"],
-        fp8_largest_linear=tuple(structure["fp8_largest_linear"]),
-        fp8_weight_elements=structure.get("fp8_weight_elements", 0),
-        fp8_feature_elements=structure.get("fp8_feature_elements", 0),
-        hidden_size=structure.get("hidden_size", 0),
-        **{key: structure.get(key, 0) for key in SEQUENCE_FACTS},
+        layer_params=structure.layer_params if n_layers else (),
+        largest_module_params=structure.largest_module_params,
+        largest_param_numel=structure.largest_param_numel,
+        n_small_params=structure.n_small_params,
+        factored_state_numel=structure.factored_state_numel,
+        adam_mini_state_numel=structure.adam_mini_state_numel,
+        adam_mini_error=structure.adam_mini_error,
+        n_param_tensors=structure.n_param_tensors,
+        n_param_modules=structure.n_param_modules,
+        n_persistent_params=structure.n_persistent_params,
+        buffer_bytes=structure.buffer_bytes,
+        fp8_largest_linear=structure.fp8_largest_linear,
+        fp8_weight_elements=structure.fp8_weight_elements,
+        fp8_feature_elements=structure.fp8_feature_elements,
+        hidden_size=structure.hidden_size,
+        seq_len=sequence.seq_len,
+        vocab_size=sequence.vocab_size,
+        intermediate_size=sequence.intermediate_size,
+        kv_width=sequence.kv_width,
+        n_kv_heads=sequence.n_kv_heads,
+        mlp_intermediates=sequence.mlp_intermediates,
+        mlp_matrices=sequence.mlp_matrices,
         tokens_per_sample=workload.tokens_per_sample,
         profiles=profiles,
         trace_mode=mode,

@@ -31,5 +31,5 @@ def test_persistent_parameters_are_counted_under_the_derived_threshold():
         return nn.Sequential(nn.Linear(10, 48), nn.Linear(48, 48), nn.Linear(48, 48), nn.Linear(48, 3))
 
     structure = model_structure(Workload(model=build, batch=lambda n: {"x": torch.zeros(n, 10)}))
-    assert structure["hidden_size"] == 48
-    assert structure["n_persistent_params"] == (48 + 48 + 48 + 3) + 3 * 48
+    assert structure.hidden_size == 48
+    assert structure.n_persistent_params == (48 + 48 + 48 + 3) + 3 * 48
