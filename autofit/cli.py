@@ -33,6 +33,7 @@ from autofit.commands.numbers import SECONDS, FiniteFloat
 from autofit.core.errors import AutofitError
 from autofit.planning.longest import longest_sequence
 from autofit.planning.target import CLI_OPTION, Target, cli_fields
+from autofit.report.json_text import indented
 from autofit.report.outputs import emit_document, json_stdout
 from autofit.report.tables import print_estimate, print_ladder, print_probe
 from autofit.trace import cache as trace_cache
@@ -153,7 +154,7 @@ def estimate(shared: Shared) -> None:
         if answer.position_note:
             say(f"autofit: warning: {answer.position_note}")
         if shared.as_json:
-            emit_document(json.dumps(answer.to_dict(), indent=1))
+            emit_document(indented(answer.to_dict()))
         else:
             click.echo(answer.text())
         return
@@ -161,7 +162,7 @@ def estimate(shared: Shared) -> None:
     for warning in result.model.warnings if result.model is not None else ():
         say(f"autofit: warning: {warning}")
     if shared.as_json:
-        emit_document(json.dumps(result.to_dict(), indent=1))
+        emit_document(indented(result.to_dict()))
     else:
         print_estimate(result)
 
@@ -180,7 +181,7 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
     answer = probe_command.probe_target(shared.target, mode=mode, steps=steps, warmup=warmup, timeout_s=timeout_s,
                                         snapshot_path=snapshot_path, say=say)
     if shared.as_json:
-        emit_document(json.dumps(answer.to_dict(), indent=1))
+        emit_document(indented(answer.to_dict()))
     else:
         print_probe(answer.result())
     if not answer.ok:
@@ -197,7 +198,7 @@ def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
     each priced (peak, fits, samples/s) and, with --measure, probed."""
     result = ladder_command.ladder_target(shared.target, measure=measure, steps=steps, timeout_s=timeout_s, say=say)
     if shared.as_json:
-        emit_document(json.dumps(result.to_dict(), indent=1))
+        emit_document(indented(result.to_dict()))
     else:
         print_ladder(result)
 
@@ -219,7 +220,7 @@ def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | Non
                                     report=report_dir, storage=storage, study_name=study_name, script=script,
                                     progress=progress_display, say=say)
     if shared.as_json:
-        emit_document(json.dumps(result.to_dict(), indent=1))
+        emit_document(indented(result.to_dict()))
     else:
         say(f"wrote {out_path}")
 
@@ -281,7 +282,7 @@ def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
     with json_stdout(as_json):  # --json: the document alone
         searches = schedule_command.list_searches(storage)
         if as_json:
-            emit_document(json.dumps({"searches": searches}, indent=1))
+            emit_document(indented({"searches": searches}))
             return
     from autofit.schedule.status import print_searches  # sqlalchemy: autofit.commands.schedule
 
@@ -333,7 +334,7 @@ def results(storage: str, entry: str | None, prices: tuple[str, ...], report_dir
     with json_stdout(as_json):  # --json: the document alone
         rows = schedule_command.results(storage, prices=prices, entry=entry, report_dir=report_dir)
         if as_json:
-            emit_document(json.dumps({"results": rows}, indent=1))
+            emit_document(indented({"results": rows}))
             return
     from autofit.schedule.results import print_results  # sqlalchemy: autofit.commands.schedule
 
