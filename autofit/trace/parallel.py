@@ -15,6 +15,7 @@ from autofit.core.errors import AutofitError, is_control
 from autofit.cost_model.facts import PeakPoint
 from autofit.machine.lifetime import die_with_parent
 from autofit.trace import step
+from autofit.trace.attention import kernel_context
 from autofit.trace.scaling import CUT_LAYERS
 from autofit.trace.tensors import (
     first_line,
@@ -76,10 +77,12 @@ def trace_workers() -> int:
 
 def _parallel_runs(tracers: dict[int, _Tracer], kinds: tuple[tuple[str, ...], tuple[str, ...]],
                    granularities: tuple[str, ...]) -> list[_Run]:
-    """The runs :func:`_scaled_profiles` will ask the cut tracers for, but ``flash``'s (which kernel stands in for
-    it is decided as the tracer goes)."""
+    """The runs :func:`_scaled_profiles` will ask the cut tracers for; ``flash``'s only where the kernel that stands in
+    for it is known before a step (:meth:`_Tracer.flash_stand_in`: flash-attn not installed); where flash-attn's own
+    functions are to be tried first, the tracer decides as it goes, in this process."""
+    flash_known = all(tracer.flash_stand_in() is not None for tracer in tracers.values())
     return [(tracers[k], dtype_name, attention, (ratio, granularity))
-            for dtype_name in kinds[0] for attention in kinds[1] if attention != "flash"
+            for dtype_name in kinds[0] for attention in kinds[1] if attention != "flash" or flash_known
             for ratio, granularity in [(0.0, "block"), *((1.0, g) for g in granularities)]
             for k in CUT_LAYERS[granularity if ratio else "full"]]
 
@@ -147,9 +150,11 @@ def _forked_step(key: _StepKey) -> _StepResult | None:
     run, n = key
     tracer, dtype_name, attention, ckpt = _FORKED_RUNS[run]
     segments: dict[tuple[str, int], tuple[int, int]] = {}
+    kernel, label = (attention, "") if attention != "flash" else tracer.flash_stand_in() or ("", "")
     try:
-        point = step.trace_step(tracer.workload, n, dtype_name, attention, ckpt, tracer.mode, segments,
-                                tracer.sdpa_dispatch)
+        with kernel_context(label):  # flash: SDPA's flash backend, as the tracer's _flash_points runs it
+            point = step.trace_step(tracer.workload, n, dtype_name, kernel, ckpt, tracer.mode, segments,
+                                    tracer.sdpa_dispatch)
     except AutofitError:  # a build error or a step too slow: the tracer would meet it again, so it ends the trace
         raise
     except BaseException as exc:  # the step's own failure: reported when the tracer runs it in this process

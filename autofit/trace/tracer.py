@@ -340,6 +340,8 @@ class _Tracer:
         """The steps at each of ``micro_batches``, traced elsewhere (:func:`autofit.trace.parallel.trace_in_parallel`): what
         :meth:`points` would have traced, then returns without tracing."""
         key = (dtype_name, attention, (ckpt[0], ckpt[1] if ckpt[0] else "block"), micro_batches)
+        if attention == "flash" and (stand_in := self.flash_stand_in()) is not None:
+            self.attention_traces["flash"] = stand_in[1]  # traced with it, as :meth:`_flash_points` would say
         self.done[key] = tuple(point for point, _ in results)
         self.segments[key] = tuple(segments for _, segments in results)
 
@@ -350,6 +352,15 @@ class _Tracer:
         key = (dtype_name, attention, (ratio, granularity if ratio else "block"), micro_batches)
         return CutTrace(n_layers=self.cut_layers, point=point,
                         segments=grouped_segments(self.segments[key][i], self.period))
+
+    def flash_stand_in(self) -> tuple[str, str] | None:
+        """``(kernel given to build_model, label)`` that :meth:`_flash_points` will trace ``flash`` with, where that is
+        known before any step: one way left to try (flash-attn not installed, or its functions already failed here);
+        None where flash-attn's own functions are still to be tried."""
+        plan = flash_trace_plan(flash_attn_installed(), self.workload.flash_stand_in)
+        if len(plan) == 1 or self.attention_traces.get("flash") == SDPA_FLASH:
+            return plan[-1]
+        return None
 
     def _flash_points(self, dtype_name: str, ckpt: tuple[float, str], micro_batches: tuple[int, ...]) -> tuple[PeakPoint, ...]:
         """flash-attn's own functions where installed and they trace; SDPA's flash backend otherwise."""

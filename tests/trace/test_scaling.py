@@ -83,6 +83,31 @@ def test_cut_traces_in_forked_workers_are_the_ones_traced_in_process(scaled, mon
     assert capsys.readouterr().err == ""
 
 
+def test_flash_stood_in_for_is_traced_in_the_workers_as_in_process(monkeypatch) -> None:  # noqa: ANN001
+    """Without flash-attn the kernel that stands in for flash is known before a step, so its steps run in the workers
+    too (none in this process), and the facts, its label included, are those of one process."""
+    from autofit.trace import parallel, tracer
+    from autofit.trace.attention import SDPA_FLASH, flash_attn_installed
+
+    if flash_attn_installed():
+        pytest.skip("flash-attn is installed: its own functions are tried in this process first")
+    workload = deep_gpt()
+
+    def trace() -> object:
+        return trace_workload(workload, precisions=("bf16",), attentions=("flash", "sdpa"), checkpoint_ratios=RATIOS)
+
+    monkeypatch.setenv(parallel.TRACE_WORKERS_ENV, "1")
+    alone = trace()
+    in_process: list[object] = []
+    real_run = tracer._Tracer._run
+    monkeypatch.setattr(tracer._Tracer, "_run", lambda self, *a: in_process.append(a) or real_run(self, *a))
+    monkeypatch.setenv(parallel.TRACE_WORKERS_ENV, "2")
+    forked = trace()
+    assert in_process == []
+    assert forked.attention_traces == alone.attention_traces and alone.attention_traces["flash"] == SDPA_FLASH
+    assert _same(forked, alone)
+
+
 def test_a_worker_that_dies_leaves_the_trace_to_this_process_with_one_line(scaled, monkeypatch, capsys) -> None:  # noqa: ANN001
     """A worker killed (as the OOM killer would) mid-step: the cut traces run here, to the same facts, and one
     line on stderr says why."""
