@@ -17,12 +17,13 @@ from autofit.core.units import format_bytes
 from autofit.probe.result import ProbeResult
 from autofit.schedule import queue
 from autofit.schedule.store import optuna_storage
+from autofit.tuner.study import MEASURED_ATTR, PHASE_ATTR, WITHIN_MARGIN_ATTR
 
 
 def best_so_far(trials: list[Any]) -> dict[str, Any] | None:
     """The fastest probe measured within the margin: ``{"config", "samples_per_s", "peak_bytes", "tokens_per_s"}``."""
-    good = [ProbeResult.from_json(t.user_attrs["measured"]) for t in trials
-            if t.user_attrs.get("within_margin") and "measured" in t.user_attrs]
+    good = [ProbeResult.from_json(t.user_attrs[MEASURED_ATTR]) for t in trials
+            if t.user_attrs.get(WITHIN_MARGIN_ATTR) and MEASURED_ATTR in t.user_attrs]
     return summary(max(good, key=lambda m: m.samples_per_s)) if good else None
 
 
@@ -48,14 +49,14 @@ def search_summaries(url: str) -> list[dict[str, Any]]:
                         "message": f"study {row.study_name} is missing from the store (the queue says {row.state})"})
             continue
         trials = study.get_trials(deepcopy=False)
-        searched = sum(1 for t in trials if "measured" in t.user_attrs and t.user_attrs.get("phase") == "search")
+        searched = sum(1 for t in trials if MEASURED_ATTR in t.user_attrs and t.user_attrs.get(PHASE_ATTR) == "search")
         result = study.user_attrs.get(queue.RESULT_ATTR)
         best = best_so_far(trials)
         if result is not None:
             best = summary(ProbeResult.from_json(result["best"]["measured"]))
         out.append({
             "id": row.id, "entry": row.entry, "hardware": row.hardware, "gpus": row.gpus, "nodes": row.nodes,
-            "state": row.state, "trials": searched, "probes": sum(1 for t in trials if "measured" in t.user_attrs),
+            "state": row.state, "trials": searched, "probes": sum(1 for t in trials if MEASURED_ATTR in t.user_attrs),
             "worker": row.worker, "claims": row.claims, "best": best,
             "message": scrub(row.message, url) if row.message else row.message,
         })

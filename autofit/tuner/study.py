@@ -28,6 +28,29 @@ from autofit.tuner.storage import rdb_storage
 
 DEFAULT_STORAGE = "sqlite:///autofit.db"
 
+# The user attributes a study keeps, each key named once (as Optuna names its own, e.g. its ``_CONSTRAINTS_KEY``):
+# readers (a resumed search, ``autofit schedule list``, the tests) use these, never the bare string.
+#: a trial's: the config it ran (:meth:`Config.to_dict`)
+CONFIG_ATTR = "config"
+#: a trial's: why it ran (:data:`autofit.tuner.records.Phase`)
+PHASE_ATTR = "phase"
+#: a trial's: the cost model's prediction of it (:meth:`Prediction.to_dict`)
+PREDICTED_ATTR = "predicted"
+#: a trial's: the config's label, for a dashboard
+LABEL_ATTR = "label"
+#: a trial's: how its probe ended (:data:`autofit.core.boundary.Status`)
+STATUS_ATTR = "status"
+#: a trial's: the probe's steps, warm-up included
+PLANNED_STEPS_ATTR = "planned_steps"
+#: a trial's: whether it ran within the usable budget (its samples/s is the trial's value)
+WITHIN_MARGIN_ATTR = "within_margin"
+#: a trial's: when its probe started (epoch seconds)
+STARTED_S_ATTR = "started_s"
+#: a trial's: the probe's result (:meth:`ProbeResult.to_json`); stored last, so a trial with it is finished
+MEASURED_ATTR = "measured"
+#: the study's: what it is a search of (:func:`signature`); a study started for another search is refused
+SIGNATURE_ATTR = "signature"
+
 
 def device_identity(plan: Plan) -> dict[str, Any]:
     """The device a study's probes measure, as far as it changes a result: its kind and model (``h100-80gb``,
@@ -83,7 +106,7 @@ def open_study(plan: Plan, storage: str, study_name: str, margin: float) -> Any:
         load_if_exists=True,
     )
     mine = signature(plan)
-    earlier = study.user_attrs.get("signature")
+    earlier = study.user_attrs.get(SIGNATURE_ATTR)
     if earlier is not None and earlier != mine:
         raise AutofitError(
             f"study {study_name!r} in {redact_url(storage)} was started with another entry, device, space, world size, "
@@ -91,7 +114,7 @@ def open_study(plan: Plan, storage: str, study_name: str, margin: float) -> Any:
         )
     if earlier is None:
         for key, value in {
-            "signature": mine, "entry": plan.entry, "hardware": plan.hardware.name,
+            SIGNATURE_ATTR: mine, "entry": plan.entry, "hardware": plan.hardware.name,
             "memory_bytes": plan.hardware.memory_bytes, "world_size": plan.world_size, "margin": margin,
         }.items():
             study.set_user_attr(key, value)
@@ -125,15 +148,16 @@ def record_probe(
 
     study.enqueue_trial(
         config.to_dict(),
-        user_attrs={"config": config.to_dict(), "phase": phase, "predicted": predicted.to_dict(), "label": config.label()},
+        user_attrs={CONFIG_ATTR: config.to_dict(), PHASE_ATTR: phase, PREDICTED_ATTR: predicted.to_dict(),
+                    LABEL_ATTR: config.label()},
     )
     trial = study.ask(params)
     started_s = time.time()
     result = run()
     within = result.status == "ok" and result.peak_bytes <= usable_bytes
     # ``measured`` last: read_back takes a trial with it as finished, so everything else must be there by then
-    stored = {"status": result.status, "planned_steps": planned_steps, "within_margin": within, "started_s": started_s,
-              "measured": result.to_json()}
+    stored = {STATUS_ATTR: result.status, PLANNED_STEPS_ATTR: planned_steps, WITHIN_MARGIN_ATTR: within,
+              STARTED_S_ATTR: started_s, MEASURED_ATTR: result.to_json()}
     for key, value in stored.items():
         trial.set_user_attr(key, value)
     if within:
@@ -166,9 +190,9 @@ def read_back(study: Any) -> list[TrialRecord]:
         if t.state == TrialState.WAITING:  # enqueued, never asked: take it and fail it
             study.tell(study.ask(), state=TrialState.FAIL)
             continue
-        if "config" not in attrs:
+        if CONFIG_ATTR not in attrs:
             continue
-        if "measured" in attrs:
+        if MEASURED_ATTR in attrs:
             records.append(_record(t.number, attrs))
             if t.state == TrialState.RUNNING:  # killed between the measurement and tell
                 study.tell(t.number, *_verdict(attrs))
@@ -181,22 +205,22 @@ def _record(number: int, attrs: dict[str, Any]) -> TrialRecord:
     """A stored probe as a record; what :func:`record_probe` stored, every key of it (a study an older autofit
     wrote, or one with a key renamed, is an :class:`AutofitError` naming the trial and the key)."""
     try:
-        measured = ProbeResult.from_json(attrs["measured"])
+        measured = ProbeResult.from_json(attrs[MEASURED_ATTR])
         for key in _STORED:
             if key not in attrs:
                 raise AutofitError(f"missing key {key!r}")
         return TrialRecord(
             number=number,
-            config=Config.from_dict(attrs["config"]),
-            phase=_phase(attrs["phase"]),
-            status=as_status(attrs["status"]),
+            config=Config.from_dict(attrs[CONFIG_ATTR]),
+            phase=_phase(attrs[PHASE_ATTR]),
+            status=as_status(attrs[STATUS_ATTR]),
             measured=measured,
-            predicted=PredictionRecord.from_json(attrs["predicted"]) if attrs["predicted"] else None,
-            within_margin=bool(attrs["within_margin"]),
-            started_s=float(attrs["started_s"]),
+            predicted=PredictionRecord.from_json(attrs[PREDICTED_ATTR]) if attrs[PREDICTED_ATTR] else None,
+            within_margin=bool(attrs[WITHIN_MARGIN_ATTR]),
+            started_s=float(attrs[STARTED_S_ATTR]),
             wall_s=measured.wall_s,
             resumed=True,
-            planned_steps=int(attrs["planned_steps"]),
+            planned_steps=int(attrs[PLANNED_STEPS_ATTR]),
         )
     except AutofitError as exc:
         raise AutofitError(f"trial {number} of the study cannot be read back: {exc}") from None
@@ -210,15 +234,15 @@ def _phase(value: object) -> Phase:
 
 
 #: the user attrs :func:`record_probe` stores beside ``measured``
-_STORED = ("config", "phase", "predicted", "status", "planned_steps", "within_margin", "started_s")
+_STORED = (CONFIG_ATTR, PHASE_ATTR, PREDICTED_ATTR, STATUS_ATTR, PLANNED_STEPS_ATTR, WITHIN_MARGIN_ATTR, STARTED_S_ATTR)
 
 
 def _verdict(attrs: dict[str, Any]) -> tuple[Any, Any]:
     """``(value, state)`` to tell for a trial whose measurement was stored: as :func:`record_probe` tells it."""
     from optuna.trial import TrialState
 
-    if attrs["within_margin"]:
-        return ProbeResult.from_json(attrs["measured"]).samples_per_s, TrialState.COMPLETE
-    if attrs["status"] == "ok":
+    if attrs[WITHIN_MARGIN_ATTR]:
+        return ProbeResult.from_json(attrs[MEASURED_ATTR]).samples_per_s, TrialState.COMPLETE
+    if attrs[STATUS_ATTR] == "ok":
         return None, TrialState.PRUNED
     return None, TrialState.FAIL

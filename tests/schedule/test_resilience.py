@@ -22,6 +22,7 @@ from autofit.machine.fingerprint import detect_machine, worker_name
 from autofit.schedule import queue
 from autofit.schedule.store import optuna_storage
 from autofit.schedule.worker import Worker
+from autofit.tuner.study import CONFIG_ATTR, MEASURED_ATTR, PHASE_ATTR
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -52,8 +53,8 @@ def _trials(url: str, search_id: str) -> list[Any]:
 
 def _searched(trials: list[Any]) -> list[str]:
     """The configs the search measured, one entry per probe (verification probes aside)."""
-    return [json.dumps(t.user_attrs["config"], sort_keys=True) for t in trials
-            if "measured" in t.user_attrs and t.user_attrs["phase"] == "search"]
+    return [json.dumps(t.user_attrs[CONFIG_ATTR], sort_keys=True) for t in trials
+            if MEASURED_ATTR in t.user_attrs and t.user_attrs[PHASE_ATTR] == "search"]
 
 
 def _wait(condition: Any, timeout_s: float, what: str) -> None:

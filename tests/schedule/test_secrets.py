@@ -16,6 +16,7 @@ from queue_helpers import ENTRY
 from autofit.cli import main
 from autofit.core.storage_url import redact_url, scrub
 from autofit.schedule import queue
+from autofit.tuner.study import SIGNATURE_ATTR
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "Zq9-s3cret-Pw"
@@ -73,7 +74,7 @@ def test_a_password_in_the_storage_url_appears_in_no_output_table_report_log_or_
 
     from autofit.schedule.store import optuna_storage
 
-    optuna.load_study(study_name=queue.study_name(ids[1]), storage=optuna_storage(url)).set_user_attr("signature", "x")
+    optuna.load_study(study_name=queue.study_name(ids[1]), storage=optuna_storage(url)).set_user_attr(SIGNATURE_ATTR, "x")
 
     worker = _autofit("worker", "--hardware", "cpu", "--idle-exit", "2", env={"AUTOFIT_STORAGE": url})
     assert worker.returncode == 0, worker.stderr[-2000:]

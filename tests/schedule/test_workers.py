@@ -19,6 +19,7 @@ from autofit.machine.fingerprint import detect_machine
 from autofit.schedule import queue
 from autofit.schedule.store import optuna_storage
 from autofit.schedule.worker import Worker
+from autofit.tuner.study import CONFIG_ATTR, MEASURED_ATTR, PHASE_ATTR, WITHIN_MARGIN_ATTR
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,8 +42,8 @@ def _trials(url: str, search_id: str) -> list[Any]:
 
 def _searched(trials: list[Any]) -> list[str]:
     """The configs of the search probes that measured something, one entry per probe."""
-    return [json.dumps(t.user_attrs["config"], sort_keys=True) for t in trials
-            if "measured" in t.user_attrs and t.user_attrs["phase"] == "search"]
+    return [json.dumps(t.user_attrs[CONFIG_ATTR], sort_keys=True) for t in trials
+            if MEASURED_ATTR in t.user_attrs and t.user_attrs[PHASE_ATTR] == "search"]
 
 
 @pytest.mark.slow
@@ -73,8 +74,8 @@ def _mid_probe(url: str, search_id: str) -> bool:
         trials = _trials(url, search_id)
     except KeyError:
         return False
-    finished = sum(1 for t in trials if "measured" in t.user_attrs)
-    running = sum(1 for t in trials if t.state.name == "RUNNING" and "measured" not in t.user_attrs)
+    finished = sum(1 for t in trials if MEASURED_ATTR in t.user_attrs)
+    running = sum(1 for t in trials if t.state.name == "RUNNING" and MEASURED_ATTR not in t.user_attrs)
     return finished >= 1 and running == 1
 
 
@@ -92,7 +93,7 @@ def test_a_worker_killed_mid_probe_is_taken_over_and_its_finished_probes_are_kep
         os.killpg(doomed.pid, signal.SIGKILL)  # the worker and the probe it is running
         doomed.wait()
     before = _trials(pg_url, search_id)
-    kept = {t.number: t.user_attrs["measured"] for t in before if "measured" in t.user_attrs}
+    kept = {t.number: t.user_attrs[MEASURED_ATTR] for t in before if MEASURED_ATTR in t.user_attrs}
     assert queue.search_rows(pg_url)[0].state == "running"  # the dead worker still holds it, until its lease runs out
 
     device = get_hardware("cpu")
@@ -102,13 +103,13 @@ def test_a_worker_killed_mid_probe_is_taken_over_and_its_finished_probes_are_kep
     row = queue.search_rows(pg_url)[0]
     assert (row.state, row.worker, row.claims) == ("done", "rescuer", 2)
     after = _trials(pg_url, search_id)
-    assert {t.number: t.user_attrs["measured"] for t in after if t.number in kept} == kept  # finished probes kept
+    assert {t.number: t.user_attrs[MEASURED_ATTR] for t in after if t.number in kept} == kept  # finished probes kept
     searched = _searched(after)
     assert len(searched) == len(set(searched))  # no config probed twice by the search, over both workers
-    assert sum(1 for t in after if t.state.name == "FAIL" and "measured" not in t.user_attrs) == 1  # the killed probe
+    assert sum(1 for t in after if t.state.name == "FAIL" and MEASURED_ATTR not in t.user_attrs) == 1  # the killed probe
     # one winner, verified: a config the search measured within the margin (over both workers) and probed again
     # (which of two close configs wins is the verification's mean, too noisy on a shared CPU to name here)
     winner = queue.stored_result(pg_url, search_id)["best"]["config"]
-    within = [t for t in after if t.user_attrs.get("within_margin")]
-    assert winner in [t.user_attrs["config"] for t in within if t.user_attrs["phase"] == "search"]
-    assert winner in [t.user_attrs["config"] for t in within if t.user_attrs["phase"] == "verify"]
+    within = [t for t in after if t.user_attrs.get(WITHIN_MARGIN_ATTR)]
+    assert winner in [t.user_attrs[CONFIG_ATTR] for t in within if t.user_attrs[PHASE_ATTR] == "search"]
+    assert winner in [t.user_attrs[CONFIG_ATTR] for t in within if t.user_attrs[PHASE_ATTR] == "verify"]

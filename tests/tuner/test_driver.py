@@ -28,6 +28,7 @@ from autofit.planning.plan import Plan
 from autofit.probe.result import ProbeResult
 from autofit.report.folder import write_report
 from autofit.tuner import Prober, SearchSettings, run_search
+from autofit.tuner.study import MEASURED_ATTR
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
@@ -181,7 +182,7 @@ def _finished_probes(db: Path) -> int:
         return 0
     try:
         with sqlite3.connect(db, timeout=1) as conn:
-            rows = conn.execute("SELECT COUNT(*) FROM trial_user_attributes WHERE key = 'measured'").fetchone()
+            rows = conn.execute("SELECT COUNT(*) FROM trial_user_attributes WHERE key = ?", (MEASURED_ATTR,)).fetchone()
         return int(rows[0])
     except sqlite3.Error:
         return 0

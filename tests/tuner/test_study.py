@@ -15,6 +15,10 @@ from autofit.planning.plan import Plan
 from autofit.probe.result import ProbeResult
 from autofit.tuner import study as studies
 
+#: what record_probe stores of a probe that ran within the margin, before its measurement
+_BEFORE_MEASURED = {studies.STATUS_ATTR: "ok", studies.PLANNED_STEPS_ATTR: 2, studies.WITHIN_MARGIN_ATTR: True,
+                    studies.STARTED_S_ATTR: 1.0}
+
 
 def _measured(config: Config, status: str = "ok", peak: int = 10 * 2**20) -> Callable[[], ProbeResult]:
     return lambda: ProbeResult(config, status, peak, 0.5 if status == "ok" else 0.0,
@@ -46,18 +50,18 @@ def test_read_back_closes_what_a_killed_run_left_open(storage: str, tiny_plan) -
     study = studies.open_study(plan, storage, "s", 0.1)
     first, second, third = plan.candidates
     # killed after storing the measurement, before tell: the measurement is kept and told
-    study.enqueue_trial(first.to_dict(), user_attrs={"config": first.to_dict(), "phase": "search",
-                                                     "predicted": plan.predict(first).to_dict()})
+    study.enqueue_trial(first.to_dict(), user_attrs={studies.CONFIG_ATTR: first.to_dict(), studies.PHASE_ATTR: "search",
+                                                     studies.PREDICTED_ATTR: plan.predict(first).to_dict()})
     trial = study.ask(studies.distributions(plan))
     result = _measured(first)()
-    for key, value in {"status": "ok", "planned_steps": 2, "within_margin": True, "started_s": 1.0}.items():
+    for key, value in _BEFORE_MEASURED.items():
         trial.set_user_attr(key, value)
-    trial.set_user_attr("measured", result.to_json())
+    trial.set_user_attr(studies.MEASURED_ATTR, result.to_json())
     # killed mid-probe: no measurement, the trial fails and its config will be probed again
-    study.enqueue_trial(second.to_dict(), user_attrs={"config": second.to_dict(), "phase": "search"})
+    study.enqueue_trial(second.to_dict(), user_attrs={studies.CONFIG_ATTR: second.to_dict(), studies.PHASE_ATTR: "search"})
     study.ask(studies.distributions(plan))
     # killed between enqueue and ask: a waiting trial that must not be handed to the next probe
-    study.enqueue_trial(third.to_dict(), user_attrs={"config": third.to_dict(), "phase": "search"})
+    study.enqueue_trial(third.to_dict(), user_attrs={studies.CONFIG_ATTR: third.to_dict(), studies.PHASE_ATTR: "search"})
 
     records = studies.read_back(study)
     assert [r.config for r in records] == [first]
@@ -85,14 +89,14 @@ def test_a_stored_probe_with_a_renamed_key_is_refused_naming_the_trial_and_the_k
     study = studies.open_study(plan, storage, "s", 0.1)
     config = plan.candidates[0]
     # as record_probe stores a probe (a run killed before tell), with one key of the measurement renamed
-    study.enqueue_trial(config.to_dict(), user_attrs={"config": config.to_dict(), "phase": "search",
-                                                      "predicted": plan.predict(config).to_dict()})
+    study.enqueue_trial(config.to_dict(), user_attrs={studies.CONFIG_ATTR: config.to_dict(), studies.PHASE_ATTR: "search",
+                                                      studies.PREDICTED_ATTR: plan.predict(config).to_dict()})
     trial = study.ask(studies.distributions(plan))
-    for key, value in {"status": "ok", "planned_steps": 2, "within_margin": True, "started_s": 1.0}.items():
+    for key, value in _BEFORE_MEASURED.items():
         trial.set_user_attr(key, value)
     measured = _measured(config)().to_json()
     measured["peak_byte"] = measured.pop("peak_bytes")
-    trial.set_user_attr("measured", measured)
+    trial.set_user_attr(studies.MEASURED_ATTR, measured)
     with pytest.raises(AutofitError, match="trial 0 .*peak_byte"):
         studies.read_back(study)
 
