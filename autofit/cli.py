@@ -30,6 +30,7 @@ from autofit.commands import probe as probe_command
 from autofit.commands import run as run_command
 from autofit.commands import schedule as schedule_command
 from autofit.commands.numbers import SECONDS, FiniteFloat
+from autofit.core.bulk import paused_gc
 from autofit.core.errors import AutofitError
 from autofit.planning.longest import longest_sequence
 from autofit.planning.target import CLI_OPTION, Target, cli_fields
@@ -162,7 +163,8 @@ def estimate(shared: Shared) -> None:
     for warning in result.model.warnings if result.model is not None else ():
         say(f"autofit: warning: {warning}")
     if shared.as_json:
-        emit_document(indented(result.to_dict()))
+        with paused_gc():  # a document of thousands of candidates (autofit/core/bulk.py)
+            emit_document(indented(result.to_dict()))
     else:
         print_estimate(result)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from autofit.core.bulk import paused_gc
 from autofit.core.config import Config
 from autofit.core.hardware import Hardware
 from autofit.core.recipe import Recipe
@@ -139,13 +140,14 @@ def estimate(plan: Plan) -> EstimateResult:
     plan's recipe: its hyperparameters, and what the candidate changes of it); ranked. Each ``fits`` is the plan's
     judgement (:meth:`autofit.planning.plan.Plan.predict`: within ``(1 - margin) x`` the device memory)."""
     recipe = plan.stated_recipe
-    candidates = [
-        Candidate(config=config, prediction=prediction,
-                  deepspeed=deepspeed_config(config, plan.world_size, plan.hardware.kind, plan.software,
-                                             recipe=recipe, largest_param_numel=plan.facts.largest_param_numel,
-                                             hidden_size=plan.facts.hidden_size, has_attention=plan.kernels != ()))
-        for config, prediction in plan.price()
-    ]
+    with paused_gc():  # thousands of candidates, none in a cycle (autofit/core/bulk.py)
+        candidates = [
+            Candidate(config=config, prediction=prediction,
+                      deepspeed=deepspeed_config(config, plan.world_size, plan.hardware.kind, plan.software,
+                                                 recipe=recipe, largest_param_numel=plan.facts.largest_param_numel,
+                                                 hidden_size=plan.facts.hidden_size, has_attention=plan.kernels != ()))
+            for config, prediction in plan.price()
+        ]
     return EstimateResult(
         hardware=plan.hardware,
         world_size=plan.world_size,
