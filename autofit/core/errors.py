@@ -17,6 +17,12 @@ class AutofitError(Exception):
     """A user-facing error: its message is one line that says what is wrong."""
 
 
+class NothingFits(AutofitError):
+    """A search's end without a winner: no candidate measured within the device's usable budget. Its message says
+    what the smallest candidate needs and what would make it fit (:func:`autofit.tuner.advice.nothing_fits`); a
+    scheduled search ends ``nothing-fits`` on it, not ``failed``."""
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

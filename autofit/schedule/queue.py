@@ -38,12 +38,17 @@ from autofit.core.errors import AutofitError
 from autofit.core.hashing import digest
 from autofit.core.storage_url import redact_url, scrub
 from autofit.machine.fingerprint import MachineFingerprint
+from autofit.schedule.request import SearchRequest
 from autofit.schedule.store import FINISHED, engine, optuna_storage, server_epoch, tables
 from autofit.workload.sources import request_hash
 
 DEFAULT_LEASE_S = 60.0
 DEFAULT_MAX_CLAIMS = 3
+#: the study's user attributes a queued search keeps: its request (:meth:`SearchRequest.to_dict`), the workload's
+#: fingerprint at ``schedule add``, the cost model's planned winner (:func:`autofit.schedule.submit.planned`) and the
+#: winner a worker stored (:func:`autofit.schedule.worker.winner_record`)
 REQUEST_ATTR = "request"
+WORKLOAD_FP_ATTR = "workload_fp"
 PLANNED_ATTR = "planned"
 RESULT_ATTR = "result"
 
@@ -76,9 +81,9 @@ def study_name(search_id: str) -> str:
     return f"autofit-{search_id}"
 
 
-def request_key(request: dict[str, Any], workload_fp: str) -> str:
+def request_key(request: SearchRequest, workload_fp: str) -> str:
     """The cache key less the machine: workload, device, device count and request."""
-    return digest([workload_fp, request["hardware"], request["gpus"], request["nodes"], request_hash(request)])[:24]
+    return digest([workload_fp, request.hardware, request.gpus, request.nodes, request_hash(request.to_dict())])[:24]
 
 
 LIVE_S = 2 * DEFAULT_LEASE_S
@@ -112,13 +117,13 @@ def touch_worker(url: str, worker_id: str) -> None:
         conn.execute(update(workers).where(workers.c.id == worker_id).values(seen_s=server_epoch()))
 
 
-def add_search(url: str, request: dict[str, Any], workload_fp: str, planned: dict[str, Any] | None = None) -> Added:
+def add_search(url: str, request: SearchRequest, workload_fp: str, planned: dict[str, Any] | None = None) -> Added:
     """Queue ``request`` unless the same search is queued, running or done on today's machines."""
     from sqlalchemy.exc import IntegrityError
 
     key = request_key(request, workload_fp)
     for _ in range(3):  # another process may add the same search at the same moment: look again
-        found, n_rows = _lookup(url, key, live_machines(url, request["hardware"]))
+        found, n_rows = _lookup(url, key, live_machines(url, request.hardware))
         if found is not None:
             return found
         search_id = f"{key[:12]}-{n_rows}"
@@ -167,22 +172,22 @@ def _requeue(url: str, search_id: str) -> bool:
         )).rowcount == 1
 
 
-def _create_study(url: str, search_id: str, request: dict[str, Any], workload_fp: str, planned: dict[str, Any] | None) -> None:
+def _create_study(url: str, search_id: str, request: SearchRequest, workload_fp: str, planned: dict[str, Any] | None) -> None:
     import optuna
 
     study = optuna.create_study(storage=optuna_storage(url), study_name=study_name(search_id), direction="maximize",
                                 load_if_exists=True)
-    for name, value in {REQUEST_ATTR: request, "workload_fp": workload_fp, PLANNED_ATTR: planned}.items():
+    for name, value in {REQUEST_ATTR: request.to_dict(), WORKLOAD_FP_ATTR: workload_fp, PLANNED_ATTR: planned}.items():
         study.set_user_attr(name, value)
 
 
-def _insert(url: str, search_id: str, key: str, request: dict[str, Any], workload_fp: str) -> None:
+def _insert(url: str, search_id: str, key: str, request: SearchRequest, workload_fp: str) -> None:
     _, searches, _ = tables()
     with engine(url).begin() as conn:
         conn.execute(searches.insert().values(
             id=search_id, study_name=study_name(search_id), request_key=key, workload_fp=workload_fp,
-            request_hash=request_hash(request), entry=request["entry"], hardware=request["hardware"],
-            gpus=request["gpus"], nodes=request["nodes"], state="queued", claims=0, lost=0, created_s=server_epoch(),
+            request_hash=request_hash(request.to_dict()), entry=request.entry, hardware=request.hardware,
+            gpus=request.gpus, nodes=request.nodes, state="queued", claims=0, lost=0, created_s=server_epoch(),
         ))
 
 
@@ -204,6 +209,14 @@ def study_attrs(url: str, search_id: str) -> dict[str, Any]:
 
     study = optuna.load_study(study_name=study_name(search_id), storage=optuna_storage(url))
     return dict(study.user_attrs)
+
+
+def queued_request(attrs: dict[str, Any]) -> SearchRequest:
+    """The request a search's study attributes (:func:`study_attrs`) keep; an :class:`AutofitError` where it is
+    missing or malformed."""
+    if REQUEST_ATTR not in attrs:
+        raise AutofitError("the search's study has no request")
+    return SearchRequest.from_dict(attrs[REQUEST_ATTR])
 
 
 def register_worker(url: str, worker_id: str, machine: MachineFingerprint) -> None:

@@ -11,10 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autofit.core.hardware import Hardware
+from autofit.core.recipe import Recipe
+from autofit.core.space import SearchSpace
 from autofit.cost_model.budget import DEFAULT_MARGIN, check_margin
 from autofit.machine.fingerprint import check_device_name, device_name
 from autofit.planning.estimate import estimate
 from autofit.schedule import queue
+from autofit.schedule.request import SearchRequest
 from autofit.workload.hf import HfEntry, is_hf_entry
 from autofit.workload.sources import sources_digest, workload_fingerprint
 
@@ -31,20 +35,19 @@ def absolute_entry(entry: str) -> str:
     return entry
 
 
-def make_request(entry: str, hardware: Any, *, gpus: int, nodes: int, global_batch: int | None, space: Any,
-                 fixed: dict[str, Any], trials: int, memory_bytes: int | None, recipe: Any = None,
-                 margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
-    """The study's ``request`` attribute: all a worker needs to plan the search again (``recipe``: the user's
-    :class:`autofit.core.recipe.Recipe`; None: the worker's device default, :func:`autofit.planning.plan.default_recipe`;
-    ``margin``: what the worker's search judges fits by, as the preview here did)."""
-    return {
-        "entry": entry, "hardware": check_device_name(device_name(hardware)), "gpus": gpus, "nodes": nodes,
-        "global_batch": global_batch, "space": space.to_dict(), "space_name": space.name,
-        "fixed": {k: fixed[k] for k in sorted(fixed)}, "trials": trials, "memory_bytes": memory_bytes,
-        "margin": check_margin(margin),
-        "recipe": recipe.to_dict() if recipe is not None else None,
-        "sources": sources_digest(entry),  # compared by a worker before it imports the entry
-    }
+def make_request(entry: str, hardware: Hardware, *, gpus: int, nodes: int, global_batch: int | None,
+                 space: SearchSpace, fixed: dict[str, Any], trials: int, memory_bytes: int | None,
+                 recipe: Recipe | None = None, margin: float = DEFAULT_MARGIN) -> SearchRequest:
+    """The study's ``request``: all a worker needs to plan the search again (``recipe``: the user's; None: the worker's
+    device default, :func:`autofit.planning.plan.default_recipe`; ``margin``: what the worker's search judges fits by,
+    as the preview here did)."""
+    return SearchRequest(
+        entry=entry, hardware=check_device_name(device_name(hardware)), gpus=gpus, nodes=nodes,
+        global_batch=global_batch, space=space.to_dict(), space_name=space.name,
+        fixed={k: fixed[k] for k in sorted(fixed)}, trials=trials, memory_bytes=memory_bytes,
+        margin=check_margin(margin), recipe=recipe,
+        sources=sources_digest(entry),  # compared by a worker before it imports the entry
+    )
 
 
 def planned(plan: Any) -> dict[str, Any] | None:
@@ -59,6 +62,6 @@ def planned(plan: Any) -> dict[str, Any] | None:
             "margin": plan.margin, "usable_bytes": plan.usable_bytes}
 
 
-def submit(url: str, plan: Any, workload: Any, request: dict[str, Any]) -> queue.Added:
+def submit(url: str, plan: Any, workload: Any, request: SearchRequest) -> queue.Added:
     """Queue ``request`` (or return the same search queued, running or finished: ``cached``)."""
-    return queue.add_search(url, request, workload_fingerprint(request["entry"], workload), planned(plan))
+    return queue.add_search(url, request, workload_fingerprint(request.entry, workload), planned(plan))

@@ -35,18 +35,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autofit.core.errors import AutofitError
+from autofit.core.errors import AutofitError, NothingFits
 from autofit.core.hardware import Hardware
-from autofit.core.recipe import Recipe
-from autofit.core.space import space_from_dict
 from autofit.core.storage_url import drop_storage_from_environ, redact_url, scrub
 from autofit.core.units import finite
-from autofit.cost_model.budget import DEFAULT_MARGIN
 from autofit.machine.fingerprint import MachineFingerprint
 from autofit.machine.software import detect_software
 from autofit.planning.plan import Plan
 from autofit.schedule import queue
 from autofit.schedule.checks import entry_refusal
+from autofit.schedule.request import SearchRequest
 from autofit.schedule.store import optuna_storage
 from autofit.tuner import SearchSettings, run_search
 from autofit.tuner.storage import database_errors, transient
@@ -205,8 +203,8 @@ class Worker:
         """Why this worker gives ``search_id`` back (:func:`autofit.schedule.checks.entry_refusal`), None to run it.
         A database error is raised (the search is given back, not run unchecked); any other error too."""
         try:
-            entry = queue.study_attrs(self.url, search_id)[queue.REQUEST_ATTR]["entry"]
-        except (KeyError, TypeError):  # the study or its request gone or malformed: the attempt reads the same
+            entry = queue.queued_request(queue.study_attrs(self.url, search_id)).entry
+        except (KeyError, AutofitError):  # the study or its request gone or malformed: the attempt reads the same
             return None  # attributes, fails the search and says why, before it imports anything
         return entry_refusal(entry, self.entry_roots, self.allow_hub)
 
@@ -236,8 +234,9 @@ class Worker:
             if self.stopping is not None:
                 raise Interrupted(self.stopping)
             attrs = queue.study_attrs(self.url, search_id)
-            plan = plan_for(attrs, self.hardware)
-            settings = SearchSettings(trials=int(attrs[queue.REQUEST_ATTR]["trials"]), margin=plan.margin)
+            request = queue.queued_request(attrs)
+            plan = plan_for(request, attrs.get(queue.WORKLOAD_FP_ATTR), self.hardware)
+            settings = SearchSettings(trials=request.trials, margin=plan.margin)
             with tempfile.TemporaryDirectory(prefix="autofit-worker-") as tmp:
                 result = run_search(plan, settings, out_path=Path(tmp) / "ds_config.json", storage=self.url,
                                     study_name=queue.study_name(search_id),
@@ -251,9 +250,10 @@ class Worker:
                 return "failed", scrub(_short(exc), self.url), None
             self.log(f"autofit worker {self.worker_id}: {search_id}: database error ({_short(exc)}); giving it back")
             return "database error", None, None
+        except NothingFits as exc:
+            return "nothing-fits", scrub(str(exc), self.url), None
         except AutofitError as exc:
-            state = "nothing-fits" if str(exc).startswith("nothing fits") else "failed"
-            return state, scrub(str(exc), self.url), None
+            return "failed", scrub(str(exc), self.url), None
         except Exception as exc:  # the user's model or the environment: the search fails, the worker goes on
             return "failed", scrub(f"{type(exc).__name__}: {exc}", self.url), None
         return "done", None, winner_record(result, self.machine, plan)
@@ -341,26 +341,24 @@ class Worker:
             self.log(f"autofit worker {self.worker_id}: database error ({_short(exc)}); carrying on")
 
 
-def plan_for(attrs: dict[str, Any], hardware: Hardware) -> Any:
+def plan_for(request: SearchRequest, workload_fp: str | None, hardware: Hardware) -> Plan:
     """The search's :class:`~autofit.planning.plan.Plan` on this worker's device, judged by this worker's own software
-    (it probes here; docs/design.md, "The target's software"); the workload must be the one queued."""
+    (it probes here; docs/design.md, "The target's software"); the workload must be the one queued (``workload_fp``:
+    its fingerprint at ``schedule add``)."""
 
-    request = attrs[queue.REQUEST_ATTR]
-    if request.get("sources") is not None and sources_digest(request["entry"]) != request["sources"]:
-        raise AutofitError(f"{request['entry']} is not the workload that was queued (its source files changed since "
+    if request.sources is not None and sources_digest(request.entry) != request.sources:
+        raise AutofitError(f"{request.entry} is not the workload that was queued (its source files changed since "
                            "`schedule add`; nothing of it was run); add the search again")
-    workload = load_workload_in_time(request["entry"])
-    if workload_fingerprint(request["entry"], workload) != attrs.get("workload_fp"):
-        raise AutofitError(f"{request['entry']} is not the workload that was queued (its file or model changed); "
+    workload = load_workload_in_time(request.entry)
+    if workload_fingerprint(request.entry, workload) != workload_fp:
+        raise AutofitError(f"{request.entry} is not the workload that was queued (its file or model changed); "
                            "add the search again")
-    if request.get("memory_bytes") is not None:
-        hardware = hardware.with_memory(int(request["memory_bytes"]))
-    hardware = replace(hardware, devices_per_node=request["gpus"])  # as schedule add planned it (target.py)
-    space = space_from_dict(request["space"], name=request["space_name"])
-    return Plan.make(request["entry"], workload, hardware, space, world_size=request["gpus"] * request["nodes"],
-                     global_batch=request["global_batch"], fixed=request["fixed"], software=detect_software(),
-                     recipe=Recipe.from_dict(request["recipe"]) if request.get("recipe") else None,
-                     margin=request.get("margin", DEFAULT_MARGIN))  # queued before --margin travelled: the default
+    if request.memory_bytes is not None:
+        hardware = hardware.with_memory(request.memory_bytes)
+    hardware = replace(hardware, devices_per_node=request.gpus)  # as schedule add planned it (target.py)
+    return Plan.make(request.entry, workload, hardware, request.search_space(),
+                     world_size=request.gpus * request.nodes, global_batch=request.global_batch, fixed=request.fixed,
+                     software=detect_software(), recipe=request.recipe, margin=request.margin)
 
 
 def winner_record(result: SearchResult, machine: MachineFingerprint, plan: Any) -> dict[str, Any]:

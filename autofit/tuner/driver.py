@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.core.config import Config
-from autofit.core.errors import AutofitError
+from autofit.core.errors import AutofitError, NothingFits
 from autofit.core.storage_url import redact_url
 from autofit.cost_model.calibrate import Calibration, calibrate
 from autofit.ds.emit import check_with_deepspeed, deepspeed_config, write_json_atomic
@@ -204,7 +204,8 @@ def run_search(
     ``settings`` bounds and tunes the search (:class:`SearchSettings`); ``storage`` and ``study_name``
     name the Optuna study (the same name resumes a search); ``prober`` runs one probe (default: a
     subprocess, :func:`subprocess_prober`); ``on_event`` receives progress. Raises
-    :class:`AutofitError` when nothing fits; then nothing is written.
+    :class:`~autofit.core.errors.NothingFits` when nothing fits (an :class:`AutofitError` when every probe failed
+    alike); then nothing is written.
     """
 
     settings = settings or SearchSettings()
@@ -230,7 +231,7 @@ def run_search(
                 f"all {len(search.records)} probes failed with the same error (not yet tried: {listed}; more "
                 f"--trials try them): {error}"
             )
-        raise AutofitError(
+        raise NothingFits(
             nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
         )
     ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe,

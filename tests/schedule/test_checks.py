@@ -78,9 +78,10 @@ def test_a_worker_claims_no_search_over_more_nodes_than_it_launches(sqlite_url: 
     from autofit.machine.device import get_hardware
     from autofit.machine.fingerprint import detect_machine
     from autofit.schedule import queue
+    from autofit.schedule.request import SearchRequest
 
-    request = {"entry": "m.py:f", "hardware": "cpu", "gpus": 1, "nodes": 2, "global_batch": 8, "space": {},
-               "space_name": "s", "fixed": {}, "trials": 2, "memory_bytes": None}
+    request = SearchRequest(entry="m.py:f", hardware="cpu", gpus=1, nodes=2, global_batch=8, space={}, space_name="s",
+                            fixed={}, trials=2)
     search_id = queue.add_search(sqlite_url, request, "wfp").id
     machine = detect_machine(get_hardware("cpu"))
     assert queue.claim(sqlite_url, "one-node", machine, nodes=1) is None
@@ -93,7 +94,6 @@ def test_a_worker_plans_a_multi_node_search_with_the_devices_per_node_it_was_que
 
     from autofit.core.recipe import Recipe
     from autofit.machine.device import get_hardware
-    from autofit.schedule import queue
     from autofit.schedule.submit import make_request
     from autofit.schedule.worker import plan_for
     from autofit.workload.entry import load_workload
@@ -102,6 +102,5 @@ def test_a_worker_plans_a_multi_node_search_with_the_devices_per_node_it_was_que
     detected = get_hardware("l4")  # a node of 8 (a worker's detected hardware counts its node's GPUs)
     request = make_request(ENTRY, detected, gpus=2, nodes=2, global_batch=32, space=sgd_space([4, 8]), fixed={},
                            trials=2, memory_bytes=None, recipe=Recipe("sgd", "fp32"))
-    attrs = {queue.REQUEST_ATTR: request, "workload_fp": workload_fingerprint(ENTRY, load_workload(ENTRY))}
-    plan = plan_for(attrs, replace(detected, devices_per_node=8))
+    plan = plan_for(request, workload_fingerprint(ENTRY, load_workload(ENTRY)), replace(detected, devices_per_node=8))
     assert plan.world_size == 4 and plan.hardware.devices_per_node == 2 and plan.hardware.n_nodes(4) == 2

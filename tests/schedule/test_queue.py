@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from queue_helpers import model_worker, queue_tiny
 from tiny import HERE as TINY
 
 from autofit.schedule import queue
+from autofit.schedule.request import SearchRequest
 from autofit.schedule.status import search_summaries
 
 
@@ -19,9 +22,9 @@ def url(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
-def _request(n: int) -> dict:
-    return {"entry": "m.py:f", "hardware": "cpu", "gpus": 1, "nodes": 1, "global_batch": 8 * n, "space": {},
-            "space_name": "s", "fixed": {}, "trials": 2, "memory_bytes": None}
+def _request(n: int, **changes: Any) -> SearchRequest:
+    return replace(SearchRequest(entry="m.py:f", hardware="cpu", gpus=1, nodes=1, global_batch=8 * n, space={},
+                                 space_name="s", fixed={}, trials=2), **changes)
 
 
 def _machine(name: str = "cpu"):  # noqa: ANN202
@@ -72,8 +75,8 @@ def test_a_search_whose_lease_ran_out_is_taken_over_and_its_old_holder_is_told(u
 
 
 def test_a_worker_claims_only_its_own_device_and_count(sqlite_url: str) -> None:
-    queue.add_search(sqlite_url, _request(1) | {"hardware": "l4"}, "wfp")
-    queue.add_search(sqlite_url, _request(2) | {"gpus": 2}, "wfp")
+    queue.add_search(sqlite_url, _request(1, hardware="l4"), "wfp")
+    queue.add_search(sqlite_url, _request(2, gpus=2), "wfp")
     assert queue.claim(sqlite_url, "w", _machine()) is None
 
 

@@ -20,6 +20,7 @@ from queue_helpers import model_worker, queue_tiny
 from autofit.machine.device import get_hardware
 from autofit.machine.fingerprint import detect_machine, worker_name
 from autofit.schedule import queue
+from autofit.schedule.request import SearchRequest
 from autofit.schedule.store import optuna_storage
 from autofit.schedule.worker import Worker
 from autofit.tuner.study import CONFIG_ATTR, MEASURED_ATTR, PHASE_ATTR
@@ -27,6 +28,9 @@ from autofit.tuner.study import CONFIG_ATTR, MEASURED_ATTR, PHASE_ATTR
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu")
+#: a search no worker runs here (its entry is never imported): what the queue's own bookkeeping is tested with
+_REQUEST = SearchRequest(entry="m.py:f", hardware="cpu", gpus=1, nodes=1, global_batch=8, space={}, space_name="s",
+                         fixed={}, trials=2)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -151,8 +155,7 @@ def test_sigterm_stops_the_probe_gives_the_search_back_and_exits_zero(pg_url: st
 
 
 def test_a_late_finish_of_a_lost_lease_is_refused_and_the_new_holders_winner_stays(url: str) -> None:
-    search_id = queue.add_search(url, {"entry": "m.py:f", "hardware": "cpu", "gpus": 1, "nodes": 1, "global_batch": 8,
-                                       "space": {}, "space_name": "s", "fixed": {}, "trials": 2}, "wfp").id
+    search_id = queue.add_search(url, _REQUEST, "wfp").id
     first = queue.claim(url, "first", _machine(), lease_s=0.5)
     assert first is not None
     time.sleep(0.8)  # first stalls past its lease
@@ -217,8 +220,7 @@ def test_a_search_whose_workers_keep_vanishing_ends_failed_and_added_again_resum
 
 
 def test_leases_follow_the_database_clock_not_the_clients(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    search_id = queue.add_search(url, {"entry": "m.py:f", "hardware": "cpu", "gpus": 1, "nodes": 1, "global_batch": 8,
-                                       "space": {}, "space_name": "s", "fixed": {}, "trials": 2}, "wfp").id
+    search_id = queue.add_search(url, _REQUEST, "wfp").id
     held = queue.claim(url, "a", _machine(), lease_s=60.0)
     assert held is not None and held.id == search_id
     real = time.time

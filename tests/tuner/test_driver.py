@@ -19,7 +19,7 @@ import pytest
 from tiny import ENTRY, tiny_workload
 
 from autofit.core.config import Config
-from autofit.core.errors import AutofitError
+from autofit.core.errors import AutofitError, NothingFits
 from autofit.core.space import space_from_dict
 from autofit.cost_model.calibrate import Calibration
 from autofit.ds.emit import write_json_atomic
@@ -51,7 +51,7 @@ def _no_probe(config: Config, steps: int, timeout_s: float) -> ProbeResult:
 
 def test_nothing_fits_raises_names_the_smallest_need_and_writes_nothing(tmp_path: Path, storage: str, tiny_plan) -> None:  # noqa: ANN001
     out = tmp_path / "ds.json"
-    with pytest.raises(AutofitError) as info:
+    with pytest.raises(NothingFits) as info:  # its own type: a scheduled search ends nothing-fits on it, not failed
         run_search(tiny_plan(2, [1, 2]), SearchSettings(trials=3), storage=storage, out_path=out, prober=_no_probe)
     message = str(info.value)
     assert "nothing fits" in message and "smallest candidate" in message and "needs" in message
