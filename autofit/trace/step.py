@@ -235,10 +235,7 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
         grad_bytes=counter.grads,
         flops=int(flops.get_total_flops()),
         fp8_flops=fp8_flops,
-        memory_bound_bytes=counter.traffic.eager,
-        fused_memory_bound_bytes=counter.traffic.fused,
-        dispatched_ops=counter.traffic.ops,
-        kernels=counter.traffic.kernels,
+        **counter.traffic.totals(),
         **parts,
     )
 

@@ -97,6 +97,11 @@ class Traffic:
             for tensor in outputs:
                 self.pending[storage_key(tensor)] = (_nbytes(tensor), self.backward)
 
+    def totals(self) -> dict[str, int]:
+        """What a :class:`~autofit.cost_model.facts.PeakPoint` keeps of the step's traffic."""
+        return {"memory_bound_bytes": self.eager, "fused_memory_bound_bytes": self.fused, "dispatched_ops": self.ops,
+                "kernels": self.kernels}
+
     def keep(self, key: int) -> None:
         """The storage ``key`` is read outside its chain (or outlives the step): its write reaches memory."""
         produced = self.pending.pop(key, None)
