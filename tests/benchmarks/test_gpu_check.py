@@ -20,7 +20,7 @@ import gpu_check  # noqa: E402
 def test_the_dry_run_records_every_step_in_the_json_and_the_markdown(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False)
     report = json.loads((out / "gpu_check.json").read_text())
     markdown = (out / "gpu_check.md").read_text()
     assert report["dry_run"] is True and list(report["steps"]) == list(gpu_check.STEPS)
