@@ -152,7 +152,6 @@ def engine(torch: Any, deepspeed: Any, device: Any, stage: int, depth: int, repe
     step's seconds and the optimizer's own, the first three warm-up."""
     from autofit.core.config import Config
     from autofit.ds.emit import deepspeed_config
-    from autofit.probe.rank.steps import train_step
 
     cuda = device.type == "cuda"
     config = Config(micro_batch_size=4, precision="bf16" if cuda else "fp32", zero_stage=stage, optimizer="adamw",
@@ -165,25 +164,33 @@ def engine(torch: Any, deepspeed: Any, device: Any, stage: int, depth: int, repe
             model = stack(torch, depth, bias)
     else:
         model = stack(torch, depth, bias)
-    held, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()], config=ds)
     dtype = torch.bfloat16 if cuda else torch.float32
     x = torch.randn(4, WIDTH, device=device, dtype=dtype)
+    timed = engine_steps(torch, deepspeed, model, ds, lambda held: held(x).float().pow(2).mean(), repeats, device)
+    return timed | {"layers": depth, "tensors": (2 if bias else 1) * depth, "zero_stage": stage}
+
+
+def engine_steps(torch: Any, deepspeed: Any, model: Any, ds: dict[str, Any], loss: Any, repeats: int,
+                 device: Any) -> dict[str, Any]:
+    """``deepspeed.initialize`` of ``model`` with ``ds``, ``repeats`` + 3 steps of ``loss(engine)`` each timed (the
+    first three warm-up), the engine destroyed and its memory given back."""
+    from autofit.probe.rank.steps import train_step
+
+    held, _, _, _ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds)
     sync = sync_of(torch, device)
     steps, optimizer = [], []
     try:
         for _ in range(repeats + 3):
-            seconds, opt, _ = train_step(held, lambda: held(x).float().pow(2).mean(), 1, sync)
+            seconds, opt, _ = train_step(held, lambda: loss(held), 1, sync)
             steps.append(seconds)
             optimizer.append(opt)
     finally:
         held.destroy()
-        model = None
         gc.collect()
-        if cuda:
+        if device.type == "cuda":
             torch.cuda.empty_cache()
     return {"step_s": statistics.median(steps[3:]), "optimizer_s": statistics.median(optimizer[3:]),
-            "step_times_s": steps, "optimizer_times_s": optimizer, "layers": depth, "tensors": (2 if bias else 1) * depth,
-            "zero_stage": stage}
+            "step_times_s": steps, "optimizer_times_s": optimizer}
 
 
 def decoder_model(depth: int) -> Any:
@@ -203,7 +210,6 @@ def decoder(torch: Any, deepspeed: Any, device: Any, depth: int, checkpointed: b
     from autofit.core.config import Config
     from autofit.ds.apply import apply_checkpointing
     from autofit.ds.emit import deepspeed_config
-    from autofit.probe.rank.steps import train_step
 
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -231,19 +237,8 @@ def decoder(torch: Any, deepspeed: Any, device: Any, depth: int, checkpointed: b
         model = decoder_model(depth)
     if checkpointed:
         apply_checkpointing(model, list(model.model.layers), 1.0)
-    held, _, _, _ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds)
-    steps, optimizer = [], []
-    try:
-        for _ in range(repeats + 3):
-            seconds, opt, _ = train_step(held, lambda: held(input_ids=ids, labels=ids).loss, 1, sync)
-            steps.append(seconds)
-            optimizer.append(opt)
-    finally:
-        held.destroy()
-        model = None
-        gc.collect()
-    return {"step_s": statistics.median(steps[3:]), "optimizer_s": statistics.median(optimizer[3:]),
-            "step_times_s": steps, "optimizer_times_s": optimizer, "layers": depth, "zero_stage": stage}
+    timed = engine_steps(torch, deepspeed, model, ds, lambda held: held(input_ids=ids, labels=ids).loss, repeats, device)
+    return timed | {"layers": depth, "zero_stage": stage}
 
 
 def summary(found: dict[str, Any]) -> str:
