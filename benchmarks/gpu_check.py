@@ -71,7 +71,7 @@ class GridModel:
 
         items = []
         cells = [(mb, z, r, None) for z in self.zero_stages for r in self.checkpoint_ratios for mb in self.micro_batches]
-        # second, not last: a grid cut at its limit has measured them (the H200 runs of 2026-11-28 never reached them)
+        # second, not last: a grid cut at its limit has measured them
         cells[1:1] = [(mb, z, r, "expandable_segments:True") for mb, z, r in self.expandable]
         for mb, z, r, alloc_conf in cells:
             config = Config(micro_batch_size=mb, precision=precision, zero_stage=z, checkpoint_ratio=r,
@@ -139,8 +139,8 @@ DRY = Profile(
     ),
     run_entry=f"hf:{TINY}/llama_gqa", seq_len=128, run_micro_batch=2, hardware="cpu", optimizer="sgd",
     precision="fp32",
-    # a fresh venv JIT-builds DeepSpeed's CPU communication op first: over a minute on 2 busy cores (a CI run,
-    # 2026-11-28, cut it at 60 s, and every later step waited on its lock)
+    # a fresh venv JIT-builds DeepSpeed's CPU communication op first: over a minute on 2 busy cores, and every
+    # later step waits on its lock
     limits_s={"install": 30, "env": 60, "ops": 300, "host": 150, "grid": 200, "run": 150, "pytest": 90},
     budget_s=1000, steps=3,
     run_set=("compile=off", "zero_stage=0", "checkpoint_granularity=block", "attention=sdpa", "micro_batch_size=2",
@@ -199,6 +199,14 @@ def with_grid_seconds(profile: Profile, seconds: float) -> Profile:
     return dataclasses.replace(profile, grid=grid, limits_s=profile.limits_s | {"grid": seconds})
 
 
+def step_names(text: str) -> str:
+    """``--only``'s value: step names separated by commas, each one of :data:`STEPS`."""
+    unknown = [name for name in text.split(",") if name not in STEPS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown step {', '.join(unknown)} (steps: {', '.join(STEPS)})")
+    return text
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="Where gpu_check.json, gpu_check.md and ds_config.json go.")
@@ -206,7 +214,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--install", default=None, metavar="DIR", help="Install DIR/*.whl into /tmp/site first.")
     parser.add_argument("--budget", type=float, default=None, help="Seconds for all steps (default: 535; dry run 1000).")
     parser.add_argument("--grid-s", type=float, default=None, help="Seconds for the grid step (default: 190).")
-    parser.add_argument("--only", default=None, metavar="STEP,...", help="Run these steps alone (the rest: skipped).")
+    parser.add_argument("--only", default=None, metavar="STEP,...", type=step_names,
+                        help="Run these steps alone (the rest: skipped).")
     parser.add_argument("--resume", default=None, metavar="REPORT",
                         help="A former gpu_check.json: the grid's configs it holds as measured are not measured again.")
     parser.add_argument("--step", choices=STEPS, default=None, help=argparse.SUPPRESS)  # one step, in its process

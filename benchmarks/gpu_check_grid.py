@@ -242,7 +242,7 @@ def fresh_model(workload: Any, template: Any, ds: dict[str, Any], zero_stage: in
     """A copy of the host model (the product's probe builds it on the host, which takes 5-15 s a config); under
     ZeRO-3 built as the product builds it, inside ``zero.Init`` (:func:`autofit.ds.apply.build_context`: each
     parameter made on the GPU in bf16 and partitioned). Not ``zero.Init(module=copy)``: that keeps the host
-    model's fp32, so the steps run in fp32 (seen on an H200, 2026-11-28: twice the activations, 4x the time)."""
+    model's fp32, so the steps would run in fp32."""
     if zero_stage != 3:
         return copy.deepcopy(template)
     from autofit.ds.apply import build_context

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gpu_check_grid import save  # noqa: E402  (beside this file: the step's JSON, replaced whole)
 
 #: the two depths of the layer stacks (their difference gives the per-layer slope)
 DEPTHS = (16, 64)
@@ -86,12 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     save(args.part, found)
     sys.stdout.flush()
     os._exit(0)
-
-
-def save(path: str, found: dict[str, Any]) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(found, indent=1))
-    tmp.replace(path)
 
 
 def sync_of(torch: Any, device: Any) -> Any:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_check import GIB, ROOT, SITE, Profile, host_line
+from gpu_check_grid import save_histories
 
 from autofit.core.config import Config
 
@@ -166,7 +167,7 @@ def step_grid(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
         rows["rows"] += [{"label": item["label"], "status": "skipped", "message": "the step's time is spent"}
                          for item in todo]
         if histories:
-            write_histories(Path(args.out).resolve() / f"alloc_history_{model.name}.json.gz", histories)
+            save_histories(str(Path(args.out).resolve() / f"alloc_history_{model.name}.json.gz"), histories)
         found["models"][model.name] = rows  # the progress showed a copy
         rows.update(held_out=model.held_out, ok=all(r["status"] == "ok" for r in rows["rows"]),
                     summary=f"{sum(r['status'] == 'ok' for r in rows['rows'])} of {len(rows['rows'])} configs ran "
@@ -207,13 +208,6 @@ def read_histories(path: Path) -> dict[str, Any]:
             return json.load(source)
     except (OSError, ValueError):
         return {}
-
-
-def write_histories(path: Path, histories: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with gzip.open(tmp, "wt") as sink:
-        json.dump(histories, sink)
-    tmp.replace(path)
 
 
 def _grid_progress(found: dict[str, Any], name: str, rows: dict[str, Any], save: Save, part: Path) -> None:
