@@ -10,6 +10,7 @@ the kernel to kill it if this process dies.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,12 +21,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from autofit.core.software import deepspeed_arch_list
 from autofit.core.storage_url import without_secrets
 from autofit.probe.failure import classify_exit, ended_by_sigkill, read_kernel_log
 from autofit.probe.oom_killer import oom_kills
 from autofit.probe.records import ProbeSpec, RankResult, read_rank_result
+
+if TYPE_CHECKING:
+    from autofit.probe.warm import WarmParent
 
 #: seconds the other ranks get to report once one rank has finished with a failure
 FAILURE_GRACE_S = 5.0
@@ -44,6 +49,18 @@ MMAP_THRESHOLD_BYTES = 4096
 #: on how many steps it ran. At 16 that run holds steady within 3% of its tensors, and a dense Qwen2-shaped
 #: model's bf16 step is as fast as with the default (0.79 vs 0.85 s). Set the same for CPU training runs.
 ONEDNN_CACHE_CAPACITY = 16
+
+
+class RankProcess(Protocol):
+    """A rank's process as the launcher handles it: one it started (:class:`subprocess.Popen`) or one a warm parent
+    forked (:class:`autofit.probe.warm.WarmRank`); either leads its own session (its pid is its process group)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 @dataclass
@@ -140,38 +157,27 @@ def with_package_root(pythonpath: str | None) -> str:
     return os.pathsep.join([package_root, *rest])
 
 
-def launch(spec: ProbeSpec, workdir: Path, world_size: int, timeout_s: float) -> tuple[list[RankOutcome], bool]:
-    """Run ``world_size`` worker ranks of ``spec``; returns each rank's outcome and whether the deadline passed."""
+def launch(spec: ProbeSpec, workdir: Path, world_size: int, timeout_s: float,
+           warm: WarmParent | None = None) -> tuple[list[RankOutcome], bool]:
+    """Run ``world_size`` worker ranks of ``spec``; returns each rank's outcome and whether the deadline passed.
+    ``warm``: the search's warm parent, which forks each rank it can (:mod:`autofit.probe.warm`); a rank it
+    cannot serve, or every rank without one, starts as a fresh ``python -m autofit.probe.rank.worker``."""
     spec_path = workdir / "spec.json"
     port = free_port()
     spec = spec.launched(result_dir=str(workdir))
     spec_path.write_text(json.dumps(spec.to_json()))
-    procs: list[subprocess.Popen[bytes]] = []
-    logs = []
+    procs: list[RankProcess] = []
     oom_kills_before = oom_kills()
     exited: list[bool] = []
     try:
         for rank in range(world_size):
-            log = open(workdir / f"rank{rank}.log", "wb")
-            logs.append(log)
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "autofit.probe.rank.worker", str(spec_path)],
-                    env=rank_env(dict(os.environ), rank, world_size, port, spec.hardware.kind),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    cwd=os.getcwd(),
-                )
-            )
+            env = rank_env(dict(os.environ), rank, world_size, port, spec.hardware.kind)
+            procs.append(start_rank(spec_path, env, workdir / f"rank{rank}.log", warm))
         timed_out = wait_for_ranks(procs, time.monotonic() + timeout_s, lambda rank, code: _finished_badly(workdir, rank, code))
     finally:
         exited = [proc.poll() is not None for proc in procs]
         for proc in procs:
             kill_group(proc)
-        for log in logs:
-            log.close()
     outcomes = [
         RankOutcome(
             rank,
@@ -184,6 +190,24 @@ def launch(spec: ProbeSpec, workdir: Path, world_size: int, timeout_s: float) ->
         for rank, proc in enumerate(procs)
     ]
     return _mark_oom_kills(outcomes, oom_kills_before), timed_out
+
+
+def start_rank(spec_path: Path, env: dict[str, str], log_path: Path, warm: WarmParent | None) -> RankProcess:
+    """One rank of the probe ``spec_path`` holds, in the environment ``env``, its output in ``log_path``: forked by
+    ``warm`` where it can, else a fresh process; either way in a session of its own."""
+    forked = warm.fork_rank(spec_path, env, log_path) if warm is not None else None
+    if forked is not None:
+        return forked
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "autofit.probe.rank.worker", str(spec_path)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=os.getcwd(),
+        )
 
 
 def _mark_oom_kills(outcomes: list[RankOutcome], oom_kills_before: int | None) -> list[RankOutcome]:
@@ -206,7 +230,7 @@ def _mark_oom_kills(outcomes: list[RankOutcome], oom_kills_before: int | None) -
     return outcomes
 
 
-def wait_for_ranks(procs: list[subprocess.Popen[bytes]], deadline: float,
+def wait_for_ranks(procs: list[RankProcess], deadline: float,
                    failed: Callable[[int, int | None], bool]) -> bool:
     """Wait until every rank exits; once ``failed(rank, returncode)`` says one has, its peers get
     :data:`FAILURE_GRACE_S` (they would wait forever in a collective). True when the deadline passed."""
@@ -232,12 +256,14 @@ def _finished_badly(workdir: Path, rank: int, code: int | None) -> bool:
     return result is None or result.status != "ok"
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
+def kill_group(proc: RankProcess) -> None:
     """SIGKILL the rank's whole session (it and anything it started), then reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    except (ProcessLookupError, PermissionError):  # no group yet: a forked rank between fork and setsid
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signal.SIGKILL)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -168,7 +168,7 @@ def _end_session(build: subprocess.Popen[str]) -> None:
     build.wait()
 
 
-def _load_all(ops: list[str]) -> dict[str, str]:
+def load_ops_here(ops: list[str]) -> dict[str, str]:
     from deepspeed.accelerator import get_accelerator
 
     result: dict[str, str] = {}
@@ -187,6 +187,6 @@ def _load_all(ops: list[str]) -> dict[str, str]:
 
 if __name__ == "__main__":
     end_session_with_parent(parent_from_env(os.getppid()))
-    print(json.dumps(_load_all(sys.argv[1:])))
+    print(json.dumps(load_ops_here(sys.argv[1:])))
     sys.stdout.flush()
     os._exit(0)

@@ -26,12 +26,14 @@ from autofit.probe.launch import RankOutcome, launch
 from autofit.probe.ops import clear_stale_locks
 from autofit.probe.records import ProbeSpec, RankResult
 from autofit.probe.result import _STATUS_RANK, ProbeResult
+from autofit.probe.warm import WarmParent
 from autofit.workload.entry import check_loadable
 
 __all__ = ["ProbeSpec", "run_probe"]
 
 
-def run_probe(spec: ProbeSpec, *, timeout_s: float = 300.0, hosts: tuple[str, ...] = ()) -> ProbeResult:
+def run_probe(spec: ProbeSpec, *, timeout_s: float = 300.0, hosts: tuple[str, ...] = (),
+              warm: WarmParent | None = None) -> ProbeResult:
     """Run ``spec`` (built by :func:`autofit.probe.spec.probe_spec` or :func:`~autofit.probe.spec.plan_probe_spec`):
     its config of its workload on its ``world_size`` ranks of its hardware, and measure it.
 
@@ -42,6 +44,8 @@ def run_probe(spec: ProbeSpec, *, timeout_s: float = 300.0, hosts: tuple[str, ..
     More ranks than ``hardware.devices_per_node`` span nodes, one agent each (:mod:`autofit.probe.elastic`): on
     ``hosts`` (``--hosts``), else on the Slurm allocation, else simulated here (on CUDA each with its own GPUs);
     where none can run them, an :class:`AutofitError` line before anything starts (:mod:`autofit.probe.nodes`).
+    ``warm``: the search's warm parent (:mod:`autofit.probe.warm`), which forks the ranks of a real probe on one
+    node instead of starting each from nothing; the probe and its isolation are the same.
     Never raises for what happens inside the probe: that is the result's ``status``.
     """
     check_loadable(spec.entry, "a probe")
@@ -56,7 +60,8 @@ def run_probe(spec: ProbeSpec, *, timeout_s: float = 300.0, hosts: tuple[str, ..
         if nodes is not None:  # one elastic agent per node (probe/elastic.py)
             outcomes, timed_out = launch_agents(spec, Path(tmp), nodes, world_size, timeout_s)
         else:  # fake mode simulates every rank in one process
-            outcomes, timed_out = launch(spec, Path(tmp), 1 if mode == "fake" else world_size, timeout_s)
+            outcomes, timed_out = launch(spec, Path(tmp), 1 if mode == "fake" else world_size, timeout_s,
+                                         warm=warm if mode == "real" else None)
     return _combine(spec.config, outcomes, timed_out, world_size, mode, timeout_s, time.monotonic() - t0,
                     launcher="direct" if nodes is None else "torch.distributed.run")
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from autofit.core.config import Config
 from autofit.core.errors import AutofitError, NothingFits
+from autofit.core.software import ops_needed
 from autofit.core.storage_url import redact_url
 from autofit.cost_model.calibrate import Calibration, calibrate
 from autofit.ds.emit import check_with_deepspeed, deepspeed_config, write_json_atomic
@@ -36,6 +37,7 @@ from autofit.planning.plan import Plan
 from autofit.probe.ops import prepare_ops
 from autofit.probe.run import run_probe
 from autofit.probe.spec import plan_probe_spec
+from autofit.probe.warm import WarmParent
 from autofit.tuner.advice import nothing_fits
 from autofit.tuner.policy import is_outlier, next_probe, observe, probe_budget, shared_error, should_stop, untried_values
 from autofit.tuner.records import Phase, SearchResult, TrialRecord, best_measured, observations, pruned_entries, searched_keys
@@ -62,7 +64,7 @@ class SearchEvent:
 
 
 def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None = None, trials: int = 0,
-                      prepare: bool = True) -> Prober:
+                      prepare: bool = True) -> SubprocessProber:
     """The default prober: :func:`autofit.probe.run.run_probe`, real DeepSpeed steps in a subprocess. The DeepSpeed
     ops the plan's candidates need are built or loaded first, once, as their own step: a JIT build (a minute
     or more) is then neither in a probe's timing nor in its timeout (``prepare=False``: done already,
@@ -70,11 +72,28 @@ def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None
 
     if prepare:
         plan = with_ops_prepared(plan, on_event, trials)
+    return SubprocessProber(plan)
 
-    def probe(config: Config, steps: int, timeout_s: float) -> Any:
-        return run_probe(plan_probe_spec(plan, config, steps=steps), timeout_s=timeout_s, hosts=plan.hosts)
 
-    return probe
+class SubprocessProber:
+    """Runs each probe of ``plan`` (:func:`autofit.probe.run.run_probe`), its ranks forked by one warm parent for the
+    whole search (:class:`autofit.probe.warm.WarmParent`: the imports and op loads every rank needs, paid once);
+    :meth:`close` ends that parent."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        keys = sorted({(c.optimizer, c.offload_optimizer, c.offload_params) for c in plan.candidates})
+        ops = tuple(op for op in ops_needed(keys, plan.hardware.kind, plan.software)
+                    if op not in plan.software.failed_ops)
+        attention = plan.candidates[0].attention if plan.candidates else "eager"
+        self.warm = WarmParent(plan.entry, attention, plan.hardware.kind, ops)
+
+    def __call__(self, config: Config, steps: int, timeout_s: float) -> Any:
+        spec = plan_probe_spec(self.plan, config, steps=steps)
+        return run_probe(spec, timeout_s=timeout_s, hosts=self.plan.hosts, warm=self.warm)
+
+    def close(self) -> None:
+        self.warm.close()
 
 
 def with_ops_prepared(plan: Plan, on_event: Callable[[SearchEvent], None] | None = None, trials: int = 0) -> Plan:
@@ -214,12 +233,17 @@ def run_search(
     study_name = study_name or default_study_name(plan)
     study = open_study(plan, storage, study_name, settings.margin)
     on_event = on_event or (lambda event: None)
+    owned = None
     if prober is None:
         plan = with_ops_prepared(plan, on_event, settings.trials)
-        prober = subprocess_prober(plan, on_event, settings.trials, prepare=False)
+        prober = owned = subprocess_prober(plan, on_event, settings.trials, prepare=False)
     search = _Search(plan, settings, study, prober, on_event)
-    stop_reason = search.explore()
-    winner = search.verify()
+    try:
+        stop_reason = search.explore()
+        winner = search.verify()
+    finally:
+        if owned is not None:
+            owned.close()
     if winner is None:
         error = shared_error(search.records)
         if error is not None:

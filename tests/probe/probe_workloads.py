@@ -152,3 +152,44 @@ class Uncompilable(Net):
 
 def uncompilable() -> autofit.Workload:
     return autofit.Workload(model=lambda: Uncompilable(), batch=_batch(WIDTH, 16), tokens_per_sample=16)
+
+
+def _misbehaving(act) -> autofit.Workload:
+    """``tiny`` whose loss calls ``act()`` first: a rank that ends, hangs or leaks mid-step."""
+
+    def loss(model: nn.Module, batch: tuple) -> torch.Tensor:
+        act()
+        return model(*batch)
+
+    return autofit.Workload(model=lambda: Net(), batch=_batch(WIDTH, 16), loss=loss)
+
+
+def killed() -> autofit.Workload:
+    """Its rank SIGKILLs itself in the first step."""
+    import signal
+
+    return _misbehaving(lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+
+def exits() -> autofit.Workload:
+    """Its rank leaves with ``os._exit(3)`` in the first step: no result, no teardown."""
+    return _misbehaving(lambda: os._exit(3))
+
+
+def hangs() -> autofit.Workload:
+    """Its rank writes its pid to $AUTOFIT_TEST_PIDFILE, then sleeps in the first step."""
+
+    def hang() -> None:
+        with open(os.environ["AUTOFIT_TEST_PIDFILE"], "w") as handle:
+            handle.write(f"{os.getpid()}\n")
+        time.sleep(300)
+
+    return _misbehaving(hang)
+
+
+_LEAKED: list[torch.Tensor] = []
+
+
+def leaks() -> autofit.Workload:
+    """Its rank keeps 64 MiB more, touched, at every micro-batch, in a module global."""
+    return _misbehaving(lambda: _LEAKED.append(torch.ones(16 * 2**20)))

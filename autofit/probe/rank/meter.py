@@ -28,11 +28,13 @@ class Meter:
     ``on_exceeded(used_bytes)`` is called from the CPU watchdog's thread once resident memory
     passes ``budget_bytes`` (``None``: no budget); it is never called on CUDA. ``later_outside_bytes``: CUDA,
     what will live outside the allocator beyond the context measured here (NCCL's buffers), left out of the
-    allocator's cap under ``device_budget_bytes``.
+    allocator's cap under ``device_budget_bytes``. ``prepaid_bytes``: CPU, resident bytes a warm parent made before
+    this rank was forked that a fresh rank makes after its baseline (:mod:`autofit.probe.rank.zygote`): the
+    baseline is lowered by them, so the peak counts them as a fresh rank's does.
     """
 
     def __init__(self, torch: Any, kind: str, budget_bytes: int | None, on_exceeded: Callable[[int], None],
-                 device_budget_bytes: int | None = None, later_outside_bytes: int = 0) -> None:
+                 device_budget_bytes: int | None = None, later_outside_bytes: int = 0, prepaid_bytes: int = 0) -> None:
         self.torch = torch
         self.cuda = kind == "cuda"
         self.context_bytes = 0
@@ -50,7 +52,7 @@ class Meter:
             self.device = torch.device("cuda", local_rank)
         else:
             self.device = torch.device("cpu")
-            self.baseline_bytes = memory.rss_bytes()
+            self.baseline_bytes = memory.rss_bytes() - prepaid_bytes
             memory.reset_peak()
             self.watchdog = memory.RssWatchdog(self.baseline_bytes, budget_bytes, on_exceeded).start()
 

@@ -48,17 +48,25 @@ _PPID_AT_START = os.getppid()
 
 def main(argv: list[str]) -> int:
     _die_with_parent()
-    spec = ProbeSpec.from_json(json.loads(Path(argv[1]).read_text()))
+    run_rank(Path(argv[1]), started_at=_T_MAIN)
+    return 0  # not reached: run_rank ends the process
+
+
+def run_rank(spec_path: Path, started_at: float, prepaid_bytes: int = 0) -> None:
+    """Run the rank ``spec_path`` describes and write its result; ends the process. ``started_at``: when this
+    process began to be this rank (its start, or its fork from the warm parent, :mod:`autofit.probe.rank.zygote`);
+    ``prepaid_bytes``: resident bytes the warm parent made that a fresh rank makes after its memory baseline (its
+    baseline is lowered by them)."""
+    spec = ProbeSpec.from_json(json.loads(spec_path.read_text()))
     rank = int(os.environ.get("RANK", "0"))
     out = Path(spec.result_dir) / f"rank{rank}.json"
-    phases: dict[str, float] = {"process_start_s": max(0.0, _T_MAIN - spec.spawn_time)}
+    phases: dict[str, float] = {"process_start_s": max(0.0, started_at - spec.spawn_time)}
     result: RankResult
     try:
         if spec.mode == "fake":
-
             result = run_fake(spec, rank, phases)
         else:
-            result = _run_real(spec, rank, phases, out)
+            result = _run_real(spec, rank, phases, out, prepaid_bytes)
     except BaseException as exc:  # everything the user's code or DeepSpeed raises becomes a result
         result = failure_result(rank, phases, exc, traceback.format_exc()[-4000:], _METERS[-1] if _METERS else None)
     write_rank_result(out, result)
@@ -97,7 +105,7 @@ def _die_with_parent() -> None:
     die_with_parent(parent)
 
 
-def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -> RankResult:
+def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path, prepaid_bytes: int = 0) -> RankResult:
     """Import, meter, build, initialize, step: the probe of one rank (docs/design.md, "Memory, measured")."""
     t0 = time.time()
     import deepspeed
@@ -107,7 +115,7 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -
     config, ds = spec.config, spec.deepspeed
     workload = import_workload(spec.entry, config.attention, torch)
     phases["imports_s"] = time.time() - t0
-    meter = _meter(torch, spec, rank, phases, out)
+    meter = _meter(torch, spec, rank, phases, out, prepaid_bytes)
     snapshot_path = spec.memory_snapshot if meter.cuda and rank == 0 else None
     if snapshot_path:
         snapshot.start_recording(torch)
@@ -153,9 +161,10 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -
     )
 
 
-def _meter(torch: Any, spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path) -> Any:
-    """The rank's :class:`~autofit.probe.rank.meter.Meter`, its baseline taken now (after the imports); past a CPU
-    budget it writes this rank's ``oom`` result and ends the process."""
+def _meter(torch: Any, spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path, prepaid_bytes: int = 0) -> Any:
+    """The rank's :class:`~autofit.probe.rank.meter.Meter`, its baseline taken now (after the imports, less the
+    ``prepaid_bytes`` a warm parent made for it); past a CPU budget it writes this rank's ``oom`` result and ends
+    the process."""
 
     def on_exceeded(used: int) -> None:
         message = f"rank {rank}: resident memory {used} B passed the budget {spec.budget_bytes()} B"
@@ -164,7 +173,8 @@ def _meter(torch: Any, spec: ProbeSpec, rank: int, phases: dict[str, float], out
         os._exit(0)
 
     meter = Meter(torch, spec.hardware.kind, spec.budget_bytes(), on_exceeded,
-                  device_budget_bytes=spec.hardware.memory_bytes, later_outside_bytes=spec.nccl_bytes)
+                  device_budget_bytes=spec.hardware.memory_bytes, later_outside_bytes=spec.nccl_bytes,
+                  prepaid_bytes=prepaid_bytes)
     _METERS.append(meter)
     return meter
 
