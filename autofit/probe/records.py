@@ -139,6 +139,8 @@ class RankResult:
     """Seconds of each timed optimizer step, in order."""
     step_time_s: float = 0.0
     """Their median (0.0 when none was timed)."""
+    warmup_times_s: list[float] = field(default_factory=list)
+    """Seconds of each untimed warm-up step, in order (:func:`autofit.probe.rank.steps.run_steps`)."""
     optimizer_time_s: float = 0.0
     """Median seconds of ``engine.step`` at the accumulation boundary within a step (0.0 when not timed)."""
     loss: float | None = None

@@ -59,7 +59,11 @@ class ProbeResult:
     predicted: PredictionRecord | None = None
     """The cost model's prediction for this config, filled in by the caller (:meth:`with_predicted`)."""
     step_times_s: list[float] = field(default_factory=list)
-    """Every timed step of the slowest rank, in order (their median is ``step_time_s``)."""
+    """Every timed step of the slowest rank, in order (their median is ``step_time_s``): taken once the warm-up
+    steps settled, as many as it took them to agree (:func:`autofit.probe.rank.steps.run_steps`)."""
+    warmup_times_s: list[float] = field(default_factory=list)
+    """That rank's untimed warm-up steps, in order: the first step's extra time (the allocator's growth, first
+    kernels, autotuning), reported apart from the step time, never averaged into it."""
     optimizer_time_s: float = 0.0
     """Median seconds of the optimizer's ``engine.step`` within one step (the update itself; 0.0 when not
     measured): the search calibrates the optimizer's cost from it apart from forward and backward."""

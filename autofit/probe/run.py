@@ -98,6 +98,7 @@ def _combine(
         step_time_s=step_time,
         optimizer_time_s=optimizer_time,
         step_times_s=list(slowest.step_times_s) if slowest else [],
+        warmup_times_s=list(slowest.warmup_times_s) if slowest else [],
         samples_per_s=samples,
         tokens_per_s=samples * tokens_per_sample if tokens_per_sample and samples else None,
         message=_message(outcomes, statuses, status, timeout_s),

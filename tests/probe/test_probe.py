@@ -109,13 +109,22 @@ def test_real_probe_of_a_tiny_model_is_ok() -> None:
     assert result.tokens_per_s == pytest.approx(16 * result.samples_per_s)
     assert result.overhead_s > 0
     assert {"process_start_s", "imports_s", "model_build_s", "initialize_s"} <= set(result.phases_s)
-    # every timed step is kept, and the optimizer's update is timed apart, inside the step
-    assert len(result.step_times_s) == 2
+    # every timed step is kept (more than asked only while they disagree), the warm-up steps apart, and the
+    # optimizer's update is timed apart, inside the step
+    assert len(result.step_times_s) == 2 or (len(result.step_times_s) > 2 and _spread(result.step_times_s[:-1]) > 0.1)
+    assert len(result.warmup_times_s) >= 1
     assert min(result.step_times_s) <= result.step_time_s <= max(result.step_times_s)
     assert 0 < result.optimizer_time_s < result.step_time_s
 
 
 @pytest.mark.slow
+def _spread(times: list[float]) -> float:
+    ordered = sorted(times)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return (ordered[-1] - ordered[0]) / median
+
+
 def test_probe_past_the_memory_budget_is_oom_quickly() -> None:
     hardware = get_hardware("cpu", memory_bytes=256 * 2**20)
     t0 = time.monotonic()
@@ -309,7 +318,7 @@ def test_a_compiled_probe_times_its_compile_apart_from_its_steps() -> None:
     result = run_probe(probe_spec(entry("tiny"), config, CPU, steps=3, warmup_steps=1), timeout_s=START_S)
     assert result.status == "ok", result.message
     compile_s = result.phases_s["compile_s"]
-    assert len(result.step_times_s) == 3
+    assert len(result.step_times_s) >= 3
     # compiling is slower than any compiled step, and part of the start-up, not of the step time
     assert compile_s > max(result.step_times_s)
     assert result.overhead_s >= compile_s

@@ -95,3 +95,13 @@ def test_a_renamed_key_in_a_real_rank_output_makes_the_probe_an_error(tmp_path: 
 
 def _outcome(path: Path) -> RankOutcome:
     return RankOutcome(0, 0, read_rank_result(path, 0), "")
+
+
+def test_a_warm_up_step_has_settled_once_it_took_about_what_the_one_before_did() -> None:
+    from autofit.probe.rank.steps import SETTLE_TOLERANCE, settled
+
+    assert not settled([])
+    assert not settled([0.5])  # one step: whether it was a slow first one is unknown
+    assert not settled([2.0, 1.0])  # the first step's extra time
+    assert settled([2.0, 1.0, 1.0 + SETTLE_TOLERANCE / 2])
+    assert not settled([1.0, 1.0 + 2 * SETTLE_TOLERANCE])

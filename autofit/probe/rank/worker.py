@@ -148,6 +148,7 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path, p
         peak_bytes=int(times.peak_bytes),
         step_times_s=list(times.step_times_s),
         step_time_s=times.step_time_s(),
+        warmup_times_s=list(times.warmup_times_s),
         optimizer_time_s=times.optimizer_time_s(),
         loss=times.loss,
         device_memory=meter.report(),

@@ -17,9 +17,10 @@ measured"), so the probe measures the same peak whichever way it started:
 * What a fresh rank does *after* its baseline (the compiler front end, the ops) is done here too, and its resident
   bytes, read here before and after (settled: :func:`autofit.probe.rank.memory.settled_rss_bytes`), are the
   child's ``prepaid_bytes``: its baseline is lowered by them, so its peak counts them as a fresh rank's does.
-* No computation runs here: an OpenMP (libgomp) thread pool made before a fork is unusable in the child, and this
-  process never starts a thread, so no lock is held by a thread the child lacks. Each child sets its own thread
-  count (``OMP_NUM_THREADS`` of its rank environment) before its first operation.
+* No computation runs here: an OpenMP (libgomp) thread pool made before a fork is unusable in the child. This
+  process starts no thread (torch's import leaves one native thread of its own, as in any process that forks
+  DataLoader workers). Each child sets its own thread count (``OMP_NUM_THREADS`` of its rank environment) before
+  its first operation.
 * CUDA: a CUDA context does not survive ``fork``. This process never creates one (the device check is NVML's,
   ``PYTORCH_NVML_BASED_CUDA_CHECK``); if one exists all the same (``torch.cuda.is_initialized()``), it forks
   nothing and answers ``cold``: the launcher then starts the rank as a fresh process.
