@@ -35,6 +35,7 @@ from autofit.cost_model.calibrate import Calibration, calibrate
 from autofit.ds.emit import check_with_deepspeed, deepspeed_config, write_json_atomic
 from autofit.planning.plan import Plan
 from autofit.probe.ops import prepare_ops
+from autofit.probe.rank.steps import most_steps
 from autofit.probe.run import run_probe
 from autofit.probe.spec import plan_probe_spec
 from autofit.probe.warm import WarmParent
@@ -139,7 +140,7 @@ class _Search:
                                     self.deadline - time.monotonic())
         record = record_probe(
             self.study, self.params, config, phase, predicted, lambda: self.prober(config, steps, limit),
-            self.usable.hardware.memory_bytes, planned_steps=steps + 1,  # run_probe's one warm-up step
+            self.usable.hardware.memory_bytes, planned_steps=most_steps(1, steps),  # plan_probe_spec's warm-up step
         )
         self.records.append(record)
         return record

@@ -120,6 +120,12 @@ def run_steps(engine: Any, compute_loss: Callable[[], Any], grad_accum_steps: in
     return times
 
 
+def most_steps(warmup_steps: int, steps: int) -> int:
+    """The most optimizer steps :func:`run_steps` runs for ``warmup_steps`` and ``steps`` asked (the CPU's two
+    untimed steps around its peak reading included): a probe that timed out ran no more than these."""
+    return warmup_steps + (MAX_EXTRA_WARMUP if warmup_steps > 0 else 0) + 2 + steps + MAX_EXTRA_TIMED
+
+
 def any_rank(wants_more: bool, meter: Meter) -> bool:
     """Whether any rank wants one more step: every rank runs the same steps (each step's collectives need them all),
     so the ranks agree (an all-reduce of the wish, its largest) where there are several."""
