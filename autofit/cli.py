@@ -29,7 +29,7 @@ from autofit.commands import ladder as ladder_command
 from autofit.commands import probe as probe_command
 from autofit.commands import run as run_command
 from autofit.commands import schedule as schedule_command
-from autofit.commands.numbers import SECONDS, FiniteFloat
+from autofit.commands.numbers import DURATION, SECONDS, FiniteFloat
 from autofit.core.bulk import paused_gc
 from autofit.core.errors import AutofitError
 from autofit.planning.longest import longest_sequence
@@ -210,7 +210,9 @@ def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
 @click.option("--script", default=None, metavar="CMD",
               help='Script mode instead of ENTRY: an unmodified DeepSpeed script, "python train.py --deepspeed_config {config}".')
 @click.option("--trials", default=20, show_default=True, type=click.IntRange(min=1), help="Most probes to run.")
-@click.option("--timeout", "timeout_s", default=None, type=float, help="Stop the search after this many seconds.")
+@click.option("--time-budget", "--timeout", "timeout_s", default=None, type=DURATION,
+              help="Wall time for the search and its verification (600, 90s, 10m, 1.5h): no probe starts that would "
+                   "not finish within it; the best verified config so far wins.")
 @click.option("--storage", default=None, help="Optuna storage URL (default: sqlite:///autofit.db here).")
 @click.option("--study", "study_name", default=None, help="Study name; the same name resumes a search.")
 @click.option("--out", "out_path", default="ds_config.json", show_default=True, help="Where the winner's JSON goes.")

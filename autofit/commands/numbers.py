@@ -35,3 +35,28 @@ class FiniteFloat(click.ParamType):
 
 #: seconds a command waits (a probe's timeout): finite and > 0
 SECONDS = FiniteFloat(0.0, above=True)
+
+
+class Duration(FiniteFloat):
+    """Seconds, written plainly (``600``) or with a unit: ``s``, ``m`` (minutes) or ``h`` (``90s``, ``10m``, ``1.5h``);
+    finite and > 0."""
+
+    name = "duration"
+    UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+    def __init__(self) -> None:
+        super().__init__(0.0, above=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, str):
+            text = value.strip()
+            scale = self.UNITS.get(text[-1:].lower())
+            try:
+                value = float(text[:-1]) * scale if scale else float(text)
+            except ValueError:
+                self.fail(f"{value!r} is not a duration (seconds, or with s, m or h: 90s, 10m, 1.5h)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+#: a time budget (``--time-budget 10m``)
+DURATION = Duration()

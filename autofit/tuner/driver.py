@@ -35,7 +35,7 @@ from autofit.cost_model.calibrate import Calibration, calibrate
 from autofit.ds.emit import check_with_deepspeed, deepspeed_config, write_json_atomic
 from autofit.planning.plan import Plan
 from autofit.probe.ops import prepare_ops
-from autofit.probe.rank.steps import most_steps
+from autofit.probe.rank.steps import most_steps, usual_steps
 from autofit.probe.run import run_probe
 from autofit.probe.spec import plan_probe_spec
 from autofit.probe.warm import WarmParent
@@ -122,6 +122,7 @@ class _Search:
         self.usable = plan.usable()
         self.params = distributions(plan)
         self.records = read_back(study)
+        self.n_read_back = len(self.records)
         self.n_done = sum(1 for r in self.records if r.phase == "search")
         self.deadline = math.inf if settings.timeout_s is None else time.monotonic() + settings.timeout_s
         self.calibration = self.calibrate()
@@ -145,6 +146,26 @@ class _Search:
         self.records.append(record)
         return record
 
+    def expected_wall_s(self, config: Config, steps: int) -> float:
+        """Seconds a probe of ``config`` with ``steps`` timed steps is expected to take: the start-up this search's
+        probes took (the median of their wall less their steps; 0 before the first) and the steps a probe usually
+        runs (:func:`autofit.probe.rank.steps.usual_steps`) at the calibrated step time."""
+        step_s = self.usable.predict(config, self.calibration).step_time_s
+        steps, _ = probe_budget(self.settings, steps, step_s, 0, math.inf)
+        start_ups = sorted(r.measured.wall_s - r.measured.phases_s.get("steps_s", 0.0)
+                           for r in self.records[self.n_read_back:] if "steps_s" in r.measured.phases_s)
+        start_up_s = start_ups[len(start_ups) // 2] if start_ups else 0.0
+        return start_up_s + usual_steps(1, steps) * step_s if math.isfinite(step_s) else math.inf
+
+    def has_time(self, config: Config, steps: int, then_s: float = 0.0) -> bool:
+        """Whether a probe of ``config`` is expected to finish within the time budget, with ``then_s`` to spare."""
+        return time.monotonic() + self.expected_wall_s(config, steps) + then_s <= self.deadline
+
+    def verification_s(self) -> float:
+        """Seconds to keep for verifying the best measured config so far (0.0 before there is one)."""
+        best = best_measured(self.records)
+        return self.expected_wall_s(best.config, self.settings.verify_steps) if best is not None else 0.0
+
     def explore(self) -> str:
         """Probe what the policy picks until it says stop; returns why it stopped."""
         while True:
@@ -156,6 +177,10 @@ class _Search:
             if reason is not None:
                 return reason
             config, _ = next_probe(state, self.settings)
+            if math.isfinite(self.deadline) and not self.has_time(config, self.settings.probe_steps,
+                                                                  then_s=self.verification_s()):
+                return (f"the next probe ({config.label()}) and the verification would not finish within the "
+                        f"--time-budget of {self.settings.timeout_s:g} s")
             self.tell(f"probing {config.label()}")
             record = self.probe(config, "search", self.settings.probe_steps)
             self.n_done += 1
@@ -176,7 +201,8 @@ class _Search:
         def recalibrate() -> None:
             self.calibration = self.calibrate()
 
-        return verify(self.records, probe, self.settings, recalibrate)
+        return verify(self.records, probe, self.settings, recalibrate,
+                      has_time=lambda config: self.has_time(config, self.settings.verify_steps))
 
     def result(self, winner: TrialRecord, ds: dict[str, Any], stop_reason: str, storage: str, study_name: str,
                out_path: str | None, wall_s: float) -> SearchResult:

@@ -365,7 +365,7 @@ def should_stop(state: SearchState, settings: SearchSettings) -> str | None:
             return None
         return f"reached --trials {settings.trials}"
     if state.timed_out:
-        return f"reached --timeout {settings.timeout_s:g} s"
+        return f"reached --time-budget {settings.timeout_s:g} s"
     if not state.todo:
         return None if nothing_measured_fits else "every candidate predicted to fit has been probed"
     if state.explore:

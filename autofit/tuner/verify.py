@@ -33,22 +33,29 @@ def verify(
     probe: Callable[[Config], TrialRecord],
     settings: SearchSettings,
     on_round_failed: Callable[[], None] = lambda: None,
+    has_time: Callable[[Config], bool] = lambda config: True,
 ) -> TrialRecord | None:
     """The winner's verification probe, or None when no leader verifies.
 
     ``probe(config)`` runs a verification probe and appends its record to ``records``; a config that an
     earlier run of the study already verified is not probed again. ``on_round_failed`` is called when a
-    round verified nothing (the driver recalibrates: the failed probes say something).
+    round verified nothing (the driver recalibrates: the failed probes say something). ``has_time(config)``: whether
+    a verification probe of ``config`` would finish within the search's time budget; the first one runs whatever
+    it says (the search kept time for it), a later one only where it does.
     """
     tried: set[str] = set()
+    probed = False
     while len(tried) < settings.max_verifications:
         round_configs = contenders(records, tried, settings)
         if not round_configs:
             return None
         for config in round_configs:
             tried.add(config.key())
-            if not any(r.phase == "verify" and r.config.key() == config.key() for r in records):
+            if any(r.phase == "verify" and r.config.key() == config.key() for r in records):
+                continue
+            if not probed or has_time(config):
                 probe(config)
+                probed = True
         verified = [r for r in records if r.phase == "verify" and r.within_margin and r.config.key() in tried]
         if verified:
             return max(verified, key=lambda r: (mean_samples(records, r.config), r.number))

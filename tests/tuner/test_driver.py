@@ -338,3 +338,40 @@ def test_a_device_far_slower_than_the_prior_costs_at_most_one_timed_out_probe(tm
     assert given[0][0] == settings.probe_steps  # the prior expects a fast step: every timed step
     slow = [steps for steps, _, step_s in given[2:] if step_s * settings.probe_steps > 2 * settings.probe_seconds]
     assert slow and max(slow) < settings.probe_steps  # the calibrated model knows better: fewer timed steps
+
+
+def test_a_time_budget_starts_no_probe_that_would_not_finish_and_keeps_time_to_verify(tmp_path: Path,
+                                                                                       storage: str) -> None:
+    """A stand-in device whose probes take their start-up and their steps in wall time: the search stops when the
+    next probe and a verification would not fit the budget, and ends with a verified winner within it."""
+    space = space_from_dict(
+        {"global_batch_size": 16, "micro_batch_size": [1, 2, 4, 8, 16], "checkpoint_ratio": [0.0, 0.5, 1.0],
+         "precision": ["fp32"], "optimizer": ["sgd", "adamw"], "zero_stage": [0], "attention": ["sdpa"]},
+        name="budget",
+    )
+    plan = Plan.make(ENTRY, tiny_workload(), get_hardware("cpu", 2**40), space, narrow=False)
+    prior = plan.coefficients  # the device: 1.5x slower compute, 4x the per-micro-batch overhead the prior expects
+    truth = Calibration(coefficients=prior.with_(
+        compute_efficiency={k: v / 1.5 for k, v in prior.compute_efficiency.items()},
+        micro_batch_overhead_s=4 * prior.micro_batch_overhead_s,
+    ))
+    start_up_s = 0.3
+
+    def prober(config: Config, steps: int, timeout_s: float) -> ProbeResult:
+        p = truth.predict(config, plan.facts, plan.hardware, 1)
+        steps_s = (steps + 4) * max(p.step_time_s, 0.02)
+        time.sleep(start_up_s + steps_s)
+        return ProbeResult(config, "ok", p.peak_bytes, p.step_time_s, p.samples_per_s, None, None, start_up_s,
+                           phases_s={"steps_s": steps_s}, wall_s=start_up_s + steps_s)
+
+    budget_s = 6.0
+    started = time.monotonic()
+    # a stop rule that never stops: only the budget ends the search
+    settings = SearchSettings(trials=50, timeout_s=budget_s, stop_tolerance=10.0, max_stop_tolerance=10.0)
+    result = run_search(plan, settings, storage=storage,
+                        out_path=tmp_path / "ds.json", prober=prober)
+    elapsed = time.monotonic() - started
+    assert "time-budget" in result.stop_reason
+    assert 3 <= sum(1 for t in result.trials if t.phase == "search") < 50
+    assert any(t.phase == "verify" and t.config == result.config for t in result.trials)
+    assert elapsed <= 1.15 * budget_s

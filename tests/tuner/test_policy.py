@@ -123,7 +123,7 @@ SETTINGS = SearchSettings(trials=6, timeout_s=60.0, min_probes=2)
 def test_the_stop_rule_names_each_reason_in_order() -> None:
     ranked = [(ADAMW.with_(micro_batch_size=4, grad_accum_steps=2), _prediction(1.0, 0.1))]
     assert should_stop(_state([], ranked, n_done=6), SETTINGS) == "reached --trials 6"
-    assert should_stop(_state([], ranked, n_done=1, timed_out=True), SETTINGS) == "reached --timeout 60 s"
+    assert should_stop(_state([], ranked, n_done=1, timed_out=True), SETTINGS) == "reached --time-budget 60 s"
     probed = _record(ranked[0][0], "ok", 8.0)
     assert should_stop(_state([probed], ranked, n_done=1), SETTINGS) == "every candidate predicted to fit has been probed"
 

@@ -126,6 +126,12 @@ def most_steps(warmup_steps: int, steps: int) -> int:
     return warmup_steps + (MAX_EXTRA_WARMUP if warmup_steps > 0 else 0) + 2 + steps + MAX_EXTRA_TIMED
 
 
+def usual_steps(warmup_steps: int, steps: int) -> int:
+    """The optimizer steps :func:`run_steps` usually runs for ``warmup_steps`` and ``steps`` asked: one warm-up step
+    more to see it settle, the CPU's two untimed steps around its peak reading, no extra timed step."""
+    return warmup_steps + (1 if warmup_steps > 0 else 0) + 2 + steps
+
+
 def any_rank(wants_more: bool, meter: Meter) -> bool:
     """Whether any rank wants one more step: every rank runs the same steps (each step's collectives need them all),
     so the ranks agree (an all-reduce of the wish, its largest) where there are several."""
