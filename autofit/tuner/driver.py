@@ -73,7 +73,7 @@ def subprocess_prober(plan: Plan, on_event: Callable[[SearchEvent], None] | None
 
     if prepare:
         plan = with_ops_prepared(plan, on_event, trials)
-    return SubprocessProber(plan)
+    return SubprocessProber(plan, on_event, trials)
 
 
 class SubprocessProber:
@@ -81,8 +81,9 @@ class SubprocessProber:
     whole search (:class:`autofit.probe.warm.WarmParent`: the imports and op loads every rank needs, paid once);
     :meth:`close` ends that parent."""
 
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
+    def __init__(self, plan: Plan, on_event: Callable[[SearchEvent], None] | None = None, trials: int = 0) -> None:
+        self.plan, self.on_event, self.trials = plan, on_event, trials
+        self.told = False
         keys = sorted({(c.optimizer, c.offload_optimizer, c.offload_params) for c in plan.candidates})
         ops = tuple(op for op in ops_needed(keys, plan.hardware.kind, plan.software)
                     if op not in plan.software.failed_ops)
@@ -91,7 +92,13 @@ class SubprocessProber:
 
     def __call__(self, config: Config, steps: int, timeout_s: float) -> Any:
         spec = plan_probe_spec(self.plan, config, steps=steps)
-        return run_probe(spec, timeout_s=timeout_s, hosts=self.plan.hosts, warm=self.warm)
+        result = run_probe(spec, timeout_s=timeout_s, hosts=self.plan.hosts, warm=self.warm)
+        if not self.told and self.on_event is not None and (self.warm.ready or self.warm.failure):
+            self.told = True
+            said = (f"probe ranks forked by a warm parent (its start: {self.warm.ready['seconds']:.1f} s, once)"
+                    if self.warm.ready else f"probe ranks start as fresh processes: {self.warm.failure}")
+            self.on_event(SearchEvent(0, self.trials, said, None))
+        return result
 
     def close(self) -> None:
         self.warm.close()

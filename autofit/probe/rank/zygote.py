@@ -63,7 +63,9 @@ def prepare(entry: str, attention: str, ops: list[str], kind: str) -> dict[str, 
     before = settled_rss_bytes()
     import torch._dynamo  # noqa: F401  (torch.optim's first optimizer imports it)
 
-    loaded = load_ops_here(ops) if ops else {}
+    # a CUDA op's builder asks the device for its compute capability, which creates a CUDA context: each rank
+    # loads its CUDA ops itself
+    loaded = load_ops_here(ops) if ops and kind == "cpu" else {}
     prepaid = max(0, settled_rss_bytes() - before)
     if kind == "cuda" and torch.cuda.is_initialized():
         return {"error": "a CUDA context exists in the warm parent after its imports"}
