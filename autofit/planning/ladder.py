@@ -45,6 +45,7 @@ from autofit.machine.software import detect_software
 from autofit.planning.plan import Plan
 from autofit.probe.ops import prepare_ops
 from autofit.probe.run import run_probe
+from autofit.probe.warm import WarmParent
 from autofit.probe.spec import probe_spec
 from autofit.workload.types import Workload
 
@@ -315,7 +316,8 @@ def _quiet(line: str) -> None:
 
 def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: float = 600.0,
                    software: Software | None = None, say: Callable[[str], None] = _quiet) -> Ladder:
-    """Probe each rung of ``ladder`` predicted to fit, one subprocess probe each (:func:`autofit.probe.run.run_probe`,
+    """Probe each rung of ``ladder`` predicted to fit, one probe process each, forked by one warm parent
+    (:func:`autofit.probe.run.run_probe`, :class:`autofit.probe.warm.WarmParent`,
     as ``autofit probe``: ``steps`` measured steps, ``timeout_s`` seconds a probe), on the ladder's device and
     world size; the ladder with each probe's JSON as its rung's ``measured``. A rung that does not fit is never
     probed. The DeepSpeed ops the rungs need are built or loaded first, as their own step
@@ -333,12 +335,14 @@ def measure_ladder(ladder: Ladder, entry: str, *, steps: int = 3, timeout_s: flo
         say(line)
     software = report.software(software if software is not None else detect_software())
     measured = {}
-    for row in fitting:
-        say(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}")
-        spec = probe_spec(entry, row.config, ladder.hardware, ladder.world_size, steps=steps, software=software,
-                          facts=ladder.facts)
-        probed = run_probe(spec, timeout_s=timeout_s)
-        measured[row.index] = probed.to_json()
+    ops = tuple(op for op, state in report.loaded.items() if state == "ok")
+    with WarmParent(entry, fitting[0].config.attention, ladder.hardware.kind, ops) as warm:
+        for row in fitting:
+            say(f"autofit: probing rung {row.index} ({row.rung.name}): {row.config.label()}")
+            spec = probe_spec(entry, row.config, ladder.hardware, ladder.world_size, steps=steps, software=software,
+                              facts=ladder.facts)
+            probed = run_probe(spec, timeout_s=timeout_s, warm=warm)
+            measured[row.index] = probed.to_json()
     return ladder.with_measured(measured)
 
 
