@@ -21,20 +21,21 @@ from autofit.probe.rank.memory import populate, resident_file_runs
 from autofit.probe.run import run_probe
 from autofit.probe.spec import probe_spec
 from autofit.probe.warm import WarmParent
-from tests.probe.test_probe import START_S, entry
+from tests.probe.test_probe import START_S, _alive, entry
 
 CPU = get_hardware("cpu")
 OPS = ("deepspeed_shm_comm", "fused_adam")
 CLEAN = Config(micro_batch_size=4)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    """Whether every one of ``pids`` has ended (or is a zombie) within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while any(_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _file_rss_bytes() -> int:
@@ -145,7 +146,4 @@ def test_no_probe_process_outlives_a_sigkilled_autofit(tmp_path: Path) -> None:
     zygote = int(Path(f"/proc/{rank}/stat").read_text().split(") ")[1].split()[1])  # the rank's parent
     parent.send_signal(signal.SIGKILL)
     parent.wait()
-    deadline = time.monotonic() + 10
-    while (_alive(rank) or _alive(zygote)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(rank) and not _alive(zygote)
+    assert _gone_within([rank, zygote], 10.0)
