@@ -11,6 +11,8 @@ it fits.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -290,7 +292,8 @@ def trace_for(workload: Workload | SourcePlannedWorkload, configs: tuple[Config,
 
 def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
     """``facts`` with the model's kernel footprint measured for every precision the configs compute in, plain and
-    checkpointed (both in one process), on a CPU device (:mod:`autofit.probe.footprint`, a few seconds each). A
+    checkpointed (both in one process), on a CPU device (:mod:`autofit.probe.footprint`, a few seconds each; kept in
+    the trace cache under what the model traced to, so a model planned again is not measured again). A
     model too large to run here, one whose measurement fails, or a :class:`Workload` object with no entry point
     (:func:`autofit.workload.entry.is_loadable`: the measuring process cannot load it) keeps the cost model's
     default."""
@@ -301,7 +304,8 @@ def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config,
     if not needed or not is_loadable(entry) or 4 * facts.n_params > REAL_TRACE_LIMIT_BYTES:
         return facts
     attention = Counter(c.attention for c in configs).most_common(1)[0][0]
-    measured = footprints_for(entry, needed, attention)
+    traced = json.dumps(replace(facts, kernel_footprint_bytes={}, trace_seconds=0.0).to_dict(), sort_keys=True)
+    measured = footprints_for(entry, needed, attention, model_digest=hashlib.sha256(traced.encode()).hexdigest())
     return replace(facts, kernel_footprint_bytes={**facts.kernel_footprint_bytes, **measured}) if measured else facts
 
 

@@ -32,10 +32,13 @@ apply_checkpointing` wraps them) and writes what is resident after that too, und
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import hashlib
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -49,6 +52,7 @@ from autofit.machine.lifetime import die_with_parent, parent_from_env
 from autofit.probe.launch import free_port, rank_env
 from autofit.probe.rank.memory import settled_rss_bytes
 from autofit.probe.rank.worker import import_workload
+from autofit.trace.cache import read_entry, software_versions, sources_digest, write_entry
 from autofit.trace.tensors import cast_batch, to_dtype
 
 #: forward and backward passes measured: the first touches the kernels, the second their caches' reuse
@@ -152,13 +156,48 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def footprints_for(entry: str, precisions: tuple[str, ...], attention: str) -> dict[str, int]:
+def footprints_for(entry: str, precisions: tuple[str, ...], attention: str, model_digest: str | None = None
+                   ) -> dict[str, int]:
     """``{key: bytes}`` (:func:`autofit.cost_model.facts.footprint_key`) for the precisions measured, plain and
-    checkpointed; those that failed are left out."""
+    checkpointed; those that failed are left out. With ``model_digest`` (what the model traced to), each precision's
+    measurement is kept in the trace cache (:func:`footprint_cache_name`) and read back instead of measured again."""
     found: dict[str, int] = {}
     for precision in precisions:
-        found |= measured_footprints(entry, precision, attention) or {}
+        name = footprint_cache_name(entry, precision, attention, model_digest) if model_digest else None
+        cached = read_entry(name) if name else None
+        kept = cached.get("footprints") if cached else None
+        if isinstance(kept, dict) and all(isinstance(v, int) for v in kept.values()):
+            found |= {str(k): int(v) for k, v in kept.items()}
+            continue
+        measured = measured_footprints(entry, precision, attention)
+        if measured and name:
+            write_entry(name, {"footprints": measured})
+        found |= measured or {}
     return found
+
+
+def footprint_cache_name(entry: str, precision: str, attention: str, model_digest: str) -> str:
+    """The trace cache's name for one footprint measurement: a digest of what it depends on: the model (as traced:
+    ``model_digest``), the entry, the precision and kernel, the software (:func:`autofit.trace.cache.software_versions`
+    and this module's source) and the machine it ran on (its CPU's model and its C library: the kernels' code and
+    oneDNN's JIT differ by both)."""
+    document = {"model": model_digest, "entry": entry, "precision": precision, "attention": attention,
+                "software": software_versions(), "measured_by": sources_digest(("probe/footprint.py",)),
+                "machine": machine_fingerprint()}
+    return "footprint-" + hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:40]
+
+
+@functools.cache
+def machine_fingerprint() -> dict[str, str]:
+    """What sets a footprint on this machine beside the software: the CPU's architecture, model and flags, and the C
+    library."""
+    cpu = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "flags") and key.strip() not in cpu:
+                cpu[key.strip()] = value.strip()
+    return {"machine": platform.machine(), **cpu, "libc": " ".join(platform.libc_ver())}
 
 
 if __name__ == "__main__":

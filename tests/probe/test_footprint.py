@@ -98,3 +98,27 @@ def test_checkpointing_moves_the_predicted_peak_as_much_as_the_measured_one() ->
     predicted = [predict(config, facts, cpu, 1).peak_bytes for config in configs]
     assert measured[1] - measured[0] > MIB  # what checkpointing costs here is not the activations'
     assert predicted[1] - predicted[0] == pytest.approx(measured[1] - measured[0], abs=MIB)
+
+
+def test_a_footprint_is_kept_in_the_cache_and_read_back_for_the_same_model(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured once a model and machine: a plan of the same model reads it back instead of measuring again (the
+    entry is edited here to tell a read from a measurement); another model is measured."""
+    import json
+
+    from autofit.probe.footprint import footprints_for
+
+    monkeypatch.setenv("AUTOFIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("AUTOFIT_NO_CACHE", "0")  # the tests' default is off
+    measured_footprints.cache_clear()
+    first = footprints_for(entry("tiny"), ("fp32",), "sdpa", model_digest="a")
+    entries = list((tmp_path / "traces").glob("footprint-*.json"))
+    assert first and len(entries) == 1
+    kept = json.loads(entries[0].read_text())
+    assert kept["footprints"] == first
+    kept["footprints"] = {key: value + 1 for key, value in first.items()}
+    entries[0].write_text(json.dumps(kept))
+    measured_footprints.cache_clear()
+    assert footprints_for(entry("tiny"), ("fp32",), "sdpa", model_digest="a") == kept["footprints"]
+    assert footprints_for(entry("tiny"), ("fp32",), "sdpa", model_digest="b") != kept["footprints"]  # measured
+    assert len(list((tmp_path / "traces").glob("footprint-*.json"))) == 2
