@@ -255,6 +255,8 @@ def step_run(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
                "--optimizer", profile.optimizer, "--precision", profile.precision, "--trials", str(profile.trials),
                "--out", str(out), "--storage", storage, "--json", *run_options(profile)]
     timeout = max(float(args.deadline) - time.time() - 5, 1)
+    # the search's own budget ends it with a verified winner before the step's limit cuts it
+    command += ["--time-budget", f"{max(timeout - 15, 1):.0f}"]
     log = Path(args.part).with_suffix(".run.log")
     with open(log, "w") as progress:  # the search's progress lines: what a cut-short run got to
         try:
@@ -277,9 +279,21 @@ def step_run(profile: Profile, args: Any, save: Save) -> dict[str, Any]:
             "measured_samples_per_s": measured.get("samples_per_s"), "n_probes": len(trials),
             "n_verify": len(verified), "stop_reason": result["search"]["stop_reason"], "auto_hint": hint,
             "wrote": str(out) if out.exists() else None,
+            "ranks": [line for line in stderr.splitlines() if "probe ranks" in line][:1],
+            "probes": [probe_costs(t) for t in trials],
             "summary": (f"{len(trials)} probes ({len(verified)} verifying); winner "
                         f"{Config.from_dict(best['config']).label()}: {measured.get('samples_per_s', 0):.3g} samples/s, "
                         f"peak {measured.get('peak_bytes', 0) / GIB:.2f} GiB")}
+
+
+def probe_costs(trial: dict[str, Any]) -> dict[str, Any]:
+    """One trial's probe: its wall time, its timed steps, its phases (start-up, untimed steps apart)."""
+    measured = trial.get("measured", {})
+    timed = sum(measured.get("step_times_s") or [])
+    return {"config": Config.from_dict(trial["config"]).label(), "status": measured.get("status"),
+            "wall_s": measured.get("wall_s"), "timed_steps_s": timed,
+            "overhead_s": (measured.get("wall_s") or 0.0) - timed, "phases_s": measured.get("phases_s"),
+            "warmup_times_s": measured.get("warmup_times_s")}
 
 
 def run_options(profile: Profile) -> list[str]:
