@@ -118,10 +118,16 @@ class WarmParent:
         setup = {"entry": self.entry, "attention": self.attention, "kind": self.kind, "ops": list(self.ops)}
         answer = self._ask(setup, READY_TIMEOUT_S)
         if answer is None or not answer.get("ready"):
-            why = answer.get("error") if answer else f"no answer within {READY_TIMEOUT_S:g} s"
+            why = answer.get("error") if answer else f"no answer within {READY_TIMEOUT_S:g} s ({self._last_logged()})"
             self._fail(f"the warm parent did not start: {why}")
             return
         self.ready = answer
+
+    def _last_logged(self) -> str:
+        """The last line the zygote wrote on its stderr (why it died, where it did)."""
+        self._log.seek(0)
+        lines = [line for line in self._log.read()[-4000:].decode("utf-8", "replace").splitlines() if line.strip()]
+        return lines[-1].strip()[:300] if lines else "no output"
 
     def _fail(self, why: str) -> None:
         self.failure = why

@@ -98,8 +98,7 @@ def resident_file_runs(maps: str = "/proc/self/maps", pagemap: str = "/proc/self
     ``fork`` copies no page-table entry of a file mapping that holds no private page (mm/memory.c,
     ``vma_needs_copy``): a forked child's RSS starts without the libraries' pages its parent had resident and counts
     each as the child touches it again, where a process that imported those libraries itself counts them from the
-    start (measured: a child of a process with torch and DeepSpeed imported starts with 5 of its parent's 78 MiB of
-    ``RssFile``). :func:`populate` gives a forked child the same page table back."""
+    start (docs/results/probe.md). :func:`populate` gives a forked child the same page table back."""
     page = os.sysconf("SC_PAGE_SIZE")
     runs: list[tuple[int, int]] = []
     with open(maps) as lines, open(pagemap, "rb") as table:
