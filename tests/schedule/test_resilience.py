@@ -112,18 +112,26 @@ def test_an_idle_worker_rides_out_a_database_that_is_down(postgres_server: Serve
     assert [r.state for r in queue.search_rows(pg_url)] == []
 
 
-def _rank_pids(parent: int) -> list[int]:
-    """The probe processes (ranks) a worker process started: they carry its pid in ``AUTOFIT_PARENT_PID``."""
-    found = []
-    for entry in Path("/proc").iterdir():
+def _probe_pids(worker: int) -> tuple[list[int], list[int]]:
+    """The probe's processes under a worker process: its ranks (started fresh, ``autofit.probe.rank.worker``, or
+    forked by the search's warm parent, ``autofit.probe.rank.zygote``) and every process it started."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(worker).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return [], []
+    ranks, every = [], []
+    for process in descendants:
         try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-            cmd = (entry / "cmdline").read_bytes()
-        except (OSError, ValueError):
+            command = " ".join(process.cmdline())
+            parent = " ".join(psutil.Process(process.ppid()).cmdline())
+        except psutil.Error:
             continue
-        if b"autofit.probe.rank.worker" in cmd and f"AUTOFIT_PARENT_PID={parent}".encode() in env:
-            found.append(int(entry.name))
-    return found
+        every.append(process.pid)
+        if "autofit.probe.rank.worker" in command or "autofit.probe.rank.zygote" in parent:
+            ranks.append(process.pid)
+    return ranks, every
 
 
 @pytest.mark.slow
@@ -134,8 +142,8 @@ def test_sigterm_stops_the_probe_gives_the_search_back_and_exits_zero(pg_url: st
          "cpu", "--lease", "60", "--idle-exit", "60"],
         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        _wait(lambda: proc.poll() is None and bool(_rank_pids(proc.pid)), 600, "a probe to start")
-        ranks = _rank_pids(proc.pid)
+        _wait(lambda: proc.poll() is None and bool(_probe_pids(proc.pid)[0]), 600, "a probe to start")
+        _, started = _probe_pids(proc.pid)
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)  # the worker alone, as Kubernetes and docker stop signal PID 1
         _, err = proc.communicate(timeout=60)
@@ -148,7 +156,7 @@ def test_sigterm_stops_the_probe_gives_the_search_back_and_exits_zero(pg_url: st
     assert (row.state, row.worker) == ("queued", None) and elapsed < 15, (row.state, elapsed)
     assert "SIGTERM, exiting" in err
     assert not any(Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
-                   for pid in ranks)  # the probe's processes are gone
+                   for pid in started)  # the probe's processes are gone, its warm parent too
     # given back, not lost: the next worker resumes the same study and finishes it
     assert model_worker(pg_url, "next").serve() == [search_id]
     assert [(r.state, r.claims) for r in queue.search_rows(pg_url)] == [("done", 2)]
