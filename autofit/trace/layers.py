@@ -5,8 +5,9 @@ its layers (:mod:`autofit.trace.scaling` extrapolates). Only layers that are ali
 the same parameter and buffer shapes, the same settings (plain attributes of every submodule; an
 integer that counts up with the layer, such as Hugging Face's ``layer_idx``, is its position, not a
 setting), or layers whose pattern repeats every ``p`` of them (alternating sliding-window and global
-attention: :func:`layer_period`), cut to whole periods and extrapolated a period at a time. Layers that
-differ otherwise (a CNN's stages) are traced whole.
+attention: :func:`layer_period`), cut to whole periods and extrapolated a period at a time, after a few leading
+layers of their own where a model has them (a dense layer before mixtures of experts: :func:`layer_pattern`), kept
+in every cut. Layers that differ otherwise (a CNN's stages) are traced whole.
 
 Segments come from PyTorch's own ``ModTracker`` (``torch.distributed._tools.mod_tracker``, the
 tracker ``mem_tracker`` is built on): its forward hooks and its multi-grad hooks on each layer's
@@ -51,9 +52,28 @@ def layer_period(layers: list[Any]) -> int:
     class, the same parameter/buffer shapes and settings); ``p`` where layers ``i`` and ``i + p`` are alike for every
     ``i`` and ``p`` divides the count (Gemma-2's sliding-window and global attention in turn: 2); 0 where none does
     (a CNN's stages), or for fewer than two layers."""
-    n = len(layers)
+    return _period([(type(layer), _shapes(layer)) for layer in layers], [_settings(layer) for layer in layers])
+
+
+def layer_pattern(layers: list[Any]) -> tuple[int, int]:
+    """``(prefix, period)``: the fewest leading layers (at most :data:`MAX_LAYER_PREFIX`) after which the stack repeats
+    every ``period`` layers (:func:`layer_period` of the rest). ``(0, p)`` where the whole stack repeats; ``(1, 1)``
+    for DeepSeek-V2's dense first layer before its alike mixture-of-experts layers (``first_k_dense_replace``);
+    ``(0, 0)`` where no prefix leaves a repeating stack."""
     signatures = [(type(layer), _shapes(layer)) for layer in layers]
     settings = [_settings(layer) for layer in layers]
+    for prefix in range(min(MAX_LAYER_PREFIX, len(layers) - 2) + 1):
+        if period := _period(signatures[prefix:], settings[prefix:]):
+            return prefix, period
+    return 0, 0
+
+
+#: leading layers that may differ from the repeating rest (DeepSeek-V3's three dense layers)
+MAX_LAYER_PREFIX = 3
+
+
+def _period(signatures: list[Any], settings: list[dict[tuple[str, str], Any]]) -> int:
+    n = len(signatures)
     for period in range(1, n // 2 + 1):
         if n % period == 0 and all(_alike(signatures[r::period], settings[r::period]) for r in range(period)):
             return period

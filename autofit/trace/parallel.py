@@ -16,7 +16,7 @@ from autofit.cost_model.facts import PeakPoint
 from autofit.machine.lifetime import die_with_parent
 from autofit.trace import step
 from autofit.trace.attention import kernel_context
-from autofit.trace.scaling import CUT_LAYERS
+from autofit.trace.scaling import cut_groups
 from autofit.trace.tensors import (
     first_line,
 )
@@ -81,10 +81,11 @@ def _parallel_runs(tracers: dict[int, _Tracer], kinds: tuple[tuple[str, ...], tu
     for it is known before a step (:meth:`_Tracer.flash_stand_in`: flash-attn not installed); where flash-attn's own
     functions are to be tried first, the tracer decides as it goes, in this process."""
     flash_known = all(tracer.flash_stand_in() is not None for tracer in tracers.values())
+    period = next(iter(tracers.values())).period
     return [(tracers[k], dtype_name, attention, (ratio, granularity))
             for dtype_name in kinds[0] for attention in kinds[1] if attention != "flash" or flash_known
             for ratio, granularity in [(0.0, "block"), *((1.0, g) for g in granularities)]
-            for k in CUT_LAYERS[granularity if ratio else "full"]]
+            for k in cut_groups(granularity if ratio else "full", period)]
 
 
 def trace_in_parallel(tracers: dict[int, _Tracer], kinds: tuple[tuple[str, ...], tuple[str, ...]],

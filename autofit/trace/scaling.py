@@ -40,6 +40,14 @@ from autofit.cost_model.facts import PeakPoint
 #: the steady one; attention-only checkpointing extrapolates exactly from 2 and 3 (a 12-layer GPT and a
 #: 14-layer LLaMA, sdpa and eager)
 CUT_LAYERS = {"full": (2, 3), "block": (4, 5), "attention": (2, 3)}
+
+
+def cut_groups(kind: str, period: int) -> tuple[int, int]:
+    """The two cuts traced for layers run as ``kind`` (a key of :data:`CUT_LAYERS`), in groups of ``period`` layers
+    (:func:`grouped_segments`): as deep as :data:`CUT_LAYERS` in layers, and at least two groups; a block-checkpointed
+    stack settles after a few layers, not a few groups (a 12-layer Gemma-2, period 2: within 2 % cut to 4 and 6)."""
+    small = max(2, -(-CUT_LAYERS[kind][0] // period))
+    return small, small + 1
 #: segments indexed by a layer, in step order
 LAYER_PHASES = ("f", "fa", "b", "ba")
 #: segments before the first layer's forward and before the last layer's backward
@@ -222,13 +230,17 @@ def is_head(segment: Segment, n_layers: int) -> bool:
     return segment == ("bhead", 0) or segment == ("fa", n_layers - 1)
 
 
-def grouped_segments(segments: Mapping[Segment, tuple[int, int]], period: int) -> dict[Segment, tuple[int, int]]:
+def grouped_segments(segments: Mapping[Segment, tuple[int, int]], period: int,
+                     prefix: int = 0) -> dict[Segment, tuple[int, int]]:
     """A cut trace's segment peaks with each ``period`` consecutive layers taken as one (a stack whose pattern repeats
-    every ``period`` layers, :func:`autofit.trace.layers.layer_period`): a group's segment of a phase peaks at the
-    most any of its layers' did, so the fit runs over groups as over alike layers."""
+    every ``period`` layers after its first ``prefix``, :func:`autofit.trace.layers.layer_pattern`), the ``prefix``
+    layers joining the first group: a group's segment of a phase peaks at the most any of its layers' did, so the fit
+    runs over groups as over alike layers. The fit takes the first groups' own values as traced (``A(0..k)``), so a
+    first group unlike the others (the prefix in it) is fitted as it is; only the slopes beyond come from the alike
+    ones."""
     grouped: dict[Segment, tuple[int, int]] = {}
     for (phase, index), (with_grads, without) in segments.items():
-        key = (phase, index // period) if phase in LAYER_PHASES else (phase, index)
+        key = (phase, max(0, index - prefix) // period) if phase in LAYER_PHASES else (phase, index)
         before = grouped.get(key, (0, 0))
         grouped[key] = (max(before[0], with_grads), max(before[1], without))
     return grouped
@@ -245,8 +257,12 @@ def part_peaks(segment_peaks: Mapping[Segment, tuple[int, int]], n_layers: int) 
     return parts
 
 
-def scaled_point(full: KindFit, checkpointed: KindFit | None, n_checkpointed: int, n_layers: int) -> PeakPoint:
-    """The traced point of ``n_layers`` layers whose first ``n_checkpointed`` run under checkpointing."""
+def scaled_point(full: KindFit, checkpointed: KindFit | None, n_checkpointed: int, n_layers: int,
+                 leading: bool = False) -> PeakPoint:
+    """The traced point of ``n_layers`` layers whose first ``n_checkpointed`` run under checkpointing. ``leading``:
+    the first layer group holds leading layers of their own (:func:`grouped_segments`' ``prefix``), which every cut
+    kept, so each kind's ``base`` has them as that kind runs them: their additive part is the first group's kind's,
+    the rest of ``base`` (the embedding, the head) the last's, as without them."""
     if n_layers < 2 or not 0 <= n_checkpointed <= n_layers:
         raise ValueError(f"need n_layers >= 2 and 0 <= n_checkpointed <= n_layers, but got {n_layers=}, {n_checkpointed=}")
     if n_checkpointed and checkpointed is None:
@@ -254,7 +270,8 @@ def scaled_point(full: KindFit, checkpointed: KindFit | None, n_checkpointed: in
     kinds = [checkpointed if i < n_checkpointed else full for i in range(n_layers)]
     layout: list[KindFit] = [k for k in kinds if k is not None]
     additive = {
-        a: layout[-1].base[a] + sum(k.per_layer[a] for k in layout) for a in ADDITIVE
+        a: layout[-1].base[a] + sum(k.per_layer[a] for k in layout)
+        + (layout[0].base[a] - layout[-1].base[a] if leading else 0) for a in ADDITIVE
     }
     return PeakPoint(
         micro_batch_size=full.micro_batch_size,

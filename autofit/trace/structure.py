@@ -12,7 +12,7 @@ from typing import Any
 
 from autofit.ds.buckets import persistence_threshold
 from autofit.ds.fp8 import convertible_linear
-from autofit.trace.layers import layer_period
+from autofit.trace.layers import layer_pattern
 from autofit.workload.types import Workload
 
 
@@ -53,7 +53,7 @@ class ModelStructure:
     n_layers: int
     """Repeated layers (:meth:`Workload.repeated_layers`)."""
     layer_period: int
-    """Layers that repeat as one (:func:`autofit.trace.layers.layer_period`)."""
+    """Layers that repeat as one after the first :attr:`layer_prefix` (:func:`autofit.trace.layers.layer_pattern`)."""
     layer_params: tuple[int, ...]
     """Parameters of each repeated layer."""
     largest_module_params: int
@@ -88,6 +88,8 @@ class ModelStructure:
     """Adam-mini's state elements, counted by its own step where a search has it (the tracer's ``_structure``)."""
     adam_mini_error: str = ""
     """Why Adam-mini's own step refused the model; empty where it stepped or was not asked."""
+    layer_prefix: int = 0
+    """Leading layers of their own before the repeating ones (:func:`autofit.trace.layers.layer_pattern`)."""
 
 
 def model_structure(workload: Workload, model: Any = None) -> ModelStructure:
@@ -101,6 +103,7 @@ def model_structure(workload: Workload, model: Any = None) -> ModelStructure:
     params = [p for p in model.parameters()]
     trainable = [p for p in params if p.requires_grad]
     layers = workload.repeated_layers(model)
+    prefix, period = layer_pattern(layers)
     hidden = hidden_size_of(model)
     threshold = persistence_threshold(hidden)
     largest_module = 0
@@ -113,7 +116,7 @@ def model_structure(workload: Workload, model: Any = None) -> ModelStructure:
         n_trainable=sum(p.numel() for p in trainable),
         param_bytes_fp32=4 * sum(p.numel() for p in params),
         n_layers=len(layers),
-        layer_period=layer_period(layers),
+        layer_period=period,
         layer_params=tuple(sum(p.numel() for p in layer.parameters()) for layer in layers),
         largest_module_params=largest_module,
         largest_param_numel=max((p.numel() for p in trainable), default=0),
@@ -131,6 +134,7 @@ def model_structure(workload: Workload, model: Any = None) -> ModelStructure:
         fp8_feature_elements=sum(m.in_features + m.out_features for m in linears),
         fp8_largest_linear=max(((m.in_features, m.out_features) for m in linears), key=lambda d: d[0] * d[1],
                                default=(0, 0)),
+        layer_prefix=prefix,
         sequence=sequence_structure(workload, model, hidden),
     )
 

@@ -17,7 +17,7 @@ from autofit.trace.attention import SDPA_FLASH, flash_attn_installed, flash_trac
 from autofit.trace.cache import cached_trace
 from autofit.trace.layers import cut_workload
 from autofit.trace.parallel import trace_in_parallel, trace_workers_setting
-from autofit.trace.scaling import CUT_LAYERS, CannotScale, CutTrace, fit_kind, grouped_segments, scaled_point
+from autofit.trace.scaling import CUT_LAYERS, CannotScale, CutTrace, cut_groups, fit_kind, grouped_segments, scaled_point
 from autofit.trace.sdpa import DISPATCHES
 from autofit.trace.structure import ModelStructure, model_structure
 from autofit.trace.tensors import (
@@ -91,7 +91,8 @@ def _traced_at_length(workload: Workload, structure: ModelStructure, precisions:
     judged able to be traced in time (:func:`check_scan_time`, with the layers each step will run)."""
     n_layers, period = structure.n_layers, scale_period(structure)
     kinds = ("full", *(checkpoint_granularities if n_layers else ()))
-    per_kind = [sum(CUT_LAYERS[kind]) * period if period else n_layers or 1 for kind in kinds]
+    per_kind = [sum(cut_depth(structure, k) for k in cut_groups(kind, period)) if period else n_layers or 1
+                for kind in kinds]
     steps = len({trace_dtype_of(p) for p in precisions}) * len(micro_batches)
     check_scan_time(workload, structure, steps * sum(per_kind))
     return _trace_workload(workload, structure, precisions, attentions, checkpoint_ratios, checkpoint_granularities,
@@ -109,7 +110,8 @@ def check_scan_time(workload: Workload, structure: ModelStructure, layer_steps: 
         return
     short = workload.at_length(PROBE_LENGTH)
     period = scale_period(structure)
-    layers = min(CUT_LAYERS["full"][0] * (period or 1), structure.n_layers) or 1
+    layers = min(cut_depth(structure, CUT_LAYERS["full"][0]) if period else CUT_LAYERS["full"][0],
+                 structure.n_layers) or 1
     cut = period > 0
     started = time.perf_counter()
     step.trace_step(cut_workload(short, layers) if cut else short, 1, "fp32", "sdpa", (0.0, "block"), "fake")
@@ -156,7 +158,7 @@ def _trace_workload(workload: Workload, structure: ModelStructure, precisions: t
     else:
         (profiles, traces), mode = scaled, "fake-scaled"
     if "sdpa" in attention_names and workload.searches_attention:
-        labelled = cut_workload(workload, CUT_LAYERS["full"][0] * scale_period(structure)) if scaled is not None \
+        labelled = cut_workload(workload, cut_depth(structure, CUT_LAYERS["full"][0])) if scaled is not None \
             else workload
         traces = {**traces, **{"sdpa": label for label in sorted(step.sdpa_labels(labelled))[:1]}}  # noqa: B035
     facts = _facts(workload, structure, profiles, n_layers, mode, time.perf_counter() - started)
@@ -168,8 +170,8 @@ def runnable_kernels(workload: Workload, structure: ModelStructure, attentions: 
     """``attentions`` the model runs with in the trace, and why each other one does not
     (:func:`autofit.trace.step.kernel_failure`, on the model cut as the trace will cut it): a kernel that cannot
     build or run is left out of the plan with its reason, not the end of it; where none runs, the first one's error."""
-    period = scale_period(structure)
-    checked = cut_workload(workload, CUT_LAYERS["full"][0] * period) if period else workload
+    checked = cut_workload(workload, cut_depth(structure, CUT_LAYERS["full"][0])) if scale_period(structure) \
+        else workload
     untraced = {k: why for k in attentions if (why := step.kernel_failure(checked, k, sdpa_dispatch)) is not None}
     if untraced and len(untraced) == len(attentions):
         kernel, why = next(iter(untraced.items()))
@@ -180,15 +182,15 @@ def runnable_kernels(workload: Workload, structure: ModelStructure, attentions: 
 def _scaled_profiles(workload: Workload, structure: ModelStructure, kinds: tuple[tuple[str, ...], tuple[str, ...]],
                      granularities: tuple[str, ...], n_middle: int, micro_batches: tuple[int, ...],
                      sdpa_dispatch: str = "cpu") -> tuple[dict[str, ActivationProfile], dict[str, str]]:
-    """Profiles of all the layers from the model cut to :data:`CUT_LAYERS` periods of them (:func:`scale_period`),
-    on fake tensors; ``kinds``: the dtypes and attention kernels to trace. Where a period is several layers, the
-    middle ratio's profile checkpoints the whole periods within its ``n_middle`` layers: at most one period fewer,
-    which holds more, never less."""
-    period = scale_period(structure)
-    n_layers = structure.n_layers // period
-    tracers = {k: _Tracer(cut_workload(workload, k * period), structure, cut_layers=k, sdpa_dispatch=sdpa_dispatch,
-                          period=period)
-               for cut in CUT_LAYERS.values() for k in cut}
+    """Profiles of all the layers from the model cut to :data:`CUT_LAYERS` periods of them after its leading layers
+    (:func:`cut_depth`), on fake tensors; ``kinds``: the dtypes and attention kernels to trace. Where a period is
+    several layers, or leading layers come first, the middle ratio's profile checkpoints the whole groups within its
+    ``n_middle`` layers: at most one period fewer, which holds more, never less."""
+    period, prefix = scale_period(structure), structure.layer_prefix
+    n_layers = (structure.n_layers - prefix) // period
+    tracers = {k: _Tracer(cut_workload(workload, cut_depth(structure, k)), structure, cut_layers=k,
+                          sdpa_dispatch=sdpa_dispatch, period=period, prefix=prefix)
+               for kind in CUT_LAYERS for k in cut_groups(kind, period)}
     trace_in_parallel(tracers, kinds, granularities, micro_batches)
     profiles: dict[str, ActivationProfile] = {}
     for dtype_name in kinds[0]:
@@ -196,20 +198,22 @@ def _scaled_profiles(workload: Workload, structure: ModelStructure, kinds: tuple
             def fitted(ratio: float, granularity: str) -> list[Any]:
                 return [fit_kind(*(tracers[k].cut_trace(dtype_name, attention, ratio, micro_batches, i,  # noqa: B023
                                                         granularity)
-                                   for k in CUT_LAYERS[granularity if ratio else "full"])) for i in range(len(micro_batches))]
+                                   for k in cut_groups(granularity if ratio else "full", period)))
+                        for i in range(len(micro_batches))]
 
             full = fitted(0.0, "block")
             profiles[ActivationProfile.key(dtype_name, attention, False)] = ActivationProfile(
                 dtype=dtype_name, attention=attention, checkpointed=False,
-                points=tuple(scaled_point(f, None, 0, n_layers) for f in full))
+                points=tuple(scaled_point(f, None, 0, n_layers, prefix > 0) for f in full))
             for granularity in granularities:
                 ckpt = fitted(1.0, granularity)
                 layouts = {ActivationProfile.key(dtype_name, attention, True, granularity): n_layers}
                 if n_middle and granularity == "block":
                     layouts[ActivationProfile.partial_key(dtype_name, attention, n_middle, granularity)] = \
-                        n_middle // period
+                        max(0, n_middle - prefix) // period
                 for key, n_ckpt in layouts.items():
-                    points = tuple(scaled_point(f, c, n_ckpt, n_layers) for f, c in zip(full, ckpt, strict=True))
+                    points = tuple(scaled_point(f, c, n_ckpt, n_layers, prefix > 0)
+                                   for f, c in zip(full, ckpt, strict=True))
                     profiles[key] = ActivationProfile(dtype=dtype_name, attention=attention, checkpointed=True,
                                                       points=points, granularity=granularity)
     return profiles, dict(tracers[CUT_LAYERS["full"][0]].attention_traces)
@@ -220,8 +224,15 @@ def scale_period(structure: ModelStructure) -> int:
     1 for alike layers); 0 where it is traced whole: fewer than :data:`SCALE_MIN_LAYERS` layers, or no more periods
     than the deepest cut keeps."""
     period, n_layers = structure.layer_period, structure.n_layers
-    deep_enough = n_layers >= SCALE_MIN_LAYERS and period and n_layers // period > max(CUT_LAYERS["block"])
+    deep_enough = (n_layers >= SCALE_MIN_LAYERS and period
+                   and (n_layers - structure.layer_prefix) // period > max(cut_groups("block", period)))
     return period if deep_enough else 0
+
+
+def cut_depth(structure: ModelStructure, groups: int) -> int:
+    """Layers of the model cut to ``groups`` periods: its leading layers (:attr:`ModelStructure.layer_prefix`), kept
+    in every cut, and ``groups`` whole periods after them."""
+    return structure.layer_prefix + groups * structure.layer_period
 
 
 def _checkpointed_profiles(tracer: _Tracer, dtype_name: str, attention: str, granularity: str, n_layers: int,
@@ -308,10 +319,12 @@ class _Tracer:
     """
 
     def __init__(self, workload: Workload, structure: ModelStructure, cut_layers: int = 0,
-                 sdpa_dispatch: str = "cpu", period: int = 1) -> None:
+                 sdpa_dispatch: str = "cpu", period: int = 1, prefix: int = 0) -> None:
         self.workload = workload
         self.period = period
-        """Layers taken as one in :meth:`cut_trace` (the model cut to ``cut_layers x period`` layers)."""
+        """Layers taken as one in :meth:`cut_trace` (the model cut to ``prefix + cut_layers x period`` layers)."""
+        self.prefix = prefix
+        """Leading layers, taken into the first group in :meth:`cut_trace`."""
         self.sdpa_dispatch = sdpa_dispatch
         self.structure = structure
         self.cut_layers = cut_layers
@@ -351,7 +364,7 @@ class _Tracer:
         point = self.points(dtype_name, attention, ratio, micro_batches, granularity)[i]
         key = (dtype_name, attention, (ratio, granularity if ratio else "block"), micro_batches)
         return CutTrace(n_layers=self.cut_layers, point=point,
-                        segments=grouped_segments(self.segments[key][i], self.period))
+                        segments=grouped_segments(self.segments[key][i], self.period, self.prefix))
 
     def flash_stand_in(self) -> tuple[str, str] | None:
         """``(kernel given to build_model, label)`` that :meth:`_flash_points` will trace ``flash`` with, where that is
