@@ -56,8 +56,10 @@ PROBE = ("--hardware", "cpu", "--seq-len", "512", "--global-batch", "2", "--set"
 #: what every small copy shares: two layers of width 256 (2-3.4 M parameters; peaks of 120-310 MiB at 512 tokens)
 SMALL = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
          "head_dim": 64, "vocab_size": 4096, "pad_token_id": 0, "layer_types": None}
-#: this machine is a CPU; one trace process per command (the families run side by side)
-ENV = {"DS_ACCELERATOR": "cpu", "AUTOFIT_TRACE_WORKERS": "1"}
+#: this machine is a CPU; nothing else set: the commands run as a user types them
+ENV = {"DS_ACCELERATOR": "cpu"}
+#: where families run side by side (``--workers`` over 1): one trace process per command, or they fight for cores
+SIDE_BY_SIDE = {"AUTOFIT_TRACE_WORKERS": "1"}
 #: a full-size step of the reference scan runs minutes (autofit/trace/step.py): refused after this many seconds
 SLOW_STEP_S = "60"
 
@@ -293,6 +295,8 @@ def main() -> None:
     plans = {name: r["full"] for name, r in last.items()} if args.probes_only else {}
     probed = {name: r["probes"] for name, r in last.items()} if args.plans_only else {}
     started = time.perf_counter()
+    if args.workers > 1:
+        ENV.update(SIDE_BY_SIDE)
     with tempfile.TemporaryDirectory() as where, ThreadPoolExecutor(args.workers) as pool:
         rows = list(pool.map(lambda f: run_family(f, Path(where), args.repeats, plans.get(f.name), probed.get(f.name)),
                              chosen))
