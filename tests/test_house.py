@@ -1,11 +1,15 @@
 """The house rules of docs/design.md ("Architecture", "Conventions"), checked on autofit's own source: the layers in
 the folders import only downwards and never in a circle, imports sit at the module top (but the heavy optional
 packages, imported where used so that ``import autofit`` stays light), no function over 60 lines, no module over
-500."""
+500, and no comment or docstring that narrates history (which work item measured what, and when: that lives in
+docs/results and in git)."""
 
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -173,3 +177,30 @@ def test_small_modules_and_functions(path: Path) -> None:
     long = [(node.name, node.end_lineno - (node.decorator_list[0].lineno if node.decorator_list else node.lineno) + 1)
             for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
     assert [(name, n) for name, n in long if n > MAX_FUNCTION_LINES] == []
+
+
+#: what narrates history rather than the code: a numbered work item ("issue 48", "stop 47") or a date. An upstream
+#: project's issue is cited by its own name and number (``pytorch/ao#685``, "Liger-Kernel issue #803"), which these
+#: leave alone, and so is a file named by date (``h200_2026-11-28_run2.json``: no word boundary before the year)
+HISTORY = re.compile(r"\bissue \d+|\bstop \d+|\b20\d\d-\d\d-\d\d\b", re.IGNORECASE)
+
+
+def _prose(source: str) -> Iterator[tuple[int, str]]:
+    """``(line, text)`` of each line of a module's comments and docstrings (any string that stands as a statement:
+    a module's, class's or function's docstring, or an attribute's below it)."""
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for offset, line in enumerate(ast.get_source_segment(source, node).splitlines()):
+                yield node.lineno + offset, line
+
+
+def test_no_comment_or_docstring_narrates_history() -> None:
+    """Comments and docstrings say what the code is and why; which work item measured what, and when, is for
+    docs/results and git."""
+    found = sorted(f"{path.relative_to(PACKAGE.parent)}:{line}: {match.group(0)!r} in {text.strip()!r}"
+                   for path in MODULES.values() for line, text in _prose(path.read_text())
+                   if (match := HISTORY.search(text)))
+    assert found == []

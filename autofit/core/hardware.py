@@ -237,7 +237,7 @@ def node_hardware(records: list[DeviceRecord]) -> Hardware | None:
         return None
     key, preset = base
     hardware = replace(preset, name=f"{key} ({first.name})", memory_bytes=first.memory_bytes)
-    # a lone device's links are moot (it has no peer; a lent SXM H100 shows none active): PCIe where its name says so
+    # a lone device's links are moot (it has no peer; a lone SXM H100 shows none active): PCIe where its name says so
     if not first.nvlink and "pcie" not in key and (len(records) > 1 or "pcie" in first.name.lower()):
         hardware = replace(hardware, name=f"{key} PCIe ({first.name})", intra_node_bytes_per_s=preset.pcie_bytes_per_s)
     return replace(hardware, devices_per_node=len(records))

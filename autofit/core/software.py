@@ -214,7 +214,7 @@ def uses_torch_adam(optimizer: str, offload_optimizer: str, device_kind: str, so
 def ops_needed(configs: list[tuple[str, str, str]], device_kind: str, software: Software) -> tuple[str, ...]:
     """The DeepSpeed ops that ``(optimizer, offload_optimizer, offload_params)`` configs load, sorted."""
     # on the CPU accelerator DeepSpeed's comm backend builds its shared-memory op at start
-    # (deepspeed/comm/torch.py, build_shm_op): measured, 421 s of a probe's initialize here when unbuilt
+    # (deepspeed/comm/torch.py, build_shm_op): unbuilt, it took 421 s of a measured probe's initialize
     ops: set[str] = {"deepspeed_shm_comm"} if device_kind == "cpu" else set()
     for optimizer, offload_optimizer, offload_params in configs:
         op = optimizer_op(optimizer, offload_optimizer, device_kind)

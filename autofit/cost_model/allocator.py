@@ -1,6 +1,6 @@
 """PyTorch's CUDA caching allocator, one device and one stream, simulated from its source.
 
-What the allocator reserves beyond the live tensors (issue 48, item 1) follows from the order of the requests and
+What the allocator reserves beyond the live tensors follows from the order of the requests and
 a handful of rules, all in ``DeviceCachingAllocator`` of c10/cuda/CUDACachingAllocator.cpp (read at pytorch/pytorch
 001074d2; later versions name the oversize rounding limit ``max_non_split_rounding_size``, default ``kLargeBuffer``,
 the constant before; PyTorch 2.11's own histories replay to the byte, docs/results/allocator.md).

@@ -28,8 +28,9 @@ UNANCHORED_STEP_EFFICIENCY = min(p.step_efficiency for p in PRESETS.values() if 
 
 #: the most achieved / datasheet FLOP/s a fitted efficiency may reach. Above 1 the datasheet undersells the
 #: device: a CPU's nominal FLOP/s (:func:`autofit.machine.device.detect_cpu`) counts AVX2 FMAs, 32 fp32 FLOP a cycle,
-#: where AVX-512 does twice that and AVX-512-BF16 or AMX far more in bf16. Measured on this project's CPU
-#: (avx512_bf16; the Qwen2-shaped 57 M-parameter LM, eager attention): fp32 at ~0.9 of nominal, bf16 at ~2.3.
+#: where AVX-512 does twice that and AVX-512-BF16 or AMX far more in bf16. Measured on an avx512_bf16
+#: CPU (the Qwen2-shaped 57 M-parameter LM, eager attention; docs/results/search.md): fp32 at ~0.9 of nominal,
+#: bf16 at ~2.3.
 MAX_EFFICIENCY = 16.0
 
 
@@ -156,12 +157,10 @@ class Coefficients:
             # fp32 and bf16): measured peak less the priced tensors less the model's measured kernel footprint
             # (beyond initialize, checkpointed where the row checkpoints: autofit.probe.footprint), 9.4-15.3 MiB but
             # one ZeRO-3 row at 5.9, median 12.3: the build's and initialize's own (9-10 MiB, runtime_at_init_bytes),
-            # the step's: DeepSpeed's engine, the optimizer's kernels, allocator arenas. (Against footprints from a
-            # bare process, never checkpointed, older measurements of the same rows gave 12.2: the checkpointed rows'
-            # unwinder pages it absorbed and the double-counted pages it gave back roughly cancel in the median, but
-            # not row by row -- issue 39's small copies without checkpointing were 10-16% over, with it 0-6%)
-            # Re-checked at the probe's one-page mmap threshold and settled footprint (stop 47, beside the test
-            # suite): the same 18 rows -3.4% to +1.7% with it, so it stays.
+            # the step's: DeepSpeed's engine, the optimizer's kernels, allocator arenas. The footprint is taken
+            # beyond initialize and checkpointed where the row checkpoints so that this constant neither carries the
+            # checkpointed runs' unwinder pages nor counts the build's pages twice (docs/results/memory.md). At the
+            # probe's one-page mmap threshold and settled footprint the same 18 rows are predicted -3.4% to +1.7%.
             runtime_overhead_bytes=12 * MIB,
             # where the model's own is not measured: the examples' fp32 footprints (autofit.probe.footprint:
             # gpt 19.0, hf_bert 17.0, mlp 14.2 MiB), the median ...

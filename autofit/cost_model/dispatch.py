@@ -1,5 +1,6 @@
 """The host side of a CUDA step: what the CPU spends dispatching it, which bounds the step where the GPU's work is
-short (issue 48: on an H200, ZeRO-3 at micro-batch 1 of a 0.5 B model takes 0.5 s a step for 4 ms of matmuls).
+short (on an H200, ZeRO-3 at micro-batch 1 of a 0.5 B model takes 0.5 s a step for 4 ms of matmuls;
+docs/results/gpu-truth.md).
 
 PyTorch runs eagerly: every op the step dispatches costs the host its Python, its dispatch and (most) a kernel
 launch before the GPU can run it, and the GPU never waits on work the host has not queued. So each phase takes the
@@ -115,10 +116,10 @@ def fit_host_constants(bench: Mapping[str, Any], ops_per_layer: float, source: s
                          optimizer_fixed_s=fixed, module_s=module, source=source)
 
 
-#: the one machine measured: the lent H200 machine of 16 cores (PyTorch 2.11+cu130, DeepSpeed 0.19.8), 2026-11-28,
-#: ``benchmarks/results/gpu_check/h200_2026-11-28_run2.json`` (steps.host.result), through :func:`fit_host_constants`
-#: with the 16 ops a layer of the benchmark dispatches (tests/cost_model/test_dispatch.py derives both again). The
-#: H100 machine's CPU was not measured: these constants stand for every CUDA machine until one is.
+#: the benchmark's run on an H200 machine of 16 CPU cores (PyTorch 2.11+cu130, DeepSpeed 0.19.8), the results file
+#: ``source`` names (steps.host.result), through :func:`fit_host_constants` with the 16 ops a layer of the benchmark
+#: dispatches (tests/cost_model/test_dispatch.py derives both again; docs/results/gpu-truth.md). No other machine's
+#: CPU is measured: these constants stand for every CUDA machine until one is.
 MEASURED_H200_MACHINE = HostConstants(
     op_s=8.278e-06,
     backward_tensor_s={0: 1.399e-05, 1: 2.857e-04, 2: 4.661e-04, 3: 0.0},

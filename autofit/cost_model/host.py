@@ -38,8 +38,8 @@ from autofit.cost_model.states import FP32, optimizer_state_bytes
 from autofit.ds.swap_buffers import optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 
 #: host RSS of one CUDA training rank before any model: Python, torch, DeepSpeed and the CUDA
-#: runtime's host-side libraries. An assumption, not measured here (no GPU in the session that wrote
-#: it); a CPU process with torch and DeepSpeed imported measured 245 MiB.
+#: runtime's host-side libraries. An assumed figure, not one measured on a GPU machine; a CPU process
+#: with torch and DeepSpeed imported holds 245 MiB.
 HOST_RUNTIME_BYTES = 2 * 2**30
 
 

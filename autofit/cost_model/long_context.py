@@ -1,5 +1,5 @@
 """What the long-context keys do to a step's memory and time: Ulysses sequence parallelism, TiledMLP, the tiled
-logits and loss, and checkpointed inputs offloaded to the host (issue 38). Pure, no torch.
+logits and loss, and checkpointed inputs offloaded to the host. Pure, no torch.
 
 Shapes come from the model's facts (:class:`autofit.cost_model.facts.ModelFacts`: ``seq_len`` s, ``hidden_size`` h,
 ``intermediate_size`` i, ``vocab_size`` V, ``kv_width`` = kv heads x head dim, the MLP's saved tensors), the

@@ -24,7 +24,7 @@ own family and fades with the same kernel elsewhere: ``scale(c) >= 1 + (q - 1) *
 Why a kernel and not per-term corrections fitted over the breakdown: a probe gives one number (the
 peak), and the breakdown's parts move together with the micro-batch; a regression over five parts
 from a handful of peaks is under-determined, while "near configs miss alike" needs no more data than
-it has and reduces to the old global scale when every probe is of one family.
+it has and reduces to one global scale when every probe is of one family.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How sure an unprobed GPU plan is: the prior's error on every GPU row measured so far (issue 48).
+"""How sure an unprobed GPU plan is: the prior's error on every GPU row measured so far.
 
 ``benchmarks/gpu_truth.py`` prices every committed GPU row again (``benchmarks/results/gpu_truth.json``); its range of
 ``(predicted - measured) / measured`` is the band a plan that no probe has corrected can expect on a GPU. The peak's

@@ -96,8 +96,8 @@ def detect_cuda() -> Hardware | None:
 
 
 def with_this_host(hardware: Hardware) -> Hardware:
-    """``hardware`` (a preset matched to this node's GPUs) with this node's host memory, not the preset's: a
-    lent H100 machine has 128 GiB where the preset's DGX H100 has 2 TB, and offload and the host's builds are
+    """``hardware`` (a preset matched to this node's GPUs) with this node's host memory, not the preset's: an
+    H100 cloud node may have 128 GiB where the preset's DGX H100 has 2 TB, and offload and the host's builds are
     priced against it."""
     total = _meminfo_bytes("MemTotal")
     return replace(hardware, host_memory_bytes=total) if total else hardware

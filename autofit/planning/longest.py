@@ -1,5 +1,5 @@
 """``autofit estimate --seq-len max``: the longest sequence an ``hf:`` causal LM trains at on the device, with which
-config, by the cost model, and what each long-context technique buys (issue 38).
+config, by the cost model, and what each long-context technique buys.
 
 **Each length needs a trace; two are made.** The model is traced at two lengths ``s1 < s2`` (``s2`` the config's
 ``max_position_embeddings`` or :data:`TRACE_LENGTH`, whichever is smaller; ``s1 = s2 / 2``) and every traced number

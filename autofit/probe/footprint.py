@@ -5,8 +5,8 @@ peak holds, beside its tensors, every page of code and every kernel cache its op
 since the imports: libtorch's and oneDNN's code (a first convolution forward and backward maps
 ~10 MiB of it, a first fp32 matmul ~7), oneDNN's JIT kernels and primitives (a 16-bit matmul of a
 new shape ~1.7 MiB, up to the primitive cache's capacity), the allocator's arenas. Which pages,
-and how many, depends on the model's operators, not on the config's tensors: measured here on this
-project's CPU, 15.4 MiB (a residual MLP) to 24.1 MiB (a ResNet) in fp32, 19.9 to 36.0 MiB (a ViT)
+and how many, depends on the model's operators, not on the config's tensors: measured on an avx512_bf16
+CPU, 15.4 MiB (a residual MLP) to 24.1 MiB (a ResNet) in fp32, 19.9 to 36.0 MiB (a ViT)
 in bf16, over eight architectures. No count of the traced operators predicted it, and the trace
 runs on fake tensors, which touch no kernel.
 

@@ -1,8 +1,8 @@
 """DeepSpeed's compiled ops, built or loaded once before the first probe: ``python -m autofit.probe.ops OP ...``.
 
 DeepSpeed JIT-builds an optimizer's op (FusedAdam, CPU Adam/Lion, async I/O) inside the first
-``deepspeed.initialize`` that needs it: on a 2-core CPU the first probe spent 64 of its 69 s
-building ``fused_adam`` (issue 11), and its timeout had to allow for it. :func:`prepare_ops` does it
+``deepspeed.initialize`` that needs it: on a 2-core CPU building ``fused_adam`` takes 64 s of a first
+probe's 69, time the probe's timeout would otherwise have to allow for. :func:`prepare_ops` does it
 up front, as its own step: it clears the build locks a killed build left behind, then loads every op
 the candidates need (:func:`autofit.core.software.ops_needed`) in one subprocess, through the
 accelerator's own builders (``get_accelerator().create_op_builder(...).load()``), so the probes

@@ -1,4 +1,4 @@
-"""What a command writes, checked before it starts and written all or nothing (issue 40).
+"""What a command writes, checked before it starts and written all or nothing.
 
 ``--out`` must be a regular file or absent, in a folder that can be written; ``--report`` absent, empty, or a
 report autofit wrote before (it carries :data:`REPORT_MARKER`). Both are checked before anything is traced

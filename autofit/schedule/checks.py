@@ -82,7 +82,7 @@ def detected_devices() -> list[tuple[str, int]]:
 
 def entry_roots(flags: Sequence[str] = (), environ: dict[str, str] | None = None) -> tuple[Path, ...] | None:
     """The folders a worker imports entry points from: ``--entry-root`` flags and ``AUTOFIT_ENTRY_ROOTS``
-    (``os.pathsep``-separated), resolved; None when neither names one (every entry is imported, as before). A root
+    (``os.pathsep``-separated), resolved; None when neither names one (every entry may be imported). A root
     that is not an existing folder (a typo would give every search back) is an :class:`AutofitError`."""
     listed = [*flags, *(environ if environ is not None else os.environ).get(ENTRY_ROOTS_ENV, "").split(os.pathsep)]
     roots = tuple(dict.fromkeys(_entry_root(p.strip()) for p in listed if p.strip()))

@@ -1,4 +1,4 @@
-"""Whether the trace cache may be believed (issue 40): a cache folder is private to its user unless shared on
+"""Whether the trace cache may be believed: a cache folder is private to its user unless shared on
 purpose. As ssh's ``StrictModes`` and git's ``safe.directory`` do, a folder owned by someone else, or one that
 others can write, is not read: anyone who can read the model can compute its key (:mod:`autofit.trace.cache`),
 so a key is no authentication. Such a folder is ignored with one line on stderr (the trace runs again, nothing is

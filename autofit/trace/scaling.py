@@ -4,7 +4,7 @@ Pure (no torch): :mod:`autofit.trace.layers` cuts the model and records the trac
 extrapolates them.
 
 Why: a forward+backward on fake tensors costs time in proportion to the layers it runs (LLaMA-2-70B,
-80 layers at sequence 4096: 77 s per trace on this machine, and a space needs a dozen traces). When the
+80 layers at sequence 4096: 77 s per trace on a 2-core CPU, and a space needs a dozen traces). When the
 repeated layers are alike (one class, the same parameter shapes and settings), a point of the cut
 model's step holds the same bytes as the matching point of the whole model's step, except for what
 the other layers hold at that moment: the activations saved by the layers before it and, in backward,

@@ -251,13 +251,13 @@ def is_outlier(record: TrialRecord, records: list[TrialRecord], factor: float,
                predicted_samples: Callable[[Config], float] | None = None) -> bool:
     """A throughput far from its prediction *and* from what its measured neighbours say of the model: its
     measured / predicted samples/s differs from the median of the other search probes' by more than
-    ``factor`` either way (a probe that ran while the machine was busy, 7x slow, once moved the calibration
-    and the stop rule for the rest of a search). Needs two other probes to compare with.
+    ``factor`` either way (a probe run while the machine is busy, 7x slow, would move the calibration and
+    the stop rule for the rest of a search). Needs two other probes to compare with.
 
     ``predicted_samples``: the model the record was predicted with (the calibration before it), applied to the
     others too. Without it each probe's own stored prediction is used; those were made by the calibrations of
-    their time, and an uncalibrated first probe 2.4x off then made every well-predicted later probe look 2x off
-    (a Qwen2 search re-measured two probes that ran as predicted)."""
+    their time, so an uncalibrated first probe 2.4x off makes every well-predicted later probe look 2x off (and
+    the search would probe again configs that ran as predicted)."""
     def ratio(r: TrialRecord) -> float:
         stored = r.predicted.samples_per_s if r.predicted is not None else 0.0
         predicted = stored if predicted_samples is None or r is record else predicted_samples(r.config)

@@ -36,8 +36,8 @@ class SearchSettings:
     """Seconds one probe may take for start-up and its steps, before the allowance for slow steps below."""
     probe_seconds: float = 60.0
     """Seconds of timed steps one probe aims for: a config predicted slower than ``probe_seconds / probe_steps``
-    a step gets fewer timed steps (a 57 M-parameter model at 8 micro-batches a step was predicted 19 s a step
-    on this project's CPU: five of them and a warm-up overran the 300 s timeout under load) ..."""
+    a step gets fewer timed steps (a 57 M-parameter model at 8 micro-batches a step is predicted at 19 s a step
+    on a 2-core CPU: five such steps and a warm-up overrun the 300 s timeout under load) ..."""
     min_timed_steps: int = 2
     """... but never fewer than this."""
     timeout_slack: float = 3.0
@@ -64,8 +64,8 @@ class SearchSettings:
     contenders: int = 3
     """Configs verified together: the best measured and up to two close runners-up."""
     contender_within: float = 0.20
-    """A runner-up measured within this of the best is verified too: two probes of one config on this
-    project's shared 2-core machine differed by up to ~25 % (ViT, 5 runs; ResNet mb1x4 SGD 25.1 then 19.8
+    """A runner-up measured within this of the best is verified too: two probes of one config on a
+    shared 2-core machine differ by up to ~25 % (ViT, 5 runs; ResNet mb1x4 SGD 25.1 then 19.8
     samples/s within one search), so one probe cannot separate them."""
 
     def __post_init__(self) -> None:

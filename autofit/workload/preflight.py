@@ -59,7 +59,7 @@ def check_entry_loads(entry: str, timeout_s: float) -> None:
     if not runs_user_code(entry) or not hasattr(os, "fork"):
         return
     # autofit's own dependencies, which every entry imports and the plan needs next: imported once, before the
-    # fork, not in the child and again here (torch alone takes 2-4 s on the 2-core development machine)
+    # fork, not in the child and again here (torch alone takes 2-4 s on a 2-core machine, docs/results/hostile.md)
     import torch  # noqa: F401
 
     if entry.startswith("hf:"):
