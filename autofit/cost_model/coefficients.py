@@ -118,7 +118,8 @@ class Coefficients:
         measured), the kernels that do no matmul at :data:`ACHIEVED_BANDWIDTH` of the memory bandwidth, both
         times the share of that roofline a whole training step reaches on the device
         (:attr:`Hardware.step_efficiency`, from one published run; :data:`UNANCHORED_STEP_EFFICIENCY` where none),
-        and the host's dispatch where it is slower (:mod:`autofit.cost_model.dispatch`). The two sides differ across generations: an H100 has 3.2x an
+        and the host's dispatch where it is slower (:mod:`autofit.cost_model.dispatch`).
+        The two sides differ across generations: an H100 has 3.2x an
         A100's bf16 FLOP/s but 1.6x its bandwidth, so the same model spends a larger share of its step in
         memory-bound kernels there (the lower MFU its published runs report).
         CPU: MKL/oneDNN reach ~35% of nominal fp32 on large matmuls, everything else folded in; bf16 is given

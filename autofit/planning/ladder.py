@@ -45,8 +45,8 @@ from autofit.machine.software import detect_software
 from autofit.planning.plan import Plan
 from autofit.probe.ops import prepare_ops
 from autofit.probe.run import run_probe
-from autofit.probe.warm import WarmParent
 from autofit.probe.spec import probe_spec
+from autofit.probe.warm import WarmParent
 from autofit.workload.types import Workload
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from autofit.core.config import Config
 from autofit.cost_model.dispatch import MEASURED_H200_MACHINE, fit_host_constants, host_step_time
 from autofit.planning.target import Target, prepare
 from autofit.trace.step import trace_step
-from autofit.trace.traffic import _moves_nothing, _is_matmul
+from autofit.trace.traffic import _is_matmul, _moves_nothing
 from autofit.workload.entry import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
