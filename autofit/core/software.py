@@ -9,7 +9,7 @@ read from the file its ``setup.py`` writes (``deepspeed/git_version_info_install
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -211,7 +211,7 @@ def uses_torch_adam(optimizer: str, offload_optimizer: str, device_kind: str, so
     return device_kind == "cuda" and op == "fused_adam" and not software.can_load_op(op)
 
 
-def ops_needed(configs: list[tuple[str, str, str]], device_kind: str, software: Software) -> tuple[str, ...]:
+def ops_needed(configs: Sequence[tuple[str, str, str]], device_kind: str, software: Software) -> tuple[str, ...]:
     """The DeepSpeed ops that ``(optimizer, offload_optimizer, offload_params)`` configs load, sorted."""
     # on the CPU accelerator DeepSpeed's comm backend builds its shared-memory op at start
     # (deepspeed/comm/torch.py, build_shm_op): unbuilt, it took 421 s of a measured probe's initialize

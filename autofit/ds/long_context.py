@@ -167,7 +167,7 @@ def causal_lm_loss(engine: Any, shard: Mapping[str, Any], ds: Mapping[str, Any],
     inputs = {key: shard[key] for key in ("input_ids", "position_ids", "labels", "shift_labels") if key in shard}
     loss = engine(**inputs, use_cache=False).loss
     rank, sp = sp_rank_and_size(mpu)
-    if sp == 1:
+    if sp == 1 or mpu is None:
         return loss
     import torch
     from torch.distributed.nn.functional import all_gather

@@ -313,7 +313,7 @@ def prepare(target: Target, workload: Workload | None = None, *, probes_here: bo
     ``probes_here``: the command runs its probes on this machine (``autofit probe``, ``run``, ``ladder --measure``):
     without ``--hosts`` they are judged by this machine's software, whatever the hardware."""
 
-    if target.seq_len == "max":
+    if isinstance(target.seq_len, str):  # "max", the one word a length takes
         raise AutofitError("--seq-len max is a question autofit estimate answers (the longest sequence that fits); "
                            "give the other commands a length")
     if target.entry is not None:  # the hf: options travel inside the entry string, to the probes too

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -230,7 +230,7 @@ def _mark_oom_kills(outcomes: list[RankOutcome], oom_kills_before: int | None) -
     return outcomes
 
 
-def wait_for_ranks(procs: list[RankProcess], deadline: float,
+def wait_for_ranks(procs: Sequence[RankProcess], deadline: float,
                    failed: Callable[[int, int | None], bool]) -> bool:
     """Wait until every rank exits; once ``failed(rank, returncode)`` says one has, its peers get
     :data:`FAILURE_GRACE_S` (they would wait forever in a collective). True when the deadline passed."""
