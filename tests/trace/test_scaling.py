@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -256,6 +257,33 @@ def test_attention_only_checkpointing_extrapolates_from_two_and_three_layers() -
                                                                         "attention")
 
 
+def _hf_lm(build: Callable[..., nn.Module], name: str) -> Workload:
+    """A 12-layer causal LM of ``build(attention)`` on 32-token batches of a 256-word vocabulary, eager attention."""
+
+    def batch(n: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 256, (n, 32))
+        return {"input_ids": ids, "labels": ids}
+
+    return Workload(model=build, batch=batch, name=name, attention_kernels=("eager",))
+
+
+def _assert_cut_traces_match_the_whole(workload: Workload, middle_within: float) -> None:
+    """The 12-layer ``workload`` traced cut (bf16, eager; no, half and every layer checkpointed) against its whole
+    trace: the same FLOPs; peaks within 2 % with none or every layer checkpointed and within ``middle_within`` at the
+    middle ratio, never below the whole trace's but where every layer is checkpointed."""
+    facts = trace_workload(workload, precisions=("bf16",), attentions=("eager",), checkpoint_ratios=(0.0, 0.5, 1.0))
+    assert facts.trace_mode == "fake-scaled"
+    whole = _Tracer(cut_workload(workload, 12), model_structure(workload), cut_layers=12)
+    for key, ratio in (("bf16/eager/full", 0.0), ("bf16/eager/ckpt", 1.0), ("bf16/eager/ckpt6", 0.5)):
+        for got, want in zip(facts.profiles[key].points, whole.points("bf16", "eager", ratio, TRACE_MICRO_BATCHES),
+                             strict=True):
+            assert got.flops == want.flops, key
+            for field in ("peak_with_grads_bytes", "peak_without_grads_bytes"):
+                within = middle_within if 0.0 < ratio < 1.0 else 0.02
+                assert getattr(got, field) == pytest.approx(getattr(want, field), rel=within), (key, field)
+                assert getattr(got, field) >= getattr(want, field) * 0.995 or ratio == 1.0, (key, field)
+
+
 def test_alternating_layers_are_traced_cut_a_period_at_a_time() -> None:
     """A 12-layer Gemma-2 (sliding-window and global attention in turn: the layers repeat every two) is traced cut to
     whole periods: without checkpointing its peaks are the whole trace's and its FLOPs exactly; checkpointed, within
@@ -269,23 +297,10 @@ def test_alternating_layers_are_traced_cut_a_period_at_a_time() -> None:
                                            sliding_window=8, max_position_embeddings=32, attn_implementation=attention)
         return transformers.Gemma2ForCausalLM(config)
 
-    def batch(n: int) -> dict[str, torch.Tensor]:
-        ids = torch.randint(0, 256, (n, 32))
-        return {"input_ids": ids, "labels": ids}
-
-    workload = Workload(model=build, batch=batch, name="gemma2-12", attention_kernels=("eager",))
+    workload = _hf_lm(build, "gemma2-12")
     with torch.device("meta"):
         assert layer_period(workload.repeated_layers(workload.build_model())) == 2
-    facts = trace_workload(workload, precisions=("bf16",), attentions=("eager",), checkpoint_ratios=(0.0, 0.5, 1.0))
-    assert facts.trace_mode == "fake-scaled"
-    whole = _Tracer(cut_workload(workload, 12), model_structure(workload), cut_layers=12)
-    for key, ratio in (("bf16/eager/full", 0.0), ("bf16/eager/ckpt", 1.0), ("bf16/eager/ckpt6", 0.5)):
-        for got, want in zip(facts.profiles[key].points, whole.points("bf16", "eager", ratio, TRACE_MICRO_BATCHES),
-                             strict=True):
-            assert got.flops == want.flops, key
-            for field in ("peak_with_grads_bytes", "peak_without_grads_bytes"):
-                assert getattr(got, field) == pytest.approx(getattr(want, field), rel=0.02), (key, field)
-                assert getattr(got, field) >= getattr(want, field) * 0.995 or ratio == 1.0, (key, field)
+    _assert_cut_traces_match_the_whole(workload, middle_within=0.02)
 
 
 def test_a_first_layer_of_its_own_is_kept_in_every_cut() -> None:
@@ -306,21 +321,7 @@ def test_a_first_layer_of_its_own_is_kept_in_every_cut() -> None:
             n_shared_experts=1, vocab_size=256, max_position_embeddings=32, attn_implementation=attention)
         return transformers.DeepseekV2ForCausalLM(config)
 
-    def batch(n: int) -> dict[str, torch.Tensor]:
-        ids = torch.randint(0, 256, (n, 32))
-        return {"input_ids": ids, "labels": ids}
-
-    workload = Workload(model=build, batch=batch, name="deepseek-v2-12", attention_kernels=("eager",))
+    workload = _hf_lm(build, "deepseek-v2-12")
     with torch.device("meta"):
         assert layer_pattern(workload.repeated_layers(workload.build_model())) == (1, 1)
-    facts = trace_workload(workload, precisions=("bf16",), attentions=("eager",), checkpoint_ratios=(0.0, 0.5, 1.0))
-    assert facts.trace_mode == "fake-scaled"
-    whole = _Tracer(cut_workload(workload, 12), model_structure(workload), cut_layers=12)
-    for key, ratio in (("bf16/eager/full", 0.0), ("bf16/eager/ckpt", 1.0), ("bf16/eager/ckpt6", 0.5)):
-        for got, want in zip(facts.profiles[key].points, whole.points("bf16", "eager", ratio, TRACE_MICRO_BATCHES),
-                             strict=True):
-            assert got.flops == want.flops, key
-            for field in ("peak_with_grads_bytes", "peak_without_grads_bytes"):
-                within = 0.15 if 0.0 < ratio < 1.0 else 0.02
-                assert getattr(got, field) == pytest.approx(getattr(want, field), rel=within), (key, field)
-                assert getattr(got, field) >= getattr(want, field) * 0.995 or ratio == 1.0, (key, field)
+    _assert_cut_traces_match_the_whole(workload, middle_within=0.15)
