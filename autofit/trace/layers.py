@@ -55,6 +55,10 @@ def layer_period(layers: list[Any]) -> int:
     return _period([(type(layer), _shapes(layer)) for layer in layers], [_settings(layer) for layer in layers])
 
 
+#: leading layers that may differ from the repeating rest (DeepSeek-V3's three dense layers)
+MAX_LAYER_PREFIX = 3
+
+
 def layer_pattern(layers: list[Any]) -> tuple[int, int]:
     """``(prefix, period)``: the fewest leading layers (at most :data:`MAX_LAYER_PREFIX`) after which the stack repeats
     every ``period`` layers (:func:`layer_period` of the rest). ``(0, p)`` where the whole stack repeats; ``(1, 1)``
@@ -66,10 +70,6 @@ def layer_pattern(layers: list[Any]) -> tuple[int, int]:
         if period := _period(signatures[prefix:], settings[prefix:]):
             return prefix, period
     return 0, 0
-
-
-#: leading layers that may differ from the repeating rest (DeepSeek-V3's three dense layers)
-MAX_LAYER_PREFIX = 3
 
 
 def _period(signatures: list[Any], settings: list[dict[tuple[str, str], Any]]) -> int:

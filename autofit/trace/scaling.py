@@ -41,13 +41,6 @@ from autofit.cost_model.facts import PeakPoint
 #: 14-layer LLaMA, sdpa and eager)
 CUT_LAYERS = {"full": (2, 3), "block": (4, 5), "attention": (2, 3)}
 
-
-def cut_groups(kind: str, period: int) -> tuple[int, int]:
-    """The two cuts traced for layers run as ``kind`` (a key of :data:`CUT_LAYERS`), in groups of ``period`` layers
-    (:func:`grouped_segments`): as deep as :data:`CUT_LAYERS` in layers, and at least two groups; a block-checkpointed
-    stack settles after a few layers, not a few groups (a 12-layer Gemma-2, period 2: within 2 % cut to 4 and 6)."""
-    small = max(2, -(-CUT_LAYERS[kind][0] // period))
-    return small, small + 1
 #: segments indexed by a layer, in step order
 LAYER_PHASES = ("f", "fa", "b", "ba")
 #: segments before the first layer's forward and before the last layer's backward
@@ -57,6 +50,14 @@ ADDITIVE = ("activation_bytes", "grad_bytes", "flops", "fp8_flops", "memory_boun
 
 Segment = tuple[str, int]
 """``(phase, layer index)``; index 0 for the edge phases."""
+
+
+def cut_groups(kind: str, period: int) -> tuple[int, int]:
+    """The two cuts traced for layers run as ``kind`` (a key of :data:`CUT_LAYERS`), in groups of ``period`` layers
+    (:func:`grouped_segments`): as deep as :data:`CUT_LAYERS` in layers, and at least two groups; a block-checkpointed
+    stack settles after a few layers, not a few groups (a 12-layer Gemma-2, period 2: within 2 % cut to 4 and 6)."""
+    small = max(2, -(-CUT_LAYERS[kind][0] // period))
+    return small, small + 1
 
 
 class CannotScale(ValueError):
