@@ -10,7 +10,7 @@ from its measurement). :func:`on_files` publishes the benchmarks' PNGs under ``r
 A marker that names an unknown renderer or a missing file fails the build (``mkdocs build --strict``
 or not): a table that cannot be made is an error, not an empty page.
 
-The renderers read the JSON the benchmarks write (benchmarks/memory_accuracy.py, search_regret.py,
+The renderers read the JSON the benchmarks write (benchmarks/accuracy/memory_accuracy.py, search_regret.py,
 deepspeed_estimators.py, compare_search.py, compare_memory.py, compare_scale.py) and call
 :meth:`autofit.core.config.Config.label` for a config's name; they compute no figure beyond the summary
 statistics the benchmarks print (median and worst absolute error, as ``memory_accuracy.summarize``).
@@ -64,7 +64,7 @@ def load(name: str) -> Any:
     return json.loads(path.read_text())
 
 
-# --- benchmarks/memory_accuracy.py --------------------------------------------------------------
+# --- benchmarks/accuracy/memory_accuracy.py --------------------------------------------------------------
 
 def _rows(data: list[Any]) -> list[dict[str, Any]]:
     return [row for d in data for row in (d["rows"] if isinstance(d, dict) else d)]
@@ -128,7 +128,7 @@ def memory_hf_twins(data: list[Any], options: dict[str, str]) -> str:
     return table(head, out, right=2)
 
 
-# --- benchmarks/search_regret.py ------------------------------------------------------------------
+# --- benchmarks/search/search_regret.py ------------------------------------------------------------------
 
 def regret(data: list[Any], options: dict[str, str]) -> str:
     """One row a budget: the oracle's best and the emitted config (median samples/s), regret, the search's cost."""
@@ -156,7 +156,7 @@ def regret_replay(data: list[Any], options: dict[str, str]) -> str:
     return table(head, out, right=len(head))
 
 
-# --- benchmarks/deepspeed_estimators.py ----------------------------------------------------------
+# --- benchmarks/peers/deepspeed_estimators.py ----------------------------------------------------------
 
 def deepspeed_estimators(data: list[Any], options: dict[str, str]) -> str:
     """autofit's model states and host memory against DeepSpeed's estimators, per GPU and per node."""
@@ -171,7 +171,7 @@ def deepspeed_estimators(data: list[Any], options: dict[str, str]) -> str:
     return table(head, out, right=1)
 
 
-# --- benchmarks/compare_search.py, compare_memory.py, compare_scale.py ---------------------------
+# --- benchmarks/peers/compare_search.py, compare_memory.py, compare_scale.py ---------------------------
 
 def compare_search(data: list[Any], options: dict[str, str]) -> str:
     """Each tool over the budgets: how often its pick fits, its throughput against the oracle's best."""

@@ -26,7 +26,7 @@ MAMF_SOURCE = ("https://github.com/stas00/ml-engineering/blob/master/compute/acc
                "#maximum-achievable-matmul-flops-comparison-table")
 #: where :attr:`Hardware.step_efficiency` comes from: one run per GPU, Llama-2-7B, sequence 4096, batch 2 a GPU, no
 #: checkpointing, PyTorch FSDP: 3,700 tokens/s a GPU on 128 A100 80GB, 7,500 on 96 H100 80GB (Table 1); over the
-#: prior at 1.0 (``python benchmarks/published_gpu.py --anchors``): A100 0.80, H100 0.63. Those two rows are left
+#: prior at 1.0 (``python -m benchmarks.accuracy.published_gpu --anchors``): A100 0.80, H100 0.63. Those two rows are left
 #: out of that benchmark's errors
 STEP_EFFICIENCY_SOURCE = "https://pytorch.org/blog/maximizing-training/"
 

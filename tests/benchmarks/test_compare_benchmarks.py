@@ -1,17 +1,11 @@
-"""The helpers of benchmarks/compare_*.py (no probe, no peer tool: those run in the benchmarks themselves)."""
+"""The helpers of benchmarks/peers/compare_*.py (no probe, no peer tool: those run in the benchmarks themselves)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import compare_common as cc  # noqa: E402
-import compare_scale  # noqa: E402
-import compare_search  # noqa: E402
+from benchmarks import common as cc
+from benchmarks.peers import compare_scale, compare_search
 
 
 @pytest.mark.parametrize(("found", "micro", "accum"), [(1, 1, 4), (2, 2, 2), (3, 2, 2), (4, 4, 1), (64, 4, 1), (0, 1, 4)])

@@ -1,4 +1,4 @@
-"""benchmarks/cuda_accuracy.py: on a machine without CUDA it says so in one line; its configs cover the grid."""
+"""benchmarks/accuracy/cuda_accuracy.py: on a machine without CUDA it says so in one line; its configs cover the grid."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ from autofit.core.software import Software
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import cuda_accuracy  # noqa: E402
+from benchmarks.accuracy import cuda_accuracy  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the benchmark would run")
 def test_without_cuda_it_exits_with_one_line():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cuda_accuracy.py"), "--quick"],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.accuracy.cuda_accuracy", "--quick"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 1
     assert done.stdout.strip().splitlines() == [

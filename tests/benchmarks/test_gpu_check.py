@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: the one-command GPU check, run as its dry run on the CPU (a tiny model, tiny limits):
+"""benchmarks/gpu/gpu_check.py: the one-command GPU check, run as its dry run on the CPU (a tiny model, tiny limits):
 every step is recorded in the JSON and the markdown, whatever became of it."""
 
 from __future__ import annotations
@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.gpu import gpu_check
 
-import gpu_check  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_the_dry_run_records_every_step_in_the_json_and_the_markdown(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--dry-run", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False)
     report = json.loads((out / "gpu_check.json").read_text())
     markdown = (out / "gpu_check.md").read_text()

@@ -1,6 +1,6 @@
 """Real probes with the long-context keys on the CPU (gloo, DS_ACCELERATOR=cpu): Ulysses SP = 2 on two ranks (world 2,
 data-parallel 1), TiledMLP and the tiled loss, each measuring a peak and a step like any other probe. How close the
-cost model's peak comes is benchmarks/long_context_cpu.py's question; these report it and assert only that it ran, but
+cost model's peak comes is benchmarks/long_context/long_context_cpu.py's question; these report it and assert only that it ran, but
 one: that two ZeRO-3 ranks hold the reduce bucket their JSON sets, as the cost model prices it.
 
 Every probe here takes the traced facts the estimate prices with (:func:`_facts`), so its DeepSpeed JSON has the

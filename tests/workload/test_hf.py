@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _memory_accuracy():  # noqa: ANN202
-    """benchmarks/memory_accuracy.py, whose HF_TWINS pairs each shipped config with its hand-written twin."""
+    """benchmarks/accuracy/memory_accuracy.py, whose HF_TWINS pairs each shipped config with its hand-written twin."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("memory_accuracy", ROOT / "benchmarks" / "memory_accuracy.py")
+    spec = importlib.util.spec_from_file_location("memory_accuracy", ROOT / "benchmarks" / "accuracy" / "memory_accuracy.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

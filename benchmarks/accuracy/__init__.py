@@ -1,0 +1,1 @@
+"""benchmarks/accuracy/: see benchmarks/README.md."""

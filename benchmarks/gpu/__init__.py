@@ -1,0 +1,1 @@
+"""benchmarks/gpu/: see benchmarks/README.md."""

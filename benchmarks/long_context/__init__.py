@@ -1,0 +1,1 @@
+"""benchmarks/long_context/: see benchmarks/README.md."""

@@ -1,0 +1,1 @@
+"""benchmarks/peers/: see benchmarks/README.md."""

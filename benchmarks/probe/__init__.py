@@ -1,0 +1,1 @@
+"""benchmarks/probe/: see benchmarks/README.md."""

@@ -1,0 +1,1 @@
+"""benchmarks/robustness/: see benchmarks/README.md."""

@@ -1,0 +1,1 @@
+"""benchmarks/search/: see benchmarks/README.md."""

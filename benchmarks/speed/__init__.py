@@ -1,0 +1,1 @@
+"""benchmarks/speed/: see benchmarks/README.md."""
