@@ -17,7 +17,6 @@ from autofit.core.software import Software
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.budget import DEFAULT_MARGIN, budget_dict, usable_bytes
 from autofit.cost_model.uncertainty import cuda_bands
-from autofit.ds.emit import deepspeed_config
 from autofit.planning.plan import Plan
 from autofit.workload.hf import entry_lengths
 
@@ -142,10 +141,7 @@ def estimate(plan: Plan) -> EstimateResult:
     recipe = plan.stated_recipe
     with paused_gc():  # thousands of candidates, none in a cycle (autofit/core/bulk.py)
         candidates = [
-            Candidate(config=config, prediction=prediction,
-                      deepspeed=deepspeed_config(config, plan.world_size, plan.hardware.kind, plan.software,
-                                                 recipe=recipe, largest_param_numel=plan.facts.largest_param_numel,
-                                                 hidden_size=plan.facts.hidden_size, has_attention=plan.kernels != ()))
+            Candidate(config=config, prediction=prediction, deepspeed=plan.deepspeed(config))
             for config, prediction in plan.price()
         ]
     return EstimateResult(

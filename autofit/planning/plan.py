@@ -29,6 +29,7 @@ from autofit.cost_model.budget import DEFAULT_MARGIN, check_margin, usable_bytes
 from autofit.cost_model.calibrate import Calibration
 from autofit.cost_model.facts import footprint_key
 from autofit.cost_model.states import optimizer_state_bytes
+from autofit.ds.emit import deepspeed_config
 from autofit.ds.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 from autofit.machine.software import detect_software
 from autofit.probe.footprint import footprints_for
@@ -154,6 +155,16 @@ class Plan:
     def stated_recipe(self) -> Recipe:
         """The recipe the plan was made for (:func:`default_recipe` where it was made by hand without one)."""
         return self.recipe if self.recipe is not None else default_recipe(self.hardware, self.fixed)
+
+    def deepspeed(self, config: Config) -> dict[str, Any]:
+        """The DeepSpeed JSON a user trains ``config`` (one of the candidates) with, as this plan has it: its world
+        size, device, software and :attr:`stated_recipe` (hyperparameters, what ``config`` changes of it), the ZeRO
+        buckets and NVMe swap buffers sized from its traced facts, no kernel named where the model has no attention
+        (:func:`autofit.ds.emit.deepspeed_config`). Every candidate's JSON in ``autofit estimate`` and the search's
+        winner are this one call."""
+        return deepspeed_config(config, self.world_size, self.hardware.kind, self.software, recipe=self.stated_recipe,
+                                largest_param_numel=self.facts.largest_param_numel, hidden_size=self.facts.hidden_size,
+                                has_attention=self.kernels != ())
 
     @property
     def usable_bytes(self) -> int:

@@ -32,7 +32,7 @@ from autofit.core.errors import AutofitError, NothingFits
 from autofit.core.software import ops_needed
 from autofit.core.storage_url import redact_url
 from autofit.cost_model.calibrate import Calibration, calibrate
-from autofit.ds.emit import check_with_deepspeed, deepspeed_config, write_json_atomic
+from autofit.ds.emit import check_with_deepspeed, write_json_atomic
 from autofit.planning.plan import Plan
 from autofit.probe.ops import prepare_ops
 from autofit.probe.rank.steps import most_steps, usual_steps
@@ -292,9 +292,7 @@ def run_search(
         raise NothingFits(
             nothing_fits(search.records, search.usable, search.calibration, plan.hardware, settings.margin)
         )
-    ds = deepspeed_config(winner.config, plan.world_size, plan.hardware.kind, plan.software, recipe=plan.stated_recipe,
-                          largest_param_numel=plan.facts.largest_param_numel,
-                          hidden_size=plan.facts.hidden_size, has_attention=plan.kernels != ())
+    ds = plan.deepspeed(winner.config)
     check_with_deepspeed(ds)
     written = str(out_path) if out_path is not None else None
     result = search.result(winner, ds, stop_reason, storage, study_name, written, time.monotonic() - started)
