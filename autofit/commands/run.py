@@ -107,7 +107,8 @@ def write_search_report(setup: Setup, result: SearchResult, report: PathLike, *,
 def _report_ladder(setup: Setup, result: SearchResult, say: Callable[[str], None]) -> Ladder | None:
     """The ladder that ends the report, or None (said) where it cannot be made: the winner is written."""
     try:
-        return search_ladder(setup.entry_point, setup.loaded_workload, result, setup.fixed)
+        return search_ladder(setup.entry_point, setup.loaded_workload, result, setup.fixed, recipe=setup.recipe,
+                             software=setup.software)
     except AutofitError as exc:
         say(f"autofit: the report has no ladder: {exc}")
         return None

@@ -274,6 +274,9 @@ class Ladder:
     :func:`autofit.probe.spec.probe_spec`)."""
     margin: float = DEFAULT_MARGIN
     """The safety margin the rungs' ``fits`` was judged with: predicted within :attr:`usable_bytes`."""
+    recipe: Recipe | None = None
+    """The user's recipe each row's ``differs`` compares with (the plan's :attr:`~autofit.planning.plan.Plan.stated_recipe`);
+    None: a ladder made by hand."""
 
     @property
     def usable_bytes(self) -> int:
@@ -307,7 +310,8 @@ def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
         for i, (rung, config) in enumerate(zip(ladder, rung_configs(base, ladder), strict=True))
     )
     return Ladder(name=plan.name, n_params=plan.facts.n_params, hardware=plan.hardware, world_size=plan.world_size,
-                  global_batch=first.samples_per_step(plan.world_size), rows=rows, facts=plan.facts, margin=plan.margin)
+                  global_batch=first.samples_per_step(plan.world_size), rows=rows, facts=plan.facts, margin=plan.margin,
+                  recipe=recipe)
 
 
 def _quiet(line: str) -> None:
@@ -367,14 +371,6 @@ def run_ladder(setup: Setup, *, measure: bool = False, steps: int = 3, timeout_s
     return ladder
 
 
-def recipe_of(result: SearchResult) -> Recipe | None:
-    """The recipe a search's winner JSON was written for (its ``autofit`` section), None where it has none."""
-    stated = result.deepspeed.get("autofit", {}).get("recipe")
-    if not isinstance(stated, dict):
-        return None
-    return Recipe.from_dict(stated)
-
-
 def rule_reason(config: Config, rejected: tuple[tuple[dict[str, Any], str], ...]) -> str | None:
     """The reason of the first rule rejection whose partial config ``config`` matches, else None."""
     values = config.to_dict()
@@ -384,14 +380,17 @@ def rule_reason(config: Config, rejected: tuple[tuple[dict[str, Any], str], ...]
     return None
 
 
-def search_ladder(entry: str, workload: Workload, result: SearchResult, fixed: dict[str, Any]) -> Ladder:
+def search_ladder(entry: str, workload: Workload, result: SearchResult, fixed: dict[str, Any], *, recipe: Recipe,
+                  software: Software) -> Ladder:
     """The ladder that ends ``autofit run``'s report: the search's device, world size, global batch and the
     winner's micro-batch and accumulation (so the rungs differ from the winner only in the techniques), priced
-    with the search's calibration; the search's trace is reused where it covers the rungs."""
+    with the search's calibration; the search's trace is reused where it covers the rungs. ``recipe`` and
+    ``software`` are the search's own (its :class:`autofit.planning.target.Setup`'s): what the rows are compared
+    with and what the rules judge by."""
     winner = result.config
     kept = {key: value for key, value in fixed.items() if key not in LADDER_KEYS}
     kept |= {"micro_batch_size": winner.micro_batch_size, "grad_accum_steps": winner.grad_accum_steps}
     plan = ladder_plan(entry, workload, result.hardware, world_size=result.world_size,
                        global_batch=winner.samples_per_step(result.world_size), fixed=kept, facts=result.facts,
-                       recipe=recipe_of(result), margin=result.margin)
+                       software=software, recipe=recipe, margin=result.margin)
     return price_ladder(plan, result.calibration)

@@ -14,7 +14,7 @@ from autofit.core.recipe import differences
 from autofit.core.units import format_bytes
 from autofit.cost_model.budget import budget_text
 from autofit.cost_model.prediction import PredictionRecord
-from autofit.planning.ladder import Ladder, LadderRow, recipe_label, recipe_of
+from autofit.planning.ladder import Ladder, LadderRow, recipe_label
 from autofit.report.plots import pyplot
 
 if TYPE_CHECKING:
@@ -88,10 +88,10 @@ def search_ladder(ladder: Ladder, result: SearchResult) -> Ladder:
     return ladder.with_measured({row.index: probed[row.config] for row in ladder.rows if row.config in probed})
 
 
-def winner_recipe_label(result: SearchResult) -> str:
-    """The winner's ``vs recipe`` cell, as the rungs' (:func:`autofit.planning.ladder.recipe_label`) against the recipe its
-    JSON was written for; ``-`` where the JSON states none."""
-    recipe = recipe_of(result)
+def winner_recipe_label(ladder: Ladder, result: SearchResult) -> str:
+    """The winner's ``vs recipe`` cell, as the rungs' (:func:`autofit.planning.ladder.recipe_label`) against the
+    recipe the rungs are compared with (the search's); ``-`` for a ladder made without one."""
+    recipe = ladder.recipe
     return "-" if recipe is None else recipe_label(differences(recipe, result.config))
 
 
@@ -102,7 +102,7 @@ def ladder_section(ladder: Ladder, result: SearchResult) -> tuple[str, str, list
     if not any(row.measured for row in ladder.rows):
         rows = [cells + _measured_cells(None) for cells in rows]
     predicted = result.predicted
-    rows.append(["*", "winner", "the search's verified pick", result.config.label(), winner_recipe_label(result),
+    rows.append(["*", "winner", "the search's verified pick", result.config.label(), winner_recipe_label(ladder, result),
                  format_bytes(predicted.peak_bytes), f"{predicted.samples_per_s:.3g}", "yes",
                  "", *_measured_cells(result.measured.to_json())])
     text = (f"The build-along table of memory techniques for this model: {ladder_title(ladder)}. Each rung adds one "

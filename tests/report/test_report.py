@@ -10,6 +10,8 @@ from toy_facts import CONFIGS, CPU, FACTS, MIB, PRIOR
 from autofit.cost_model import predict
 from autofit.cost_model.calibrate import Calibration
 from autofit.ds.emit import deepspeed_config
+from autofit.machine.software import detect_software
+from autofit.planning.plan import default_recipe
 from autofit.probe.result import ProbeResult
 from autofit.report.folder import report_sections, write_report
 from autofit.tuner.records import SearchResult, TrialRecord
@@ -93,7 +95,8 @@ def test_the_report_ends_with_the_ladder_and_the_winners_place_in_it(tmp_path: P
 
     result = _result(tmp_path)
     # the toy facts cover fp32 and bf16, checkpointed and not, footprints measured: the ladder reuses them (no trace)
-    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {})
+    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {},
+                           recipe=default_recipe(CPU), software=detect_software())
     assert ladder.rows[0].config.micro_batch_size == result.config.micro_batch_size
     index = write_report(result, tmp_path / "report", ladder=ladder)
     assert (tmp_path / "report" / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -114,7 +117,8 @@ def test_the_winners_place_names_its_rung_or_how_it_differs(tmp_path: Path) -> N
     from autofit.workload.types import Workload
 
     result = _result(tmp_path)
-    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {})
+    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {},
+                           recipe=default_recipe(CPU), software=detect_software())
     rung = ladder.rows[2]
     assert winner_place(ladder, rung.config, 1.0) == f"The winner is rung 2 ({rung.rung.name}) of the ladder."
     other = rung.config.with_(optimizer="sgd")
@@ -130,10 +134,11 @@ def test_every_row_of_the_ladder_table_has_a_cell_for_each_column(tmp_path: Path
     from autofit.workload.types import Workload
 
     result = _result(tmp_path)
-    # the winner's JSON as a user gets it: written for a recipe, whose differences the "vs recipe" column shows
+    # the search's recipe, whose differences the "vs recipe" column shows (the winner's JSON is written for it)
     recipe = Recipe("sgd", result.config.precision)
     result = replace(result, deepspeed=deepspeed_config(result.config, 1, "cpu", recipe=recipe))
-    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {})
+    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {}, recipe=recipe,
+                           software=detect_software())
     _, _, header, rows = ladder_section(ladder, result)
     assert [len(cells) for cells in rows] == [len(header)] * (len(ladder.rows) + 1)
     winner = dict(zip(header, rows[-1], strict=True))
