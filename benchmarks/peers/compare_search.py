@@ -36,7 +36,7 @@ from autofit.core.config import Config
 from autofit.machine.device import get_hardware
 from benchmarks import common as cc
 from benchmarks.peers import compare_search_peers as peers
-from benchmarks.search.search_regret import GLOBAL_BATCH, MARGIN, MODELS, _configs, _k, _oracle, budgets
+from benchmarks.search.oracle import GLOBAL_BATCH, MARGIN, MODELS, budgets, candidate_configs, config_key, run_oracle
 
 TOOLS = ("autofit", "autofit (replay)", "Lightning power", "Lightning binsearch", "DeepSpeed autotuner")
 
@@ -97,11 +97,11 @@ def score(pick: dict[str, Any], oracle: dict[str, Any], best: float, budget: int
 
 def model_rows(model: str, cache: cc.JsonCache, autotune: bool, work: Path) -> list[dict[str, Any]]:
     host = get_hardware("cpu")
-    configs = _configs(MODELS[model], host)
-    points, oracle_s = _oracle(model, MODELS[model], configs, host, cc.RESULTS / "oracle")
+    configs = candidate_configs(MODELS[model], host)
+    points, oracle_s = run_oracle(model, MODELS[model], configs, host, cc.RESULTS / "oracle")
     by_label = {p.config.label(): {"status": p.status, "peak_bytes": p.peak_bytes, "samples_per_s": p.samples_per_s}
                 for p in points}
-    assert len(by_label) == len({_k(p.config) for p in points})  # labels name configs one to one here
+    assert len(by_label) == len({config_key(p.config) for p in points})  # labels name configs one to one here
     key = f"autotuner {model}"
     # --no-autotuner still shows a cached run: it only refuses to start one
     autotuner = cache.get_or_compute(key, lambda: peers.run_autotuner(model, work / model)) if autotune else cache.data.get(key)

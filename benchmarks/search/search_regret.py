@@ -49,63 +49,34 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 from autofit.core.config import Config  # noqa: E402
 from autofit.core.errors import AutofitError  # noqa: E402
-from autofit.core.space import enumerate_candidates, load_space, space_from_dict  # noqa: E402
-from autofit.ds.emit import write_json_atomic  # noqa: E402
 from autofit.machine.device import get_hardware  # noqa: E402
-from autofit.machine.software import detect_software  # noqa: E402
 from autofit.planning.plan import Plan  # noqa: E402
 from autofit.probe.result import ProbeResult  # noqa: E402
-from autofit.probe.run import run_probe  # noqa: E402
-from autofit.probe.spec import probe_spec  # noqa: E402
 from autofit.tuner import Prober, SearchSettings, run_search  # noqa: E402
 from autofit.workload.entry import load_workload  # noqa: E402
+from benchmarks.search.oracle import (  # noqa: E402
+    FP32,
+    GLOBAL_BATCH,
+    MARGIN,
+    MODELS,
+    SCENARIOS,
+    STEPS,
+    Scenario,
+    budgets,
+    candidate_configs,
+    config_key,
+    probe_config,
+    regret_space,
+    run_oracle,
+)
 
-MODELS = {
-    "gpt": "examples/gpt.py:workload",
-    "vit": "benchmarks/models/vit.py:workload",
-    "cnn": "benchmarks/models/cnn.py:workload",
-    "gqa_llama": "benchmarks/models/gqa_llama.py:workload",
-    "t5": "benchmarks/models/t5_encdec.py:workload",
-    "mlp": "examples/mlp.py:workload",
-}
-#: search_spaces/cpu.yaml restricted with --set: fp32, ZeRO 0, sdpa; micro-batch x checkpointing x all five optimizers (45)
-FIXED = {"precision": "fp32", "zero_stage": 0, "attention": "sdpa"}
-OPTIMIZERS = ("adamw", "adamw8bit", "lion", "adafactor", "sgd")
-MARGIN = 0.10
-QUANTILES = (0.25, 0.5, 0.75)
-#: the default-space scenario: only the attention kernel fixed (a CPU runs sdpa and eager alike; one kernel
-#: halves the oracle), every precision x optimizer x ZeRO stage of cpu.yaml; two tight budgets
-DEFAULT_FIXED = {"attention": "sdpa"}
-DEFAULT_QUANTILES = (0.25, 0.5)
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """What the oracle and the search range over: cpu.yaml with ``fixed`` keys and ``optimizers``; budgets at
-    ``quantiles`` of the oracle's measured peaks."""
-
-    name: str
-    fixed: dict
-    optimizers: tuple[str, ...]
-    quantiles: tuple[float, ...]
-
-
-SCENARIOS = {
-    "fp32": Scenario("fp32", FIXED, OPTIMIZERS, QUANTILES),
-    "default": Scenario("default", DEFAULT_FIXED, tuple(load_space("cpu").values["optimizer"]), DEFAULT_QUANTILES),
-}
-FP32 = SCENARIOS["fp32"]
-#: smaller than cpu.yaml's 16 to keep the oracle affordable: micro-batches 1, 2, 4
-GLOBAL_BATCH = 4
-#: timed steps per probe, the search's default
-STEPS = 5
 #: the issue's bound on the share of the space the search may probe
 PROBE_SHARE = 0.15
 #: oracle configs re-measured per budget, and the probes of each (and of the emitted config) that score it
@@ -113,129 +84,17 @@ TOP = 4
 REPEATS = 5
 
 
-def _space(scenario: Scenario = FP32):
-    """search_spaces/cpu.yaml with its optimizers restricted to the scenario's."""
-    data = load_space("cpu").to_dict() | {"optimizer": list(scenario.optimizers)}
-    return space_from_dict(data, name=f"cpu-regret-{scenario.name}")
-
-
-def _configs(entry: str, hardware, scenario: Scenario = FP32) -> list[Config]:
-    space = _space(scenario)
-    workload = load_workload(entry)
-    configs = enumerate_candidates(
-        space, software=detect_software(),
-        hardware=hardware,
-        world_size=1,
-        global_batch=GLOBAL_BATCH,
-        fixed=scenario.fixed,
-        searches_attention=workload.searches_attention,
-    ).candidates
-    return configs
-
-
-def _probe(entry: str, config: Config, hardware) -> object:
-    return run_probe(probe_spec(entry, config, hardware, 1, steps=STEPS), timeout_s=300)
-
-
 def _remeasure(entry: str, configs: list[Config], hardware) -> dict:
     """Each config probed REPEATS times, in turn (round after round); config key -> its probes."""
-    runs: dict[str, list] = {_k(c): [] for c in configs}
+    runs: dict[str, list] = {config_key(c): [] for c in configs}
     for _ in range(REPEATS):
         for config in configs:
-            runs[_k(config)].append(_probe(entry, config, hardware))
+            runs[config_key(config)].append(probe_config(entry, config, hardware))
     return runs
-
-
-def _k(config: Config) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True)
 
 
 def _median_samples(probes: list) -> float:
     return statistics.median(r.samples_per_s if r.status == "ok" else 0.0 for r in probes)
-
-
-def _from_dict(data: dict) -> ProbeResult:
-    """A ProbeResult back from its ``to_dict``."""
-    known = {f.name for f in fields(ProbeResult)}
-    # the oracle's own prediction is not the search's (the driver prices each probe itself): left out
-    return ProbeResult(**({k: v for k, v in data.items() if k in known}
-                          | {"config": Config.from_dict(data["config"]), "predicted": None}))
-
-
-def _cached_points(cache: Path, name: str, wanted: set[str]) -> tuple[dict[str, ProbeResult], float]:
-    """The probes of ``DIR/<name>.json`` and of its shards ``DIR/<name>.shard*.json``, and their probe seconds."""
-    done: dict[str, ProbeResult] = {}
-    wall_s = 0.0
-    for path in [cache / f"{name}.json", *sorted(cache.glob(f"{name}.shard*.json"))]:
-        if not path.exists():
-            continue
-        data = json.loads(path.read_text())
-        try:
-            points = {_k(p.config): p for p in map(_from_dict, data["points"]) if _k(p.config) in wanted}
-            seconds = float(data["wall_s"])
-        except (KeyError, TypeError):  # an older cache that kept less of each probe: probe again
-            continue
-        new = {k: p for k, p in points.items() if k not in done}
-        done |= new
-        wall_s += seconds * len(new) / max(1, len(points))
-    return done, wall_s
-
-
-def _oracle(name: str, entry: str, configs: list[Config], host, cache: Path | None,
-            shard: tuple[int, int] = (0, 1)) -> tuple[list[ProbeResult], float]:
-    """Every config probed once, in ``configs``' order; with ``cache``, the probes already there (shards
-    included) are kept and the cache is rewritten after each new probe (an interrupted oracle resumes where it
-    stopped). ``shard = (i, n)`` probes only every n-th config from the i-th, into ``DIR/<name>.shard<i>of<n>.json``
-    (n one-thread shards side by side; a later run without ``--shard`` merges them into ``DIR/<name>.json``)."""
-    index, count = shard
-    path = None
-    if cache:
-        path = cache / (f"{name}.json" if count == 1 else f"{name}.shard{index}of{count}.json")
-    wanted = {_k(c) for c in configs}
-    done, wall_s = _cached_points(cache, name, wanted) if cache else ({}, 0.0)
-    mine = [c for i, c in enumerate(configs) if i % count == index]
-    for i, config in enumerate(configs):
-        if i % count != index or _k(config) in done:
-            continue
-        t0 = time.monotonic()
-        r = _probe(entry, config, host)
-        wall_s += time.monotonic() - t0
-        done[_k(config)] = r
-        print(
-            f"  oracle {name} {i + 1}/{len(configs)} {config.label()}: {r.status} "
-            f"{r.samples_per_s:.3g}/s {r.peak_bytes / 2**20:.1f} MiB",
-            file=sys.stderr,
-            flush=True,
-        )
-        if path:  # atomically: a run stopped mid-write keeps the cache it had
-            kept = configs if count == 1 else mine
-            points = [done[_k(c)].to_dict() for c in kept if _k(c) in done]
-            write_json_atomic(path, {"wall_s": wall_s, "points": points})
-    if path and count == 1 and any(cache.glob(f"{name}.shard*.json")) and len(done) == len(wanted):  # merge the shards
-        write_json_atomic(path, {"wall_s": wall_s, "points": [done[_k(c)].to_dict() for c in configs]})
-    if count > 1:
-        return [done[_k(c)] for c in mine if _k(c) in done], wall_s
-    return [done[_k(c)] for c in configs], wall_s
-
-
-def usable_budgets(peaks: list[int], quantiles: tuple[float, ...] = QUANTILES) -> list[int]:
-    """For each quantile, a usable budget midway between the quantile's peak and the next peak 1 % above it."""
-    peaks = sorted(peaks)
-    out = []
-    for q in quantiles:
-        at = peaks[min(len(peaks) - 1, int(q * len(peaks)))]
-        above = [p for p in peaks if p > 1.01 * at]
-        out.append(int((at + above[0]) / 2) if above else int(1.01 * at))
-    return out
-
-
-def budgets(oracle: list[ProbeResult], quantiles: tuple[float, ...] = QUANTILES) -> list[tuple[int, list[ProbeResult]]]:
-    """Each budget of :func:`usable_budgets` as device bytes, with the oracle probes that fit its usable part."""
-    out = []
-    for usable in usable_budgets([r.peak_bytes for r in oracle if r.status == "ok"], quantiles):
-        budget = int(usable / (1 - MARGIN)) + 1
-        out.append((budget, [r for r in oracle if r.status == "ok" and r.peak_bytes <= (1 - MARGIN) * budget]))
-    return out
 
 
 def _plan(entry: str, hardware, scenario: Scenario = FP32) -> Plan:
@@ -244,7 +103,7 @@ def _plan(entry: str, hardware, scenario: Scenario = FP32) -> Plan:
     The space is searched as written (``narrow=False``): this benchmark measures the search's decisions over a
     space of several optimizers and precisions, so its oracle and tables stay comparable with earlier runs; a user's
     search keeps their recipe (docs/recipe.md) and searches a subset of it."""
-    return Plan.make(entry, load_workload(entry), hardware, _space(scenario), world_size=1, global_batch=GLOBAL_BATCH,
+    return Plan.make(entry, load_workload(entry), hardware, regret_space(scenario), world_size=1, global_batch=GLOBAL_BATCH,
                      fixed=scenario.fixed, narrow=False)
 
 
@@ -256,9 +115,9 @@ def _search(plan: Plan, trials: int, tmp: str, prober: Prober | None = None):
 
 def bench_model(name: str, entry: str, cache: Path | None, scenario: Scenario = FP32) -> list[dict]:
     host = get_hardware("cpu")
-    configs = _configs(entry, host, scenario)
+    configs = candidate_configs(entry, host, scenario)
     trials = int(PROBE_SHARE * len(configs))
-    oracle, oracle_s = _oracle(name, entry, configs, host, cache)
+    oracle, oracle_s = run_oracle(name, entry, configs, host, cache)
     plan = _plan(entry, host, scenario)
     rows = []
     for budget, fitting in budgets(oracle, scenario.quantiles):
@@ -286,10 +145,10 @@ def bench_model(name: str, entry: str, cache: Path | None, scenario: Scenario = 
         finals = [r.config for r in top] + ([] if any(r.config == result.config for r in top) else [result.config])
         runs = _remeasure(entry, finals, hardware)
         scores = {key: _median_samples(probes) for key, probes in runs.items()}
-        best_key = max((_k(r.config) for r in top), key=scores.__getitem__)
-        emitted = runs[_k(result.config)]
+        best_key = max((config_key(r.config) for r in top), key=scores.__getitem__)
+        emitted = runs[config_key(result.config)]
         fits = all(r.status == "ok" and r.peak_bytes <= budget for r in emitted)
-        distinct = {_k(t.config) for t in result.trials}
+        distinct = {config_key(t.config) for t in result.trials}
         row |= {
             "oracle_config": Config.from_dict(json.loads(best_key)).label(),
             "oracle_samples_per_s": scores[best_key],
@@ -298,7 +157,7 @@ def bench_model(name: str, entry: str, cache: Path | None, scenario: Scenario = 
             "emitted_config": result.config.label(),
             "emitted_fits": fits,
             "emitted_peak_mib": max(r.peak_bytes for r in emitted) / 2**20,
-            "emitted_samples_per_s": scores[_k(result.config)] if fits else 0.0,
+            "emitted_samples_per_s": scores[config_key(result.config)] if fits else 0.0,
             "search_configs": len(distinct),
             "search_configs_pct": 100 * len(distinct) / len(configs),
             "search_probes": result.n_probes,
@@ -317,10 +176,10 @@ def bench_model(name: str, entry: str, cache: Path | None, scenario: Scenario = 
 
 def replayed_prober(oracle: list[ProbeResult], budget_bytes: int) -> Prober:
     """A prober that answers from the oracle's probes: a peak past ``budget_bytes`` is an oom."""
-    by_key = {_k(p.config): p for p in oracle}
+    by_key = {config_key(p.config): p for p in oracle}
 
     def probe(config: Config, steps: int, timeout_s: float) -> ProbeResult:
-        measured = by_key[_k(config)]
+        measured = by_key[config_key(config)]
         if measured.status == "ok" and measured.peak_bytes > budget_bytes:
             return replace(measured, status="oom", step_time_s=0.0, samples_per_s=0.0, step_times_s=[])
         return measured
@@ -332,16 +191,16 @@ def replay_model(name: str, entry: str, cache: Path, scenario: Scenario = FP32) 
     """The search's decisions alone: every probe answered from the oracle's (no measurement noise), regret =
     1 - oracle samples/s of the emitted config / the oracle's best within the usable budget."""
     host = get_hardware("cpu")
-    configs = _configs(entry, host, scenario)
-    oracle, _ = _oracle(name, entry, configs, host, cache)
-    samples = {_k(p.config): p.samples_per_s for p in oracle}
+    configs = candidate_configs(entry, host, scenario)
+    oracle, _ = run_oracle(name, entry, configs, host, cache)
+    samples = {config_key(p.config): p.samples_per_s for p in oracle}
     plan = _plan(entry, host, scenario)
     rows = []
     for budget, fitting in budgets(oracle, scenario.quantiles):
         best = max(fitting, key=lambda r: r.samples_per_s)
         with tempfile.TemporaryDirectory() as tmp:
             result = _search(plan.with_memory(budget), int(PROBE_SHARE * len(configs)), tmp, replayed_prober(oracle, budget))
-        emitted = samples[_k(result.config)]
+        emitted = samples[config_key(result.config)]
         rows.append({
             "model": name,
             "scenario": scenario.name,
@@ -353,7 +212,7 @@ def replay_model(name: str, entry: str, cache: Path, scenario: Scenario = FP32) 
             "emitted_config": result.config.label(),
             "emitted_samples_per_s": emitted,
             "regret": 1 - emitted / best.samples_per_s,
-            "search_configs": len({_k(t.config) for t in result.trials}),
+            "search_configs": len({config_key(t.config) for t in result.trials}),
             "searched": [f"{t.phase} {t.config.label()} {t.samples_per_s:.3g}" for t in result.trials],
         })
         print(f"  replay {name} {budget / 2**20:.0f} MiB: {rows[-1]}", file=sys.stderr, flush=True)
@@ -427,7 +286,7 @@ def main() -> None:
         host = get_hardware("cpu")
         for name in args.models.split(","):
             entry = MODELS[name]
-            _oracle(name, entry, _configs(entry, host, scenario), host, Path(args.oracle_cache), (index, count))
+            run_oracle(name, entry, candidate_configs(entry, host, scenario), host, Path(args.oracle_cache), (index, count))
         return
     if args.replay:
         if not args.oracle_cache:
