@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import gzip
 import json
 import os
 import sys
@@ -39,6 +38,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from benchmarks.gpu.gpu_check_profiles import save, save_histories
 
 #: steps whose allocator events a ``history`` row keeps (the peak is reached within the first two)
 HISTORY_STEPS = 3
@@ -113,19 +114,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--deadline", type=float, default=time.time() + 3600)
     return parser.parse_args(argv)
-
-
-def save(path: str, found: dict[str, Any]) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(found, indent=1, default=str))
-    tmp.replace(path)
-
-
-def save_histories(path: str, histories: dict[str, Any]) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    with gzip.open(tmp, "wt") as sink:
-        json.dump(histories, sink)
-    tmp.replace(path)
 
 
 def context_bytes(torch: Any) -> int:

@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.gpu.gpu_check_grid import save
+from benchmarks.gpu.gpu_check_profiles import save
 
 #: the two depths of the layer stacks (their difference gives the per-layer slope)
 DEPTHS = (16, 64)

@@ -1,8 +1,11 @@
 """What both the GPU check's driver (benchmarks/gpu/gpu_check.py) and its steps (benchmarks/gpu/gpu_check_steps.py)
-read: the profiles (the GPU's and the CPU dry run's), the models of the grid, where the wheels go, the host's line."""
+read (and its grid and host steps): the profiles (the GPU's and the CPU dry run's), the models of the grid, where the
+wheels go, the host's line, and how a step's JSON and the allocator's histories are written (replaced whole)."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,3 +127,16 @@ SITE = "/tmp/site"
 
 def host_line() -> str:
     return f"Python {platform.python_version()} on {platform.machine()}"
+
+
+def save(path: str, found: dict[str, Any]) -> None:
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(found, indent=1, default=str))
+    tmp.replace(path)
+
+
+def save_histories(path: str, histories: dict[str, Any]) -> None:
+    tmp = Path(path).with_suffix(".tmp")
+    with gzip.open(tmp, "wt") as sink:
+        json.dump(histories, sink)
+    tmp.replace(path)

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autofit.core.config import Config
-from benchmarks.gpu.gpu_check_grid import save_histories
-from benchmarks.gpu.gpu_check_profiles import GIB, ROOT, SITE, Profile, host_line
+from benchmarks.gpu.gpu_check_profiles import GIB, ROOT, SITE, Profile, host_line, save_histories
 
 Save = Callable[[dict[str, Any]], None]
 #: the packages whose versions the env step reports
