@@ -22,7 +22,7 @@ from autofit.planning.ladder import Ladder, search_ladder
 from autofit.planning.target import Setup, Target, prepare
 from autofit.probe.snapshot import winner_snapshot
 from autofit.report.folder import write_report
-from autofit.report.outputs import check_outputs, commit_outputs
+from autofit.report.outputs import check_outputs, commit_outputs, staged_report
 from autofit.script.cli import script_plan_and_prober
 from autofit.tuner import DEFAULT_STORAGE, SearchEvent, SearchResult, SearchSettings, run_search
 from autofit.tuner.storage import storage_errors
@@ -83,14 +83,16 @@ def search_target(target: Target, settings: SearchSettings, *, out: PathLike | N
             plan, prober = setup.plan(), None
         say(f"autofit: {len(plan.candidates)} candidates")
         with (progress or _no_progress)(settings.trials) as on_event:
-            result = run_search(plan, settings, out_path=None, storage=storage, study_name=study_name,
-                                prober=prober, on_event=on_event)
+            result = run_search(plan, settings, storage=storage, study_name=study_name, prober=prober,
+                                on_event=on_event)
     result = dataclasses.replace(result, out_path=None if out is None else str(out))
     hint = fill_hint(os.fspath(out), result.deepspeed) if out is not None else None
     if hint:  # plain deepspeed.initialize hands "auto" to the optimizer: say how to fill it, where it is written
         say(hint)
-    index = commit_outputs(result.deepspeed, out, report,  # the report, then --out: all or nothing
-                           lambda folder: write_search_report(setup, result, folder, scripted=script is not None, say=say))
+    with staged_report(report) as staged:  # the report, then --out: all or nothing
+        index = (None if staged is None else
+                 staged.final(write_search_report(setup, result, staged.folder, scripted=script is not None, say=say)))
+        commit_outputs(result.deepspeed, out, staged)
     return result if index is None else dataclasses.replace(result, report_path=str(index))
 
 

@@ -211,13 +211,18 @@ def with_param_swap_buffers(ds: dict[str, Any], largest_param_numel: int, world_
 
 
 def check_with_deepspeed(ds: dict[str, Any]) -> None:
-    """Let DeepSpeed's own ``DeepSpeedConfig`` parse ``ds``; raises its error if it refuses.
+    """Let DeepSpeed's own ``DeepSpeedConfig`` parse ``ds``; raises its error if it refuses (an
+    :class:`AutofitError` for a value JSON cannot hold, a NaN or an infinity).
 
     Outside a distributed run DeepSpeedConfig assumes one rank, so a multi-rank
     config is checked with ``train_batch_size`` left for DeepSpeed to derive.
     """
     from deepspeed.runtime.config import DeepSpeedConfig
 
+    try:  # a NaN or an infinity is no JSON DeepSpeed can read (write_json_atomic refuses it too)
+        json.dumps(ds, allow_nan=False)
+    except ValueError as exc:
+        raise AutofitError(f"the DeepSpeed JSON has a value that is not a finite number ({exc})") from exc
     checked = dict(ds)
     per_rank = ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
     if ds["train_batch_size"] != per_rank:

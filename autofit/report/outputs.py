@@ -3,8 +3,9 @@
 ``--out`` must be a regular file or absent, in a folder that can be written; ``--report`` absent, empty, or a
 report autofit wrote before (it carries :data:`REPORT_MARKER`). Both are checked before anything is traced
 (:func:`check_outputs`), and written at the end all or nothing (:func:`commit_outputs`): the report is built in
-a temporary folder beside its target and renamed into place, then ``--out`` is written; a failure leaves
-neither. Under ``--json`` stdout is the document alone (:func:`json_stdout`).
+a temporary folder beside its target (:func:`staged_report`) and renamed into place, then ``--out`` is written
+(:func:`write_deepspeed`, the one writer of the DeepSpeed JSON); a failure leaves neither. Under ``--json``
+stdout is the document alone (:func:`json_stdout`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,28 +61,63 @@ def _check_writable_folder(folder: Path, what: str) -> None:
         raise AutofitError(f"{what}: cannot write in {here}")
 
 
-def commit_outputs(deepspeed: dict[str, Any], out: str | os.PathLike[str] | None,
-                   report: str | os.PathLike[str] | None, fill: Callable[[Path], Path]) -> Path | None:
-    """Write the report (``fill(folder)`` writes it into a temporary folder and returns its index file) and then
-    ``out``, all or nothing; the index's final path (None without ``report``)."""
+def write_deepspeed(out: str | os.PathLike[str], deepspeed: dict[str, Any]) -> None:
+    """The one writer of a DeepSpeed JSON a user trains with (``autofit run --out``, :func:`autofit.search`'s
+    ``out``): atomically (:func:`autofit.ds.emit.write_json_atomic`: a reader never sees half a file, a failure
+    leaves the old one), a NaN or an infinity refused, the mode of the file it replaces kept."""
+    write_json_atomic(Path(out), deepspeed)
+
+
+@dataclass(frozen=True)
+class StagedReport:
+    """A report being written: a temporary folder beside ``--report``, renamed into place by
+    :func:`commit_outputs`."""
+
+    folder: Path
+    """The temporary folder the report is written into."""
+    target: Path
+    """``--report``: where the report goes."""
+
+    def final(self, path: Path) -> Path:
+        """Where ``path``, a file written into :attr:`folder`, lies once the report is in place."""
+        return self.target / path.relative_to(self.folder)
+
+
+@contextmanager
+def staged_report(report: str | os.PathLike[str] | None) -> Iterator[StagedReport | None]:
+    """A temporary folder beside ``report`` to write the report into (None without ``report``), removed on the way
+    out unless :func:`commit_outputs` renamed it into place."""
     if report is None:
-        if out is not None:
-            write_json_atomic(Path(out), deepspeed)
-        return None
+        yield None
+        return
     target = Path(report)
     check_report_folder(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield StagedReport(folder, target)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def commit_outputs(deepspeed: dict[str, Any], out: str | os.PathLike[str] | None, staged: StagedReport | None) -> None:
+    """The report written into ``staged`` (:func:`staged_report`; None: no report) renamed into place, then ``out``
+    written (:func:`write_deepspeed`; None: nowhere), all or nothing: where ``out`` fails the report goes with it
+    and a previous one comes back."""
+    if staged is None:
+        if out is not None:
+            write_deepspeed(out, deepspeed)
+        return
+    target = staged.target
+    (staged.folder / REPORT_MARKER).write_text("written by autofit: `autofit run --report` may write over this folder\n")
+    os.chmod(staged.folder, 0o777 & ~current_umask())
     old: Path | None = None
     try:
-        index = fill(staged)
-        (staged / REPORT_MARKER).write_text("written by autofit: `autofit run --report` may write over this folder\n")
-        os.chmod(staged, 0o777 & ~current_umask())
         old = _set_aside(target)
-        os.rename(staged, target)
+        os.rename(staged.folder, target)
         try:
             if out is not None:
-                write_json_atomic(Path(out), deepspeed)
+                write_deepspeed(out, deepspeed)
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)  # the report goes with the --out that failed
             if old is not None:
@@ -88,10 +125,8 @@ def commit_outputs(deepspeed: dict[str, Any], out: str | os.PathLike[str] | None
                 old = None
             raise
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    return target / index.relative_to(staged)
 
 
 def _set_aside(target: Path) -> Path | None:

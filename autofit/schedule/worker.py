@@ -27,7 +27,6 @@ import contextlib
 import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -237,11 +236,9 @@ class Worker:
             request = queue.queued_request(attrs)
             plan = plan_for(request, attrs.get(queue.WORKLOAD_FP_ATTR), self.hardware)
             settings = SearchSettings(trials=request.trials, margin=plan.margin)
-            with tempfile.TemporaryDirectory(prefix="autofit-worker-") as tmp:
-                result = run_search(plan, settings, out_path=Path(tmp) / "ds_config.json", storage=self.url,
-                                    study_name=queue.study_name(search_id),
-                                    prober=self.prober(plan) if self.prober else None,
-                                    on_event=lambda event: self._progress(search_id, lease, event))
+            result = run_search(plan, settings, storage=self.url, study_name=queue.study_name(search_id),
+                                prober=self.prober(plan) if self.prober else None,
+                                on_event=lambda event: self._progress(search_id, lease, event))
             self._in_search = False
         except LeaseLost:
             return None, None, None

@@ -20,11 +20,9 @@ finished probes back, skips those configs and keeps their results for calibratio
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from autofit.core.config import Config
@@ -32,7 +30,7 @@ from autofit.core.errors import AutofitError, NothingFits
 from autofit.core.software import ops_needed
 from autofit.core.storage_url import redact_url
 from autofit.cost_model.calibrate import Calibration, calibrate
-from autofit.ds.emit import check_with_deepspeed, write_json_atomic
+from autofit.ds.emit import check_with_deepspeed
 from autofit.planning.plan import Plan
 from autofit.probe.ops import prepare_ops
 from autofit.probe.rank.steps import most_steps, usual_steps
@@ -212,8 +210,9 @@ class _Search:
                       has_time=lambda config: self.has_time(config, self.settings.verify_steps))
 
     def result(self, winner: TrialRecord, ds: dict[str, Any], stop_reason: str, storage: str, study_name: str,
-               out_path: str | None, wall_s: float) -> SearchResult:
-        """The search's record with ``winner`` and its DeepSpeed JSON ``ds``."""
+               wall_s: float) -> SearchResult:
+        """The search's record with ``winner`` and its DeepSpeed JSON ``ds`` (written nowhere yet: ``out_path``
+        None)."""
         plan, usable = self.plan, self.usable
         ranked = usable.price(self.calibration)
         searched = searched_keys(self.records)
@@ -233,7 +232,7 @@ class _Search:
             stop_reason=stop_reason,
             storage=redact_url(storage),  # the report and the JSON record it: never its password
             study_name=study_name,
-            out_path=out_path,
+            out_path=None,
             wall_s=wall_s,
             calibration=self.calibration,
             predictions=ranked,
@@ -245,20 +244,20 @@ def run_search(
     plan: Plan,
     settings: SearchSettings | None = None,
     *,
-    out_path: str | os.PathLike[str] | None,
     storage: str | None = None,
     study_name: str | None = None,
     prober: Prober | None = None,
     on_event: Callable[[SearchEvent], None] | None = None,
 ) -> SearchResult:
-    """Find the fastest candidate of ``plan`` that fits its device (measured), write its DeepSpeed JSON to
-    ``out_path`` (None: nowhere; the result holds it, :attr:`SearchResult.deepspeed`).
+    """Find the fastest candidate of ``plan`` that fits its device (measured); the result holds its DeepSpeed JSON
+    (:attr:`SearchResult.deepspeed`, checked by DeepSpeed), which the caller writes where it is wanted
+    (:func:`autofit.report.outputs.write_deepspeed`: ``autofit run --out``).
 
     ``settings`` bounds and tunes the search (:class:`SearchSettings`); ``storage`` and ``study_name``
     name the Optuna study (the same name resumes a search); ``prober`` runs one probe (default: a
     subprocess, :func:`subprocess_prober`); ``on_event`` receives progress. Raises
     :class:`~autofit.core.errors.NothingFits` when nothing fits (an :class:`AutofitError` when every probe failed
-    alike); then nothing is written.
+    alike).
     """
 
     settings = settings or SearchSettings()
@@ -294,8 +293,4 @@ def run_search(
         )
     ds = plan.deepspeed(winner.config)
     check_with_deepspeed(ds)
-    written = str(out_path) if out_path is not None else None
-    result = search.result(winner, ds, stop_reason, storage, study_name, written, time.monotonic() - started)
-    if out_path is not None:
-        write_json_atomic(Path(out_path), ds)
-    return result
+    return search.result(winner, ds, stop_reason, storage, study_name, time.monotonic() - started)

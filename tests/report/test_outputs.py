@@ -3,6 +3,7 @@ under --json is the document alone (the real CLI)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -13,7 +14,7 @@ from hostile_helpers import FIXED, autofit, make_entry, one_line_error
 
 from autofit.core.errors import AutofitError
 from autofit.ds.emit import write_text_atomic
-from autofit.report.outputs import REPORT_MARKER, check_outputs, commit_outputs
+from autofit.report.outputs import REPORT_MARKER, check_outputs, commit_outputs, staged_report
 
 DS = {"train_batch_size": 8}
 
@@ -39,30 +40,44 @@ def test_report_into_the_users_folder_is_refused_but_autofits_own_is_not(tmp_pat
     check_outputs(None, tmp_path / "empty")
     check_outputs(None, tmp_path / "new" / "deeper")
 
-    def fill(folder: Path) -> Path:
-        (folder / "index.html").write_text("report")
-        return folder / "index.html"
+    def commit(report: Path) -> Path:
+        with staged_report(report) as staged:
+            assert staged is not None
+            (staged.folder / "index.html").write_text("report")
+            commit_outputs(DS, tmp_path / "ds.json", staged)
+            return staged.final(staged.folder / "index.html")
 
-    index = commit_outputs(DS, tmp_path / "ds.json", tmp_path / "rep", fill)
+    index = commit(tmp_path / "rep")
     assert index == tmp_path / "rep" / "index.html" and (tmp_path / "rep" / REPORT_MARKER).is_file()
     check_outputs(None, tmp_path / "rep")  # a previous report: written over
-    commit_outputs(DS, tmp_path / "ds.json", tmp_path / "rep", fill)
+    commit(tmp_path / "rep")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_outputs_are_all_or_nothing(tmp_path: Path) -> None:
-    def broken(folder: Path) -> Path:
-        (folder / "index.html").write_text("half")
+    with pytest.raises(OSError, match="disk full"), staged_report(tmp_path / "rep") as staged:
+        assert staged is not None
+        (staged.folder / "index.html").write_text("half")
         raise OSError("disk full")
-
-    with pytest.raises(OSError, match="disk full"):
-        commit_outputs(DS, tmp_path / "ds.json", tmp_path / "rep", broken)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither --out nor the report, no temp folder
     (tmp_path / "blocker").write_text("a file")
-    with pytest.raises(OSError):
-        commit_outputs(DS, tmp_path / "blocker" / "ds.json", tmp_path / "rep",
-                       lambda folder: (folder / "index.html").write_text("ok") and folder / "index.html")
+    with pytest.raises(OSError), staged_report(tmp_path / "rep") as staged:
+        assert staged is not None
+        (staged.folder / "index.html").write_text("ok")
+        commit_outputs(DS, tmp_path / "blocker" / "ds.json", staged)
     assert not (tmp_path / "rep").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
+
+
+def test_a_failed_out_brings_the_previous_report_back(tmp_path: Path) -> None:
+    for text, out in (("first", tmp_path / "ds.json"), ("second", tmp_path / "blocker" / "ds.json")):
+        with contextlib.suppress(OSError), staged_report(tmp_path / "rep") as staged:
+            assert staged is not None
+            (staged.folder / "index.html").write_text(text)
+            commit_outputs(DS, out, staged)
+        (tmp_path / "blocker").touch()
+    assert (tmp_path / "rep" / "index.html").read_text() == "first"
+    assert json.loads((tmp_path / "ds.json").read_text()) == DS
 
 
 def test_an_existing_file_keeps_its_mode_and_a_new_one_follows_the_umask(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from autofit.core.recipe import Recipe
 from autofit.core.space import space_from_dict
 from autofit.core.units import parse_bytes
 from autofit.machine.device import get_hardware
+from autofit.report.outputs import write_deepspeed
 from autofit.script import ScriptCommand, script_plan, script_prober
 from autofit.script.prober import read_metric, result_of
 from autofit.script.records import DeepSpeedMetric, ModelInfo
@@ -114,8 +115,7 @@ def test_script_mode_finds_a_fitting_config_for_an_unmodified_script(tmp_path: P
     assert {c.checkpoint_ratio for c in plan.candidates} == {0.0}
 
     settings = SearchSettings(trials=2, min_probes=2, probe_steps=1, verify_steps=1, max_verifications=1, contenders=1)
-    out = tmp_path / "ds_config.json"
-    result = run_search(plan, settings, out_path=out, storage=f"sqlite:///{tmp_path / 'study.db'}",
+    result = run_search(plan, settings, storage=f"sqlite:///{tmp_path / 'study.db'}",
                         prober=script_prober(command, hardware, 1, tmp_path / "probes"))
     assert result.measured.peak_bytes <= 0.9 * hardware.memory_bytes
     assert result.trials and all(t.status == "ok" for t in result.trials)
@@ -123,6 +123,8 @@ def test_script_mode_finds_a_fitting_config_for_an_unmodified_script(tmp_path: P
         assert 0 < trial.measured.peak_bytes < hardware.memory_bytes
         assert trial.measured.samples_per_s > 0 and "DeepSpeed's metric" in (trial.measured.message or "")
         assert trial.measured.phases_s["forward_s"] > 0
+    out = tmp_path / "ds_config.json"
+    write_deepspeed(out, result.deepspeed)
     ds = json.loads(out.read_text())
     assert ds["train_batch_size"] == 4 and "autotuning" not in ds
     # the script hands the JSON to deepspeed.initialize, which fills no "auto": the user's rate, the rest left out

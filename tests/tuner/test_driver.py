@@ -27,6 +27,7 @@ from autofit.machine.device import get_hardware
 from autofit.planning.plan import Plan
 from autofit.probe.result import ProbeResult
 from autofit.report.folder import write_report
+from autofit.report.outputs import write_deepspeed
 from autofit.tuner import Prober, SearchSettings, run_search
 from autofit.tuner.study import MEASURED_ATTR
 
@@ -49,18 +50,15 @@ def _no_probe(config: Config, steps: int, timeout_s: float) -> ProbeResult:
     raise AssertionError(f"nothing fits, yet {config.label()} was probed")
 
 
-def test_nothing_fits_raises_names_the_smallest_need_and_writes_nothing(tmp_path: Path, storage: str, tiny_plan) -> None:  # noqa: ANN001
-    out = tmp_path / "ds.json"
+def test_nothing_fits_raises_and_names_the_smallest_need(tmp_path: Path, storage: str, tiny_plan) -> None:  # noqa: ANN001
     with pytest.raises(NothingFits) as info:  # its own type: a scheduled search ends nothing-fits on it, not failed
-        run_search(tiny_plan(2, [1, 2]), SearchSettings(trials=3), storage=storage, out_path=out, prober=_no_probe)
+        run_search(tiny_plan(2, [1, 2]), SearchSettings(trials=3), storage=storage, prober=_no_probe)
     message = str(info.value)
     assert "nothing fits" in message and "smallest candidate" in message and "needs" in message
     assert "10% safety margin" in message
-    assert not out.exists()
 
 
 def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path, storage: str, big_plan) -> None:  # noqa: ANN001
-    out = tmp_path / "ds.json"
     space = space_from_dict(
         {
             "global_batch_size": 16,
@@ -74,12 +72,11 @@ def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path, stora
     )
     plan = big_plan(get_hardware("h100-80gb", 1200 * MIB), space)
     with pytest.raises(AutofitError) as info:
-        run_search(plan, SearchSettings(trials=3), storage=storage, out_path=out, prober=_no_probe)
+        run_search(plan, SearchSettings(trials=3), storage=storage, prober=_no_probe)
     message = str(info.value)
     # how many depends on what the cost model adds per rank (NCCL's buffers, ZeRO's buckets): a count above one
     found = re.search(r"(\d+) GPUs with ZeRO-3 sharding", message)
     assert found is not None and int(found.group(1)) > 1, message
-    assert not out.exists()
 
 
 def test_nothing_fits_in_host_memory_says_host_memory(tmp_path: Path, storage: str, big_plan) -> None:  # noqa: ANN001
@@ -94,7 +91,7 @@ def test_nothing_fits_in_host_memory_says_host_memory(tmp_path: Path, storage: s
     (_, prediction), = plan.price()
     assert prediction.peak_bytes < hardware.memory_bytes and not prediction.fits
     with pytest.raises(AutofitError) as info:
-        run_search(plan, SearchSettings(trials=3), storage=storage, out_path=tmp_path / "ds.json", prober=_no_probe)
+        run_search(plan, SearchSettings(trials=3), storage=storage, prober=_no_probe)
     message = str(info.value)
     assert "host memory" in message and prediction.reason in message, message
     assert "more host RAM" in message and "1024 GPUs" not in message
@@ -104,8 +101,8 @@ def test_nothing_fits_in_host_memory_says_host_memory(tmp_path: Path, storage: s
 def test_search_emits_a_verified_winner_whose_json_trains(tmp_path: Path, storage: str, tiny_plan) -> None:  # noqa: ANN001
     out = tmp_path / "ds_config.json"
     report = tmp_path / "report"
-    result = run_search(tiny_plan(1024, [2, 4, 16]), SearchSettings(trials=3), storage=storage, study_name="tiny",
-                        out_path=out)
+    result = run_search(tiny_plan(1024, [2, 4, 16]), SearchSettings(trials=3), storage=storage, study_name="tiny")
+    write_deepspeed(out, result.deepspeed)
     write_report(result, report)
     ds = json.loads(out.read_text())
     assert ds == result.deepspeed
@@ -173,7 +170,7 @@ from autofit.core.recipe import Recipe
 from autofit.tuner import Prober, SearchSettings, run_search
 plan = Plan.make(ENTRY, tiny_workload(), get_hardware("cpu", 1024 * 2**20), sgd_space([1, 16]),
                  recipe=Recipe(optimizer="sgd", precision="fp32"))
-run_search(plan, SearchSettings(trials=4), storage={storage!r}, study_name="resume", out_path={out!r})
+run_search(plan, SearchSettings(trials=4), storage={storage!r}, study_name="resume")
 """
 
 
@@ -192,8 +189,7 @@ def _finished_probes(db: Path) -> int:
 def test_a_killed_search_resumes_without_repeating_or_losing_probes(tmp_path: Path, tiny_plan) -> None:  # noqa: ANN001
     db = tmp_path / "study.db"
     storage = f"sqlite:///{db}"
-    out = tmp_path / "ds.json"
-    code = _RUNNER.format(tests=str(HERE.parent), storage=storage, out=str(out))
+    code = _RUNNER.format(tests=str(HERE.parent), storage=storage)
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
         env=dict(os.environ, PYTHONPATH=str(REPO)),
@@ -211,11 +207,9 @@ def test_a_killed_search_resumes_without_repeating_or_losing_probes(tmp_path: Pa
         with contextlib.suppress(ProcessLookupError):  # already gone: its own failure is the one to report
             os.killpg(proc.pid, signal.SIGKILL)  # the search and the probe it may have started
         proc.wait()
-    assert not out.exists()
     first = _finished_probes(db)
 
-    result = run_search(tiny_plan(1024, [1, 16]), SearchSettings(trials=4), storage=storage, study_name="resume",
-                        out_path=out)
+    result = run_search(tiny_plan(1024, [1, 16]), SearchSettings(trials=4), storage=storage, study_name="resume")
     resumed = [t for t in result.trials if t.resumed]
     assert len(resumed) == first >= 1
     searched = [
@@ -228,7 +222,7 @@ def test_a_killed_search_resumes_without_repeating_or_losing_probes(tmp_path: Pa
     # finds (step times on a shared CPU are too noisy to name it in advance)
     best = max((t for t in result.trials if t.phase == "search" and t.within_margin), key=lambda t: t.samples_per_s)
     assert result.config == best.config
-    assert json.loads(out.read_text())["train_micro_batch_size_per_gpu"] == best.config.micro_batch_size
+    assert result.deepspeed["train_micro_batch_size_per_gpu"] == best.config.micro_batch_size
 
 
 def _device_prober(plan: Plan, truth: Calibration, calls: list[Config]) -> Prober:
@@ -268,7 +262,7 @@ def test_a_prober_plugs_in_and_the_search_finds_that_devices_best(tmp_path: Path
     budget = int(peaks[len(peaks) // 2] / 0.9) + 1  # about half the space fits the usable budget
     plan = replace(unbounded, hardware=unbounded.hardware.with_memory(budget))
     calls: list[Config] = []
-    result = run_search(plan, SearchSettings(trials=8), storage=storage, out_path=tmp_path / "ds.json",
+    result = run_search(plan, SearchSettings(trials=8), storage=storage,
                         prober=_device_prober(plan, truth, calls))
     usable = plan.with_memory(int(0.9 * budget))
     fitting = [(c, truth.predict(c, plan.facts, usable.hardware, 1)) for c in plan.candidates]
@@ -301,7 +295,7 @@ def test_ooms_in_one_family_leave_the_others_to_be_measured(tmp_path: Path, stor
             return ProbeResult(config, "oom", plan.hardware.memory_bytes, 0.0, 0.0, None, "past the budget", 1.0)
         return ProbeResult(config, "ok", p.peak_bytes, p.step_time_s, p.samples_per_s, None, None, 1.0)
 
-    result = run_search(plan, SearchSettings(trials=6), storage=storage, out_path=tmp_path / "ds.json", prober=prober)
+    result = run_search(plan, SearchSettings(trials=6), storage=storage, prober=prober)
     ooms = [t for t in result.trials if t.status == "oom"]
     assert ooms and {t.config.optimizer for t in ooms} == {bad[0]}
     assert result.config.optimizer != bad[0] and result.measured.peak_bytes <= 0.9 * plan.hardware.memory_bytes
@@ -332,7 +326,7 @@ def test_a_device_far_slower_than_the_prior_costs_at_most_one_timed_out_probe(tm
             return ProbeResult(config, "timeout", 0, 0.0, 0.0, None, "did not finish", timeout_s)
         return ProbeResult(config, "ok", p.peak_bytes, p.step_time_s, p.samples_per_s, None, None, 1.0)
 
-    result = run_search(plan, settings, storage=storage, out_path=tmp_path / "ds.json", prober=prober)
+    result = run_search(plan, settings, storage=storage, prober=prober)
     statuses = [t.status for t in result.trials]
     assert statuses.count("timeout") == 1 and statuses[0] == "timeout" and result.config is not None
     assert given[0][0] == settings.probe_steps  # the prior expects a fast step: every timed step
@@ -368,8 +362,7 @@ def test_a_time_budget_starts_no_probe_that_would_not_finish_and_keeps_time_to_v
     started = time.monotonic()
     # a stop rule that never stops: only the budget ends the search
     settings = SearchSettings(trials=50, timeout_s=budget_s, stop_tolerance=10.0, max_stop_tolerance=10.0)
-    result = run_search(plan, settings, storage=storage,
-                        out_path=tmp_path / "ds.json", prober=prober)
+    result = run_search(plan, settings, storage=storage, prober=prober)
     elapsed = time.monotonic() - started
     assert "time-budget" in result.stop_reason
     assert 3 <= sum(1 for t in result.trials if t.phase == "search") < 50
