@@ -11,6 +11,12 @@ PyTorch's caching allocator reserved plus what lives outside it:
   sends to, the one it receives from). NCCL picks the channel count by topology (up to 32 on NVLink); the
   prior assumes :data:`NCCL_CHANNELS`. None on one rank.
 
+* the code a training step loads after the context exists: with lazy loading each kernel's module comes with its
+  first call (PyTorch's own kernels, cuBLAS and cuBLASLt, DeepSpeed's fused optimizer): :data:`STEP_MODULES_BYTES`,
+  measured, not derived: 804 MiB on the H100 (NVML's per-process peak less ``max_memory_reserved`` less the context
+  the probe metered at its start, both of the search's probes of 2026-11-27 alike; the H200's grid of 2026-11-28
+  measures the same total outside the allocator, 1,316-1,318 MiB, with the same software).
+
 Inside the allocator but no tensor of the model: cuBLAS's workspace, one per handle and stream, allocated
 through the caching allocator at the first matmul (aten/src/ATen/cuda/CublasHandlePool.cpp,
 ``getChosenWorkspaceSize``: ``CUBLAS_WORKSPACE_CONFIG`` defaults to ``:4096:8``, 32 MiB, on Hopper and to
@@ -38,6 +44,10 @@ NCCL_BUFFSIZE = 4 * MIB
 NCCL_CHANNELS = 16
 #: peer connections per channel of a ring: the next rank (send) and the previous (receive)
 RING_PEERS = 2
+#: what a training step's kernels load outside the allocator after the context (module docstring): NVML peak
+#: 1,386,217,472 B less ``max_memory_reserved`` less the metered context 543,162,368 B, on both probes of
+#: benchmarks/results/gpu_check/h100_2026-11-27_run2_search_trials.json (torch 2.11, CUDA 13.0, DeepSpeed 0.19.8)
+STEP_MODULES_BYTES = 843_055_104
 #: cuBLAS workspace per handle: ``:4096:8`` on Hopper (sm90), ``:4096:2:16:8`` before (CublasHandlePool.cpp)
 CUBLAS_WORKSPACE_HOPPER = 4096 * 1024 * 8
 CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
@@ -58,8 +68,9 @@ def cublas_workspace_bytes(hardware: Hardware) -> int:
 
 
 def priced_outside_allocator_bytes(hardware: Hardware, world_size: int) -> int:
-    """What lives outside the caching allocator before any probe says: the context and NCCL's buffers."""
-    return int(hardware.context_bytes + nccl_buffer_bytes(world_size))
+    """What lives outside the caching allocator before any probe says: the context, the step's kernels and NCCL's
+    buffers."""
+    return int(hardware.context_bytes + STEP_MODULES_BYTES + nccl_buffer_bytes(world_size))
 
 
 def outside_allocator_bytes(hardware: Hardware, world_size: int, learned: int | None) -> int:

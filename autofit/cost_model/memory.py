@@ -39,10 +39,11 @@ ZeRO-3 reduce phases against a probe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.hardware import Hardware
+from autofit.cost_model.allocation_sequence import reserve_bytes
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.cuda_runtime import cublas_workspace_bytes, outside_allocator_bytes, runtime_bytes
 from autofit.cost_model.facts import ModelFacts, footprint_key
@@ -64,7 +65,8 @@ class MemoryBreakdown:
     activations: int
     """Tensors saved for backward and the temporaries of forward/backward, from the trace."""
     other: int
-    """The runtime: CUDA context, allocator and thread-pool overhead, the model's buffers."""
+    """The runtime: CUDA context, allocator and thread-pool overhead, the model's buffers; on a GPU, what the caching
+    allocator holds cached at its peak beyond the live tensors."""
 
     @property
     def total(self) -> int:
@@ -116,8 +118,12 @@ def accumulated_grad_bytes(config: Config, facts: ModelFacts, world_size: int) -
 def predict_memory(
     config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, coefficients: Coefficients
 ) -> MemoryBreakdown:
-    """The peak over the init, backward and step phases, split by what holds the bytes."""
+    """The peak over the init, backward and step phases, split by what holds the bytes. On a GPU the caching
+    allocator's reserve at its peak (:func:`autofit.cost_model.allocation_sequence.reserve_bytes`) is part of
+    ``other``: NVML sees the allocator's reserved peak, the allocated peak plus what it holds cached there."""
     peak = max(memory_phases(config, facts, hardware, world_size, coefficients).values(), key=lambda m: m.total)
+    if hardware.kind == "cuda":
+        peak = replace(peak, other=peak.other + reserve_bytes(config, facts, world_size))
     if coefficients.memory_scale == 1.0:
         return peak
     fixed = runtime_bytes(hardware, world_size, coefficients.outside_allocator_bytes)  # CUDA's offset; CPU: 0

@@ -7,12 +7,14 @@ from dataclasses import replace
 from autofit.core.config import Config
 from autofit.core.hardware import PRESETS
 from autofit.cost_model import Coefficients, predict
+from autofit.cost_model.allocation_sequence import reserve_bytes
 from autofit.cost_model.calibrate import Observation, calibrate
 from autofit.cost_model.cuda_runtime import (
     cublas_workspace_bytes,
     measured_outside_allocator_bytes,
     nccl_buffer_bytes,
     priced_outside_allocator_bytes,
+    runtime_bytes,
 )
 from tests.toy_facts import CPU, FACTS, PRIOR
 
@@ -26,8 +28,11 @@ LARGE = replace(SMALL, micro_batch_size=4, grad_accum_steps=2)
 def test_the_prior_prices_nccl_by_world_size_and_cublas_by_architecture() -> None:
     one, eight = predict(SMALL, FACTS, H100, 1), predict(SMALL, FACTS, H100, 8)
     assert nccl_buffer_bytes(1) == 0 < nccl_buffer_bytes(8)
-    # ZeRO-1's states shrink with the world; the runtime term grows by NCCL's buffers
-    assert eight.breakdown.other - one.breakdown.other == nccl_buffer_bytes(8)
+    # ZeRO-1's states shrink with the world; the runtime term grows by NCCL's buffers (beside the allocator's reserve,
+    # which the world changes too: the replay of each one's requests)
+    runtime_one = one.breakdown.other - reserve_bytes(SMALL, FACTS, 1)
+    runtime_eight = eight.breakdown.other - reserve_bytes(SMALL, FACTS, 8)
+    assert runtime_eight - runtime_one == nccl_buffer_bytes(8)
     assert one.breakdown.other >= H100.context_bytes + cublas_workspace_bytes(H100)
     assert cublas_workspace_bytes(H100) == 32 * MIB > cublas_workspace_bytes(PRESETS["a100-80gb"])
 
@@ -75,7 +80,7 @@ def test_a_ratio_no_longer_absorbs_the_offset() -> None:
     larger config's tensors by 10 %, not the whole peak by the small probe's offset-inflated ratio."""
     prior = Coefficients.for_hardware(H100)
     fixed_free = predict(SMALL, FACTS, H100, 8, prior)
-    runtime = fixed_free.breakdown.other
+    runtime = runtime_bytes(H100, 8, None)  # the offset (the allocator's reserve within ``other`` is no offset)
     over = int(runtime + 1.10 * (fixed_free.peak_bytes - runtime))
     calibration = calibrate([_observed(SMALL, over, None)], FACTS, H100, 8, prior)
     assert abs(calibration.memory.global_scale - 1.10) < 1e-3
