@@ -39,21 +39,6 @@ NOT_IN_REPO = {
     "benchmarks/models/__init__.py": "tests/test_examples.py leaves it out of the shipped models, should one be added",
 }
 
-#: benchmark scripts that moved into benchmarks/<purpose>/ (benchmarks/README.md), still cited at their old path by
-#: files another change is editing at the time of the move: old path -> new path. Each new path must exist, and an
-#: old path is accepted only in the files listed; cite the new path there and drop the entry.
-MOVED_BENCHMARKS = {
-    "benchmarks/gpu_check_grid.py": ("benchmarks/gpu/gpu_check_grid.py", {"autofit/cost_model/allocator_replay.py"}),
-    "benchmarks/gpu_check_host.py": ("benchmarks/gpu/gpu_check_host.py", {"autofit/cost_model/dispatch.py"}),
-    "benchmarks/gpu_truth.py": ("benchmarks/gpu/gpu_truth.py",
-                                {"autofit/cost_model/uncertainty.py", "tests/cost_model/test_uncertainty.py"}),
-    "benchmarks/memory_accuracy.py": ("benchmarks/accuracy/memory_accuracy.py",
-                                      {"autofit/cost_model/coefficients.py", "autofit/cost_model/memory.py",
-                                       "autofit/tuner/settings.py"}),
-    "benchmarks/probe_accuracy.py": ("benchmarks/probe/probe_accuracy.py", {"autofit/cost_model/memory_correction.py"}),
-}
-
-
 def scanned_files() -> list[Path]:
     files: list[Path] = []
     for name in SCANNED:
@@ -90,16 +75,11 @@ def unresolved(line: str) -> list[str]:
     return found
 
 
-def _moved(file: Path, path: str) -> bool:
-    new, citing = MOVED_BENCHMARKS.get(path, ("", set()))
-    return bool(new) and str(file.relative_to(ROOT)) in citing and (ROOT / new).is_file()
-
-
 def test_every_cited_repo_path_exists() -> None:
     missing = [f"{file.relative_to(ROOT)}:{number}: {path}"
                for file in scanned_files() if file != Path(__file__).resolve()  # this file cites made-up paths
                for number, line in enumerate(file.read_text(errors="replace").splitlines(), 1)
-               for path in unresolved(line) if not _moved(file, path)]
+               for path in unresolved(line)]
     assert not missing, "cited paths that are not in the repository:\n" + "\n".join(missing)
 
 

@@ -127,7 +127,17 @@ def parameter_tensors(facts: ModelFacts) -> Parameters:
     """The model's parameter tensors from its widths: in a layer, attention's query and output (``h x h``), key and
     value (``h x kv_width``) and the MLP's ``mlp_matrices`` (``h x intermediate``), what else it holds (norms,
     biases) as tensors of ``h``; outside the layers the embedding (``vocab x h``), and an untied head of its size
-    where the parameters outside the layers hold a second one. Without widths, each layer one tensor."""
+    where the parameters outside the layers hold a second one. Without widths, each layer one tensor.
+
+    Memoized on ``facts`` (every ZeRO-3 candidate of a plan asks for its sub-groups)."""
+    found: Parameters | None = facts.__dict__.get("_parameters_memo")
+    if found is None:
+        found = _parameter_tensors(facts)
+        object.__setattr__(facts, "_parameters_memo", found)  # not a field: as ModelFacts.at_checkpointed's memo
+    return found
+
+
+def _parameter_tensors(facts: ModelFacts) -> Parameters:
     h, vocab = facts.hidden_size, facts.vocab_size
     layers: list[tuple[int, ...]] = []
     for params in facts.layer_params:
@@ -260,17 +270,18 @@ def _write(seq: _Sequence, config: Config, facts: ModelFacts, world_size: int) -
     return True
 
 
-def _sub_groups(tensors: list[int], world_size: int) -> list[float]:
-    """ZeRO-3's fp32 sub-groups of one rank: whole tensors until a group holds ``sub_group_size`` elements."""
-    groups, current = [], 0
+def zero3_sub_groups(tensors: list[int], world_size: int) -> list[float]:
+    """ZeRO-3's sub-groups of one rank, in elements: whole tensors' partitions until a group holds ``sub_group_size``
+    (stage3.py ``_create_fp16_sub_groups``, which counts ``param.partition_numel()``); the fp32 partition, its
+    gradient and the step's flat temporaries are made per sub-group."""
+    groups: list[float] = []
+    current = 0.0
     for t in tensors:
-        current += t
+        current += t / world_size
         if current >= SUB_GROUP_ELEMENTS:
             groups.append(current)
-            current = 0
-    if current:
-        groups.append(current)
-    return [g / world_size for g in groups]
+            current = 0.0
+    return groups + ([current] if current else [])
 
 
 def _init(seq: _Sequence, stage: int, w: int, tensors: list[int], world_size: int, fp32: int,
@@ -293,7 +304,7 @@ def _init(seq: _Sequence, stage: int, w: int, tensors: list[int], world_size: in
     elif stage == 3:
         if partition:
             seq.alloc(partition * shard)
-        for group in _sub_groups(tensors, world_size) if fp32 else []:
+        for group in zero3_sub_groups(tensors, world_size) if fp32 else []:
             seq.alloc(fp32 * group)
             for _ in range(2):
                 seq.free(seq.alloc(fp32 * group))
@@ -375,7 +386,7 @@ def _optimizer(seq: _Sequence, stage: int, w: int, params: Parameters, grads: li
         flat = seq.alloc(FP32 * psi / world_size)
         seq.free(*grads, flat)
     else:
-        for group in _sub_groups(tensors, world_size):
+        for group in zero3_sub_groups(tensors, world_size):
             half = seq.alloc(w * group)
             grad = seq.alloc(FP32 * group)
             seq.free(half)

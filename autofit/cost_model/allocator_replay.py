@@ -75,7 +75,7 @@ class ReplayResult:
 
 
 def history_events(history: Mapping[str, Any]) -> list[Event]:
-    """The events of one compacted history (``benchmarks/gpu_check_grid.py``'s ``compact_history``: parallel
+    """The events of one compacted history (``benchmarks/gpu/gpu_check_grid.py``'s ``compact_history``: parallel
     lists of action index, address, size, stream) as (action, address, size); one stream only."""
     streams = set(history.get("stream", ()))
     if len(streams) > 1:

@@ -154,7 +154,7 @@ class Coefficients:
             # DeepSpeed's CPU accelerator has no streams (cpu_accelerator.py: ``Stream`` is None, ``stream()`` a
             # no-op context, ``resolves_data_dependency()`` True): gloo's collectives run in line, nothing overlaps
             overlap_efficiency=0.0,
-            # the examples' rows (benchmarks/memory_accuracy.py --quick on gpt, hf_bert, mlp; 18 rows, ZeRO 0-3,
+            # the examples' rows (benchmarks/accuracy/memory_accuracy.py --quick on gpt, hf_bert, mlp; 18 rows, ZeRO 0-3,
             # fp32 and bf16): measured peak less the priced tensors less the model's measured kernel footprint
             # (beyond initialize, checkpointed where the row checkpoints: autofit.probe.footprint), 9.4-15.3 MiB but
             # one ZeRO-3 row at 5.9, median 12.3: the build's and initialize's own (9-10 MiB, runtime_at_init_bytes),
@@ -170,7 +170,7 @@ class Coefficients:
             checkpoint_footprint_bytes=int(3.2 * MIB),
             # the same config in bf16 and fp32 on the three examples (gpt, mlp, hf_bert; ZeRO 0, 1, 2;
             # micro-batches 4 and 16): bf16's peak sits 4.4-8.7 MiB, median 6.0, further above its
-            # prediction than fp32's does, every tensor priced alike (benchmarks/memory_accuracy.py rows); their
+            # prediction than fp32's does, every tensor priced alike (benchmarks/accuracy/memory_accuracy.py rows); their
             # measured footprints agree (bf16 less fp32: gpt 6.8, hf_bert 8.1, mlp 4.5 MiB)
             runtime_16bit_extra_bytes=6 * MIB,
             # resident memory once deepspeed.initialize returns (fp32, ZeRO-0) less the parameters' bytes:

@@ -14,8 +14,8 @@ PyTorch's caching allocator reserved plus what lives outside it:
 * the code a training step loads after the context exists: with lazy loading each kernel's module comes with its
   first call (PyTorch's own kernels, cuBLAS and cuBLASLt, DeepSpeed's fused optimizer): :data:`STEP_MODULES_BYTES`,
   measured, not derived: 804 MiB on the H100 (NVML's per-process peak less ``max_memory_reserved`` less the context
-  the probe metered at its start, both of the search's probes of 2026-11-27 alike; the H200's grid of 2026-11-28
-  measures the same total outside the allocator, 1,316-1,318 MiB, with the same software).
+  the probe metered at its start, the search's two probes alike; docs/results/gpu-truth.md has the H200's, the same
+  total outside the allocator with the same software).
 
 Inside the allocator but no tensor of the model: cuBLAS's workspace, one per handle and stream, allocated
 through the caching allocator at the first matmul (aten/src/ATen/cuda/CublasHandlePool.cpp,

@@ -14,7 +14,7 @@ longer of the two (:func:`autofit.cost_model.time.predict_step_time`): the devic
 * **optimizer**: ``engine.step``'s work per trainable tensor (the 16-bit optimizer's copies, the clipping norm, the
   fused optimizer's per-tensor launches; :attr:`HostConstants.optimizer_tensor_s`) and its fixed part.
 
-The constants are measured on the GPU machine by a micro-benchmark of their own (``benchmarks/gpu_check_host.py``:
+The constants are measured on the GPU machine by a micro-benchmark of their own (``benchmarks/gpu/gpu_check_host.py``:
 stacks of small Linear + ReLU layers at two depths, plain autograd and through ``deepspeed.initialize`` at ZeRO 0-3;
 the slope between the depths is the cost a layer, the intercept the fixed part), never fitted to the training rows
 they are judged on (:func:`fit_host_constants`). Per op, the slope of plain autograd over the ops such a layer
@@ -85,7 +85,7 @@ def dispatched_ops(config: Config, facts: ModelFacts) -> float:
 
 
 def fit_host_constants(bench: Mapping[str, Any], ops_per_layer: float, source: str) -> HostConstants:
-    """The constants of :func:`host_step_time` from one run of ``benchmarks/gpu_check_host.py`` (its JSON ``bench``):
+    """The constants of :func:`host_step_time` from one run of ``benchmarks/gpu/gpu_check_host.py`` (its JSON ``bench``):
     slopes between the two depths of its stacks; ``ops_per_layer``: the ops one of its layers dispatches in forward
     and backward, counted as the trace counts them. A negative slope (noise) is 0."""
     depths = sorted(int(d) for d in bench["mlp"])

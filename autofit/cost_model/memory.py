@@ -32,7 +32,7 @@ everything under P_os+g+p). DeepSpeed's concrete buffers on top of the paper are
 named where they are added; their sources are deepspeed/runtime/zero/stage_1_and_2.py,
 stage3.py and fp16/fused_optimizer.py. Each was measured by reading a probe's resident
 memory phase by phase (build, ``initialize``, forward, backward, step) against
-:func:`memory_phases`, on the rows of benchmarks/memory_accuracy.py: docs/results/memory.md
+:func:`memory_phases`, on the rows of benchmarks/accuracy/memory_accuracy.py: docs/results/memory.md
 ("What changed") gives each reading, and tests/probe/test_probe.py checks the init and
 ZeRO-3 reduce phases against a probe.
 """

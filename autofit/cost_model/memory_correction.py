@@ -13,7 +13,7 @@ measured near it, shrunk toward the global median where nothing near it was meas
 with ``r_F`` the median ratio of the probes of family ``F``, ``g`` the median of all ok probes,
 ``d`` the number of :data:`FAMILY_KEYS` on which ``c`` differs from ``F`` (micro-batch and checkpoint
 ratio scale the same terms, so they do not count), ``DECAY`` = 0.1 and ``W0`` = 0.1: a peak is
-measured to ~1 % (benchmarks/probe_accuracy.py), so one probe of a config's own family outweighs
+measured to ~1 % (benchmarks/probe/probe_accuracy.py), so one probe of a config's own family outweighs
 its neighbours' and the global median ten to one; families, not probes, are weighed (ten probes of
 AdamW say no more about SGD than one does).
 

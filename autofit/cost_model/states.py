@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autofit.core.config import WORKING_BYTES, Config
+from autofit.cost_model.allocation_sequence import parameter_tensors, zero3_sub_groups
 from autofit.cost_model.facts import ModelFacts
 from autofit.ds.buckets import ZeroBuckets, zero_buckets
 
@@ -271,6 +272,7 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
     # zero.Init: each module is made whole in w (fp32 tensor by tensor) then partitioned (Init._post_init_method)
     built = params + w * facts.largest_module_params + FP32 * float(facts.largest_param_numel)
     buckets = buckets_of(config, facts)
+    sub_group = min(shard, max(zero3_sub_groups(parameter_tensors(facts).tensors, world_size), default=shard))
     # one rank gathers nothing: all_gather_coalesced takes _no_gather_coalesced (NoGatherHandle), each parameter a
     # view of its partition
     gathers = world_size > 1
@@ -281,9 +283,10 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
         gathered_params=w * stage3_live_elements(partitioned, facts.largest_module_params, buckets) if gathers else 0.0,
         # stage3.py _prepare_fp32_grad_for_sub_group: the partition's gradients flattened into a new tensor and
         # cast to fp32 (``flatten(...).to(fp32)``: in 16-bit the flat copy and its fp32 cast are alive at once)
-        # become the fp32 partition's .grad for the step
-        grads_step=FP32 * shard,
-        step_scratch=max(optimizer_scratch, w * shard if w != FP32 else 0.0),
+        # become the fp32 partition's .grad for the step, one sub-group at a time (``_release_sub_group`` drops it
+        # before the next): the largest sub-group's
+        grads_step=FP32 * sub_group,
+        step_scratch=max(optimizer_scratch, w * sub_group if w != FP32 else 0.0),
         # deepspeed.initialize: defragment() copies the partitions into one flat buffer; the fp32 master is
         # made by .to(fp32) and then .clone() (stage3.py _create_fp32_partitions): twice for a moment
         init_extra=max(0.0, w * shard + 2 * FP32 * shard - (built - params)),

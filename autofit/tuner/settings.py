@@ -49,7 +49,7 @@ class SearchSettings:
     """A probe is never given less than this, even near the overall deadline."""
     memory_band_floor: float = 0.02
     """A candidate predicted past the usable budget by less than the memory model's uncertainty is still
-    probed (its measured peak decides): at least the median |error| of benchmarks/memory_accuracy.py (~2 %),
+    probed (its measured peak decides): at least the median |error| of benchmarks/accuracy/memory_accuracy.py (~2 %),
     widened to the calibrated model's largest miss on the probes so far, ..."""
     memory_band_cap: float = 0.10
     """... at most this."""

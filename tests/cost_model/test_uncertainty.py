@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_bands_hold_every_committed_gpu_row() -> None:
-    """benchmarks/gpu_truth.py's committed summary: each band covers its range (rounded outwards), over as many rows."""
+    """benchmarks/gpu/gpu_truth.py's committed summary: each band covers its range (rounded outwards), over as many rows."""
     summary = json.loads((ROOT / CUDA_PEAK.source).read_text())["summary"]
     low, high = summary["memory_error_range"]
     assert CUDA_PEAK.rows == summary["rows"]
