@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autofit.core.config import Config
-from autofit.core.recipe import recipe_line
+from autofit.core.recipe import Difference, differences, recipe_line
 from autofit.core.software import Software
 from autofit.core.units import format_bytes
 from autofit.ds.emit import write_text_atomic
@@ -95,9 +95,8 @@ def report_sections(result: SearchResult) -> list[tuple[str, str, list[str], lis
     pruned_rows = [[p["kind"], _partial_label(p["config"]), p["reason"]] for p in result.pruned]
     return [
         ("Winner", _winner_text(result), ["key", "value"], config_rows),
-        ("Recipe", recipe_text(result.deepspeed.get("autofit", {})), ["key", "recipe", "winner", "what it means"],
-         [[d["key"], d["recipe"], d["value"], d["meaning"]]
-          for d in result.deepspeed.get("autofit", {}).get("differs_from_recipe", [])]),
+        ("Recipe", recipe_text(result), ["key", "recipe", "winner", "what it means"],
+         [[d.key, d.recipe, d.value, d.meaning] for d in _differs(result)]),
         ("Runner-ups", "Other configs measured within the usable budget, fastest first.",
          ["#", "config", "samples/s", "peak"], runner_rows),
         ("Predicted vs measured", "Every probe; the prediction is the calibrated one the search held when it chose it.",
@@ -108,25 +107,25 @@ def report_sections(result: SearchResult) -> list[tuple[str, str, list[str], lis
     ]
 
 
-def recipe_text(section: dict[str, Any]) -> str:
-    """What the winner keeps of the user's recipe (the JSON's ``autofit`` section), in words."""
-    recipe = section.get("recipe")
-    if not isinstance(recipe, dict):
+def _differs(result: SearchResult) -> tuple[Difference, ...]:
+    """What the winner changes of the search's recipe (empty without one)."""
+    return () if result.recipe is None else differences(result.recipe, result.config)
+
+
+def recipe_text(result: SearchResult) -> str:
+    """What the winner keeps of the search's recipe (the one its JSON was written for), in words."""
+    if result.recipe is None:
         return "The JSON states no recipe."
 
-    differs = section.get("differs_from_recipe") or []
     kept = ("The winner trains the recipe exactly: only what computes the same training was searched."
-            if not differs else "The winner differs from the recipe as the table says (substitutes allowed with --allow).")
-    return f"{recipe_line(recipe)}. {kept}{software_text(section)}"
+            if not _differs(result) else
+            "The winner differs from the recipe as the table says (substitutes allowed with --allow).")
+    return f"{recipe_line(result.recipe.to_dict())}. {kept}{software_text(result.software)}"
 
 
-def software_text(section: dict[str, Any]) -> str:
-    """What the rules assumed of the target's software (the section's ``software``), as one sentence; empty without."""
-    values = section.get("software")
-    if not isinstance(values, dict):
-        return ""
-    software = Software.from_dict(values, Software(), str(values.get("source", "defaults")))
-    return f" Judged by the target's software: {software.summary()}."
+def software_text(software: Software | None) -> str:
+    """What the rules assumed of the target's software, as one sentence; empty without."""
+    return "" if software is None else f" Judged by the target's software: {software.summary()}."
 
 
 def snapshot_section(snapshot: ProbeResult) -> tuple[str, str, list[str], list[list[str]]]:

@@ -237,6 +237,8 @@ class _Search:
             calibration=self.calibration,
             predictions=ranked,
             facts=plan.facts,
+            recipe=plan.stated_recipe,
+            software=plan.software,
         )
 
 

@@ -11,6 +11,8 @@ from typing import Any, Literal
 from autofit.core.boundary import Status
 from autofit.core.config import Config
 from autofit.core.hardware import Hardware
+from autofit.core.recipe import Recipe
+from autofit.core.software import Software
 from autofit.core.units import format_bytes
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.calibrate import Calibration, Observation
@@ -176,6 +178,12 @@ class SearchResult:
     facts: ModelFacts | None = None
     report_path: str | None = None
     """The report's ``index.html`` where one was written (``autofit run --report``); None otherwise."""
+    recipe: Recipe | None = None
+    """The user's recipe the winner's JSON was written for (the plan's
+    :attr:`~autofit.planning.plan.Plan.stated_recipe`); None: a result made by hand."""
+    software: Software | None = None
+    """What the rules judged by and the JSON was written with (the plan's, failed op builds marked); None: a result
+    made by hand."""
 
     @property
     def n_search_probes(self) -> int:

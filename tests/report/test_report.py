@@ -145,3 +145,18 @@ def test_every_row_of_the_ladder_table_has_a_cell_for_each_column(tmp_path: Path
     assert winner["#"] == "*" and winner["config"] == result.config.label()
     assert winner["vs recipe"] == f"not the recipe: {result.config.optimizer} for sgd"
     assert winner["fits"] == "yes" and winner["probe"] == "ok"
+
+
+def test_the_recipe_section_is_the_searchs_recipe_and_software(tmp_path: Path) -> None:
+    from autofit.core.recipe import Recipe
+    from autofit.core.software import Software
+
+    result = _result(tmp_path)
+    texts = {title: text for title, text, _, _ in report_sections(result)}
+    assert texts["Recipe"] == "The JSON states no recipe."  # a result made by hand
+    recipe = Recipe("sgd", result.config.precision)
+    result = replace(result, recipe=recipe, software=Software(source="cluster"))
+    (_, text, _, rows), = [section for section in report_sections(result) if section[0] == "Recipe"]
+    assert text.startswith("recipe: sgd + ") and "differs from the recipe" in text
+    assert "Judged by the target's software: cluster (autofit's CUDA-cluster profile)" in text
+    assert rows == [["optimizer", "sgd", result.config.optimizer, rows[0][3]]]
