@@ -110,7 +110,7 @@ def _plan(entry: str, hardware, scenario: Scenario = FP32) -> Plan:
 def _search(plan: Plan, trials: int, tmp: str, prober: Prober | None = None):
     """``autofit run`` on the benchmark's space, its own study in ``tmp``."""
     settings = SearchSettings(trials=trials, margin=MARGIN, probe_steps=STEPS)
-    return run_search(plan, settings, storage=f"sqlite:///{tmp}/s.db", out_path=f"{tmp}/ds.json", prober=prober)
+    return run_search(plan, settings, storage=f"sqlite:///{tmp}/s.db", prober=prober)
 
 
 def bench_model(name: str, entry: str, cache: Path | None, scenario: Scenario = FP32) -> list[dict]:

@@ -70,7 +70,7 @@ def test_nothing_fits_on_a_gpu_says_how_many_gpus_would_do(tmp_path: Path, stora
         },
         name="gpu",
     )
-    plan = big_plan(get_hardware("h100-80gb", 1200 * MIB), space)
+    plan = big_plan(get_hardware("h100-80gb", 2400 * MIB), space)
     with pytest.raises(AutofitError) as info:
         run_search(plan, SearchSettings(trials=3), storage=storage, prober=_no_probe)
     message = str(info.value)
