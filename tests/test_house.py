@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.import_graph import import_cycles
+
 PACKAGE = Path(__file__).resolve().parents[1] / "autofit"
 
 #: the layers from the bottom up (docs/design.md, "Architecture"): a module imports only from its own layer or below
@@ -90,42 +92,13 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while (w := stack.pop()) != v:
-                component.append(w)
-            if component:
-                out.append(sorted([v, *component]))
-
-    for v in graph:
-        if v not in index:
-            visit(v)
-    return out
-
-
 def _layer(module: str) -> int:
     parts = module.split(".")
     return LAYERS.index(parts[1] if len(parts) > 1 else "__init__")
 
 
 def test_no_import_cycle() -> None:
-    assert _cycles(_graph()) == []
+    assert import_cycles(_graph()) == []
 
 
 def test_every_module_sits_in_a_layer_and_imports_none_above_it() -> None:

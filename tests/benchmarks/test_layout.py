@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.import_graph import import_cycles
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 #: what edits the import path: ``sys.path.insert(...)``, ``.append``, ``.extend``, ``sys.path[:0] = ...``
@@ -58,46 +60,17 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The circles of ``graph``: each strongly connected component of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while (w := stack.pop()) != v:
-                component.append(w)
-            if component:
-                out.append(sorted([v, *component]))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
 def test_the_cycle_finder_finds_a_circle_of_two_and_of_three() -> None:
-    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c"]]
-    assert _cycles({"a": {"b"}, "b": set()}) == []
+    assert import_cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_benchmarks_are_one_package_with_no_import_circle() -> None:
     assert len(MODULES) > 30 and "benchmarks.gpu.gpu_check" in MODULES and "benchmarks.common" in MODULES
     graph = _graph()
     assert "benchmarks.gpu.gpu_check_profiles" in graph["benchmarks.gpu.gpu_check_steps"]  # the graph sees imports
-    assert _cycles(graph) == []
+    assert import_cycles(graph) == []
 
 
 def test_no_benchmark_edits_sys_path() -> None:
