@@ -58,8 +58,7 @@ SUB_GROUP_ELEMENTS = 10**9
 
 @dataclass(frozen=True)
 class Request:
-    """One call on the allocator: ``alloc`` (``size`` bytes, named ``name``), ``free`` (of ``name``) or
-    ``empty_cache``."""
+    """One call on the allocator: ``alloc`` (``size`` bytes, named ``name``) or ``free`` (of ``name``)."""
 
     action: str
     name: int = 0
@@ -129,7 +128,7 @@ def parameter_tensors(facts: ModelFacts) -> Parameters:
     biases) as tensors of ``h``; outside the layers the embedding (``vocab x h``), and an untied head of its size
     where the parameters outside the layers hold a second one. Without widths, each layer one tensor.
 
-    Memoized on ``facts`` (every ZeRO-3 candidate of a plan asks for its sub-groups)."""
+    Memoized on ``facts`` (every replay of a plan asks)."""
     found: Parameters | None = facts.__dict__.get("_parameters_memo")
     if found is None:
         found = _parameter_tensors(facts)
@@ -284,6 +283,19 @@ def zero3_sub_groups(tensors: list[int], world_size: int) -> list[float]:
     return groups + ([current] if current else [])
 
 
+def largest_zero3_sub_group(facts: ModelFacts, world_size: int) -> float:
+    """Elements of one rank's largest ZeRO-3 sub-group (:func:`zero3_sub_groups`), what the step's fp32 gradient and
+    its 16-bit flat copy hold at once (:mod:`autofit.cost_model.states`). Memoized on ``facts`` by world size: every
+    ZeRO-3 candidate of a plan asks."""
+    memo: dict[int, float] | None = facts.__dict__.get("_sub_group_memo")
+    if memo is None:
+        memo = {}
+        object.__setattr__(facts, "_sub_group_memo", memo)  # not a field: as ModelFacts.at_checkpointed's memo
+    if world_size not in memo:
+        memo[world_size] = max(zero3_sub_groups(parameter_tensors(facts).tensors, world_size), default=0.0)
+    return memo[world_size]
+
+
 def _init(seq: _Sequence, stage: int, w: int, tensors: list[int], world_size: int, fp32: int,
           partition: int) -> None:
     """``deepspeed.initialize``'s buffers (module docstring); ``fp32`` and ``partition``: the bytes an element of the
@@ -312,11 +324,11 @@ def _init(seq: _Sequence, stage: int, w: int, tensors: list[int], world_size: in
             seq.alloc(partition * shard)
 
 
-def _loss(seq: _Sequence, logits_bytes: int) -> tuple[int, int]:
+def _loss(seq: _Sequence, logits_bytes: int) -> int:
     """The loss's vocabulary-sized tensors through forward and into backward, in the histories' order; returns the
-    logits' 16-bit gradient and the fp32 one still live when the head's weight gradient is made."""
+    logits' 16-bit gradient, live while the head's weight gradient is made (0: no logits)."""
     if not logits_bytes:  # no vocabulary the trace knows: the layers and DeepSpeed's buffers only
-        return 0, 0
+        return 0
     logits = seq.alloc(logits_bytes)
     upcast = seq.alloc(2 * logits_bytes)
     log_probs = seq.alloc(2 * logits_bytes)
@@ -325,7 +337,7 @@ def _loss(seq: _Sequence, logits_bytes: int) -> tuple[int, int]:
     seq.free(second, log_probs)
     grad = seq.alloc(logits_bytes)
     seq.free(first)
-    return grad, 0
+    return grad
 
 
 def _reduced(seq: _Sequence, stage: int, w: int, tensors: tuple[int, ...]) -> list[int]:
@@ -351,7 +363,7 @@ def _step(seq: _Sequence, stage: int, shape: _Step, params: Parameters, w: int, 
         saved.append([seq.alloc(size) for size in _chunks(per_layer, sizes)])
         if gathered:
             seq.free(gathered)
-    logits_grad, _ = _loss(seq, shape.logits)
+    logits_grad = _loss(seq, shape.logits)
     head = params.head or params.embedding
     grads = _reduced(seq, stage, w, (head,)) if head else []
     if logits_grad:
@@ -402,10 +414,8 @@ def replay_requests(requests: list[Request], settings: AllocatorSettings | None 
     for request in requests:
         if request.action == "alloc":
             blocks[request.name] = allocator.malloc(request.size)
-        elif request.action == "free":
-            allocator.free(blocks.pop(request.name))
         else:
-            allocator.empty_cache()
+            allocator.free(blocks.pop(request.name))
     return allocator
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autofit.core.config import WORKING_BYTES, Config
-from autofit.cost_model.allocation_sequence import parameter_tensors, zero3_sub_groups
+from autofit.cost_model.allocation_sequence import largest_zero3_sub_group
 from autofit.cost_model.facts import ModelFacts
 from autofit.ds.buckets import ZeroBuckets, zero_buckets
 
@@ -272,7 +272,7 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
     # zero.Init: each module is made whole in w (fp32 tensor by tensor) then partitioned (Init._post_init_method)
     built = params + w * facts.largest_module_params + FP32 * float(facts.largest_param_numel)
     buckets = buckets_of(config, facts)
-    sub_group = min(shard, max(zero3_sub_groups(parameter_tensors(facts).tensors, world_size), default=shard))
+    sub_group = min(shard, largest_zero3_sub_group(facts, world_size) or shard)
     # one rank gathers nothing: all_gather_coalesced takes _no_gather_coalesced (NoGatherHandle), each parameter a
     # view of its partition
     gathers = world_size > 1
