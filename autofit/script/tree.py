@@ -6,7 +6,11 @@ sampled from this process every ``interval_s``:
 - CPU: the rank's ``VmHWM`` (its own high-water mark, which also catches what falls between two
   samples) plus the ``VmRSS`` of everything it started (DataLoader workers, compile workers), read
   from ``/proc`` through psutil. The RSS a bare ``import torch, deepspeed`` holds is subtracted
-  (:func:`import_baseline_bytes`), as docs/design.md subtracts the RSS after imports.
+  (:func:`import_baseline_bytes`), as docs/design.md subtracts the RSS after imports. A build's
+  toolchain (:data:`BUILD_TOOLS`: the ninja, compiler and linker processes DeepSpeed's op builder and
+  inductor start the first time an op is JIT-built) is not counted, nor anything under it: it is a
+  one-time build on the host, not what the training holds (a first-build ``cc1plus`` alone passes
+  a tiny model's budget).
 - CUDA: the device memory NVML reports for each process of the tree
   (``nvmlDeviceGetComputeRunningProcesses``, every device: a rank's context, its caching allocator's
   reservations, NCCL's buffers), summed. Where NVML lists none of the tree's pids (a container: NVML
@@ -37,6 +41,13 @@ from autofit.probe.rank.memory import read_status_bytes
 INTERVAL_S = 0.02
 
 
+#: process names (``/proc/PID/comm``, 15 characters at most) of a build's toolchain: a JIT build's, not training memory
+BUILD_TOOLS = frozenset({
+    "ninja", "make", "cc", "c++", "gcc", "g++", "cc1", "cc1plus", "clang", "clang++", "ld", "ld.bfd", "ld.gold",
+    "ld.lld", "as", "collect2", "lto1", "lto-wrapper", "nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink",
+})
+
+
 def tree_pids(pid: int) -> list[int]:
     """``pid`` and every live process under it."""
     import psutil
@@ -48,10 +59,35 @@ def tree_pids(pid: int) -> list[int]:
         return []
 
 
+def training_tree_pids(pid: int) -> list[int]:
+    """``pid`` and every live process under it but a build's toolchain and what that started (:data:`BUILD_TOOLS`)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return []
+    members, pending = [pid], [root]
+    while pending:
+        try:
+            children = pending.pop().children()
+        except psutil.NoSuchProcess:
+            continue
+        for child in children:
+            try:
+                if child.name() in BUILD_TOOLS:
+                    continue
+            except psutil.NoSuchProcess:
+                continue
+            members.append(child.pid)
+            pending.append(child)
+    return members
+
+
 def host_tree_bytes(pid: int) -> int:
-    """The root's peak RSS plus its descendants' RSS now (0 once it is gone)."""
+    """The root's peak RSS plus its descendants' RSS now, a build's toolchain left out (0 once it is gone)."""
     total = 0
-    for i, member in enumerate(tree_pids(pid)):
+    for i, member in enumerate(training_tree_pids(pid)):
         try:
             total += read_status_bytes("VmHWM" if i == 0 else "VmRSS", member)
         except (OSError, KeyError):  # exited between the listing and the read

@@ -47,6 +47,29 @@ def test_passing_the_budget_is_reported_once() -> None:
     assert meter.exceeded and len(exceeded) == 1 and exceeded[0] > 100 * MIB
 
 
+def test_a_builds_compiler_is_not_the_trainings_memory(tmp_path) -> None:  # noqa: ANN001
+    # the first deepspeed.initialize JIT-builds an op: ninja and cc1plus start under the rank and hold hundreds of MiB
+    # for a moment; the training holds none of it. Here a compiler named so holds 300 MiB beside an 80 MiB worker.
+    compiler = tmp_path / "cc1plus"
+    compiler.symlink_to(sys.executable)
+    tree = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        hold = "import time; b = bytearray({{}} * 2**20); time.sleep(1.0)"
+        build = subprocess.Popen([{str(compiler)!r}, "-S", "-c", hold.format(300)])
+        worker = subprocess.Popen([sys.executable, "-S", "-c", hold.format(80)])
+        build.wait(); worker.wait()
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", tree])
+    meter = TreeMeter([proc.pid], "cpu", 250 * MIB, lambda used: None)
+    with meter:
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert 80 * MIB <= meter.peaks[0] < (80 + 200) * MIB  # the worker's 80 MiB and two interpreters, not the build's 300
+    assert not meter.exceeded
+
+
 # -- CUDA: NVML's rows, and where they do not list the script (containers) ------------------------------------
 
 GIB = 2**30
