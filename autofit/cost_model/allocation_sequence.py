@@ -33,6 +33,14 @@ tensors most of all):
   each gradient in fp32, then their flat fp32 copy; ZeRO 1-3: the partition's fp32 gradient; ZeRO-3 makes
   Adam's states at its first step). Two steps suffice: in every history no phase after step 2 made a segment.
 
+* **cuBLAS's workspaces**: PyTorch gives cuBLAS a workspace from the caching allocator per handle and stream, at
+  the first matmul of each, kept for the process (aten/src/ATen/cuda/CublasHandlePool.cpp ``getNewWorkspace``;
+  cuBLASLt shares it, ``TORCH_CUBLASLT_UNIFIED_WORKSPACE``). Handles are per thread, so a training step makes two:
+  the forward's, at its first matmul, and the backward's (autograd's device thread), at the head's first matmul
+  after the loss's backward (their size:
+  :func:`autofit.cost_model.cuda_runtime.cublas_workspace_bytes`). Small as they are, where they land can split a
+  large free block the next step's loss needs whole, and cost a segment (docs/results/gpu-truth.md).
+
 Beyond the histories (which hold none of them) the sequence follows the memory model: offload keeps the fp32
 buffers (and ZeRO-3's offloaded partition) off the device, the long-context keys scale the layers' bytes as
 :mod:`autofit.cost_model.long_context` prices them and the tiled loss never holds whole logits; fp8 is its
@@ -44,6 +52,7 @@ priced for it. ``expandable_segments:True`` is priced by the same replay (:func:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from autofit.core.config import WORKING_BYTES, Config
 from autofit.cost_model.allocator import K_MIN_LARGE_ALLOC, AllocatorSettings, CachingAllocator
@@ -153,7 +162,7 @@ def _parameter_tensors(facts: ModelFacts) -> Parameters:
             tensors.append(rest)
         layers.append(tuple(tensors))
     outside = facts.n_params - sum(facts.layer_params)
-    embedding = vocab * h if 0 < vocab * h <= outside else 0
+    embedding = vocab * h if h and vocab and 0 < vocab * h <= outside else 0
     head = embedding if outside - embedding >= embedding > 0 else 0
     return Parameters(embedding=embedding, layers=tuple(layers), rest=outside - embedding - head, head=head)
 
@@ -227,28 +236,32 @@ def _step_shape(config: Config, facts: ModelFacts) -> _Step:
     # saved bytes (the whole step's peak where the trace has no per-part peaks)
     body = at(0, "body_peak_without_grads_bytes") or at(0, "peak_without_grads_bytes")
     transient = max(0.0, body - (at(0, "activation_bytes") - head_saved)) * scale
-    hidden = mb * tokens * (facts.hidden_size or 1) * w
+    if facts.hidden_size:
+        hidden = mb * tokens * facts.hidden_size * w
+        mlp = mb * tokens * (facts.intermediate_size or facts.hidden_size) * w
+    else:  # no width known (a CNN, a model the structure pass does not read): a layer's saved bytes as one request
+        hidden = mlp = max(1, int(max(full, ckpt)))
     return _Step(layers_full=full, layers_ckpt=ckpt, transient=transient, n_ckpt=n_ckpt, unit_hidden=hidden,
-                 unit_mlp=mb * tokens * (facts.intermediate_size or facts.hidden_size or 1) * w,
-                 mlp_tensors=max(1, facts.mlp_intermediates), logits=int(logits))
+                 unit_mlp=mlp, mlp_tensors=max(1, facts.mlp_intermediates), logits=int(logits))
 
 
-def synthesize(config: Config, facts: ModelFacts, world_size: int) -> list[Request] | None:
-    """The requests of a plan's process from the model's copy through two steps (module docstring); None where
-    the plan runs what is not synthesized (fp32 training, a model with no layers traced)."""
+def synthesize(config: Config, facts: ModelFacts, world_size: int, workspace: int = 0) -> list[Request] | None:
+    """The requests of a plan's process from the model's copy through two steps (module docstring), with cuBLAS
+    workspaces of ``workspace`` bytes (:func:`autofit.cost_model.cuda_runtime.cublas_workspace_bytes`; 0: none);
+    None where the plan runs what is not synthesized (fp32 training, a model with no layers traced)."""
     seq = _Sequence()
-    return seq.requests if _write(seq, config, facts, world_size) else None
+    return seq.requests if _write(seq, config, facts, world_size, workspace) else None
 
 
-def replayed(config: Config, facts: ModelFacts, world_size: int,
-             settings: AllocatorSettings | None = None) -> CachingAllocator | None:
+def replayed(config: Config, facts: ModelFacts, world_size: int, settings: AllocatorSettings | None = None,
+             workspace: int = 0) -> CachingAllocator | None:
     """:func:`synthesize`'s requests made on a fresh simulated allocator as they are written; None where nothing is
     synthesized."""
     seq = _Replay(CachingAllocator(settings))
-    return seq.allocator if _write(seq, config, facts, world_size) else None
+    return seq.allocator if _write(seq, config, facts, world_size, workspace) else None
 
 
-def _write(seq: _Sequence, config: Config, facts: ModelFacts, world_size: int) -> bool:
+def _write(seq: _Sequence, config: Config, facts: ModelFacts, world_size: int, workspace: int) -> bool:
     if config.precision == "fp32" or not facts.n_layers:
         return False
     w = WORKING_BYTES[config.precision]
@@ -265,7 +278,8 @@ def _write(seq: _Sequence, config: Config, facts: ModelFacts, world_size: int) -
     _init(seq, config.zero_stage, w, tensors, world_size, fp32, partition)
     shape = _step_shape(config, facts)
     for step in range(2):
-        _step(seq, config.zero_stage, shape, params, w, world_size, fp32, first=step == 0)
+        _step(seq, config.zero_stage, shape, params, w, world_size, fp32, first=step == 0,
+              workspace=workspace if step == 0 else 0)
     return True
 
 
@@ -287,10 +301,7 @@ def largest_zero3_sub_group(facts: ModelFacts, world_size: int) -> float:
     """Elements of one rank's largest ZeRO-3 sub-group (:func:`zero3_sub_groups`), what the step's fp32 gradient and
     its 16-bit flat copy hold at once (:mod:`autofit.cost_model.states`). Memoized on ``facts`` by world size: every
     ZeRO-3 candidate of a plan asks."""
-    memo: dict[int, float] | None = facts.__dict__.get("_sub_group_memo")
-    if memo is None:
-        memo = {}
-        object.__setattr__(facts, "_sub_group_memo", memo)  # not a field: as ModelFacts.at_checkpointed's memo
+    memo: dict[int, float] = _memo(facts, "_sub_group_memo")
     if world_size not in memo:
         memo[world_size] = max(zero3_sub_groups(parameter_tensors(facts).tensors, world_size), default=0.0)
     return memo[world_size]
@@ -353,9 +364,12 @@ def _reduced(seq: _Sequence, stage: int, w: int, tensors: tuple[int, ...]) -> li
 
 
 def _step(seq: _Sequence, stage: int, shape: _Step, params: Parameters, w: int, world_size: int, fp32: int,
-          first: bool) -> None:
-    """One training step: forward, the loss, backward, the optimizer's temporaries (module docstring)."""
+          first: bool, workspace: int) -> None:
+    """One training step: forward, the loss, backward, the optimizer's temporaries (module docstring); ``workspace``:
+    the bytes of the cuBLAS workspaces its first matmuls make, forward's and backward's (the first step's; 0: none)."""
     sizes = [shape.unit_mlp] * shape.mlp_tensors + [shape.unit_hidden]
+    if workspace:
+        seq.alloc(workspace)  # the forward's, at its first matmul: kept
     saved: list[list[int]] = []
     for index, layer in enumerate(params.layers):
         gathered = seq.alloc(w * sum(layer)) if stage == 3 else 0
@@ -364,8 +378,15 @@ def _step(seq: _Sequence, stage: int, shape: _Step, params: Parameters, w: int, 
         if gathered:
             seq.free(gathered)
     logits_grad = _loss(seq, shape.logits)
+    # the backward's workspace, on autograd's thread, kept: at the head's first matmul, which ZeRO-3's linear
+    # (runtime/zero/linear.py ``LinearFunctionForZeroStage3.backward``: the input's gradient first) makes before the
+    # weight's gradient and autograd's own (``mm``'s backward) after it
+    if workspace and stage == 3:
+        seq.alloc(workspace)
     head = params.head or params.embedding
     grads = _reduced(seq, stage, w, (head,)) if head else []
+    if workspace and stage < 3:
+        seq.alloc(workspace)
     if logits_grad:
         seq.free(logits_grad)
     for index in reversed(range(len(params.layers))):
@@ -419,28 +440,43 @@ def replay_requests(requests: list[Request], settings: AllocatorSettings | None 
     return allocator
 
 
-def reserve_key(config: Config, facts: ModelFacts, world_size: int) -> tuple[object, ...]:
+def reserve_key(config: Config, facts: ModelFacts, world_size: int, workspace: int = 0) -> tuple[object, ...]:
     """What the reserve is priced by: the keys that decide the buffers and the step's large requests. The attention
     kernel, the checkpoint granularity, TiledMLP and activation offload change only the layers' activations, which
     set no reserve at the sizes measured (docs/results/allocator.md): configs differing only in them share one replay
     (the first priced), which keeps a plan of 66,000 candidates to a few hundred replays."""
     return (config.micro_batch_size, config.checkpointed_layers(facts.n_layers), config.zero_stage,
             config.precision == "fp32", config.offload_optimizer != "none", config.offload_params != "none",
-            config.sequence_parallel, config.tiled_loss, world_size)
+            config.sequence_parallel, config.tiled_loss, world_size, workspace)
 
 
 def reserve_bytes(config: Config, facts: ModelFacts, world_size: int,
-                  settings: AllocatorSettings | None = None) -> int:
+                  settings: AllocatorSettings | None = None, workspace: int = 0) -> int:
     """What the allocator holds cached at its reserved peak beyond the allocated peak, for this plan: the replay of
-    :func:`synthesize`'s requests (reserved peak less allocated peak); 0 where nothing is synthesized.
+    :func:`synthesize`'s requests (reserved peak less allocated peak), with cuBLAS workspaces of ``workspace`` bytes;
+    0 where nothing is synthesized.
 
-    Memoized on ``facts`` by :func:`reserve_key` (as :meth:`ModelFacts.at_checkpointed` is)."""
-    key = (*reserve_key(config, facts, world_size), settings)
-    memo: dict[tuple[object, ...], int] | None = facts.__dict__.get("_reserve_memo")
-    if memo is None:
-        memo = {}
-        object.__setattr__(facts, "_reserve_memo", memo)  # not a field: not compared, copied or written
+    Memoized on ``facts`` by :func:`reserve_key` and ``settings`` (:func:`reserve_memo`)."""
+    key = (*reserve_key(config, facts, world_size, workspace), settings)
+    memo = reserve_memo(facts)
     if key not in memo:
-        allocator = replayed(config, facts, world_size, settings)
+        allocator = replayed(config, facts, world_size, settings, workspace)
         memo[key] = 0 if allocator is None else allocator.peak_reserved_bytes - allocator.peak_allocated_bytes
     return memo[key]
+
+
+def reserve_memo(facts: ModelFacts) -> dict[tuple[object, ...], int]:
+    """The reserves :func:`reserve_bytes` priced for ``facts``, by :func:`reserve_key` and the allocator's settings
+    (None: the defaults): kept on the facts as :meth:`ModelFacts.at_checkpointed`'s memo is, and on disk beside
+    their trace by :mod:`autofit.planning.reserve_cache`, so a model planned again replays nothing."""
+    return _memo(facts, "_reserve_memo")
+
+
+def _memo(facts: ModelFacts, name: str) -> dict[Any, Any]:
+    """The dict kept on ``facts`` under ``name``, made empty the first time: not a field, so not compared, copied or
+    written (as :meth:`ModelFacts.at_checkpointed`'s memo)."""
+    memo: dict[Any, Any] | None = facts.__dict__.get(name)
+    if memo is None:
+        memo = {}
+        object.__setattr__(facts, name, memo)
+    return memo

@@ -17,10 +17,12 @@ PyTorch's caching allocator reserved plus what lives outside it:
   the probe metered at its start, the search's two probes alike; docs/results/gpu-truth.md has the H200's, the same
   total outside the allocator with the same software).
 
-Inside the allocator but no tensor of the model: cuBLAS's workspace, one per handle and stream, allocated
-through the caching allocator at the first matmul (aten/src/ATen/cuda/CublasHandlePool.cpp,
-``getChosenWorkspaceSize``: ``CUBLAS_WORKSPACE_CONFIG`` defaults to ``:4096:8``, 32 MiB, on Hopper and to
-``:4096:2:16:8``, 8.1 MiB, before it, after cuBLAS's ``cublasSetWorkspace`` recommendation).
+Inside the allocator but no tensor of the model: cuBLAS's workspaces, one per handle and stream, allocated
+through the caching allocator at the first matmul of each (aten/src/ATen/cuda/CublasHandlePool.cpp,
+``getChosenWorkspaceSize``: ``CUBLAS_WORKSPACE_CONFIG`` defaults to ``:4096:8``, 32 MiB, from compute capability 9 on
+(Hopper, Blackwell) and to ``:4096:2:16:8``, 8.1 MiB, before it, after cuBLAS's ``cublasSetWorkspace``
+recommendation). Handles are per thread, so training holds two: the forward's, and the backward's on autograd's
+device thread (:data:`CUBLAS_HANDLES`, :func:`training_workspace_bytes`).
 
 These are an offset, not a ratio: the same hundreds of MiB whatever the model. So the prediction adds them
 (:func:`runtime_bytes`), calibration learns the outside-allocator part from the first probes as a measured
@@ -48,11 +50,14 @@ RING_PEERS = 2
 #: 1,386,217,472 B less ``max_memory_reserved`` less the metered context 543,162,368 B, on both probes of
 #: benchmarks/results/gpu_check/h100_2026-11-27_run2_search_trials.json (torch 2.11, CUDA 13.0, DeepSpeed 0.19.8)
 STEP_MODULES_BYTES = 843_055_104
-#: cuBLAS workspace per handle: ``:4096:8`` on Hopper (sm90), ``:4096:2:16:8`` before (CublasHandlePool.cpp)
+#: cuBLAS workspace per handle: ``:4096:8`` from compute capability 9 on, ``:4096:2:16:8`` before (CublasHandlePool.cpp)
 CUBLAS_WORKSPACE_HOPPER = 4096 * 1024 * 8
 CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
-#: the compute capability torch gives cuBLAS the larger workspace on (``sm90``: major 9, minor 0)
-HOPPER_CAPABILITY = (9, 0)
+#: the first compute capability major torch gives cuBLAS the larger workspace on (``parseChosenWorkspaceSize``:
+#: ``major == 9 || major == 10 || major == 12``; earlier releases: sm90 alone)
+HOPPER_MAJOR = 9
+#: cuBLAS handles a training step holds (handles are per thread): the forward's, and autograd's backward thread's
+CUBLAS_HANDLES = 2
 
 
 def nccl_buffer_bytes(world_size: int) -> int:
@@ -61,10 +66,15 @@ def nccl_buffer_bytes(world_size: int) -> int:
 
 
 def cublas_workspace_bytes(hardware: Hardware) -> int:
-    """cuBLAS's workspace of the default stream's handle on ``hardware``, decided as torch decides it: by the
-    device's compute capability (``parseChosenWorkspaceSize``: ``major == 9 && minor == 0``), not its name."""
+    """One cuBLAS workspace (a handle's, on the default stream) on ``hardware``, decided as torch decides it: by the
+    device's compute capability (``parseChosenWorkspaceSize``), not its name."""
     capability = tuple(hardware.compute_capability or ())  # a list once through JSON (a probe's spec)
-    return CUBLAS_WORKSPACE_HOPPER if capability == HOPPER_CAPABILITY else CUBLAS_WORKSPACE_DEFAULT
+    return CUBLAS_WORKSPACE_HOPPER if capability and capability[0] >= HOPPER_MAJOR else CUBLAS_WORKSPACE_DEFAULT
+
+
+def training_workspace_bytes(hardware: Hardware) -> int:
+    """What cuBLAS's workspaces of a training process hold on ``hardware``: one a handle, :data:`CUBLAS_HANDLES`."""
+    return CUBLAS_HANDLES * cublas_workspace_bytes(hardware)
 
 
 def priced_outside_allocator_bytes(hardware: Hardware, world_size: int) -> int:
@@ -83,7 +93,7 @@ def runtime_bytes(hardware: Hardware, world_size: int, learned: int | None) -> i
     the CPU."""
     if hardware.kind != "cuda":
         return 0
-    return outside_allocator_bytes(hardware, world_size, learned) + cublas_workspace_bytes(hardware)
+    return outside_allocator_bytes(hardware, world_size, learned) + training_workspace_bytes(hardware)
 
 
 def measured_outside_allocator_bytes(device_memory: Mapping[str, int | None]) -> int | None:

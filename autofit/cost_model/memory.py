@@ -45,7 +45,12 @@ from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.hardware import Hardware
 from autofit.cost_model.allocation_sequence import reserve_bytes
 from autofit.cost_model.coefficients import Coefficients
-from autofit.cost_model.cuda_runtime import cublas_workspace_bytes, outside_allocator_bytes, runtime_bytes
+from autofit.cost_model.cuda_runtime import (
+    cublas_workspace_bytes,
+    outside_allocator_bytes,
+    runtime_bytes,
+    training_workspace_bytes,
+)
 from autofit.cost_model.facts import ModelFacts, footprint_key
 from autofit.cost_model.fp8 import fp8_cast_bytes
 from autofit.cost_model.long_context import any_long_context, long_context_activation_bytes
@@ -123,7 +128,8 @@ def predict_memory(
     ``other``: NVML sees the allocator's reserved peak, the allocated peak plus what it holds cached there."""
     peak = max(memory_phases(config, facts, hardware, world_size, coefficients).values(), key=lambda m: m.total)
     if hardware.kind == "cuda":
-        peak = replace(peak, other=peak.other + reserve_bytes(config, facts, world_size))
+        reserve = reserve_bytes(config, facts, world_size, workspace=cublas_workspace_bytes(hardware))
+        peak = replace(peak, other=peak.other + reserve)
     if coefficients.memory_scale == 1.0:
         return peak
     fixed = runtime_bytes(hardware, world_size, coefficients.outside_allocator_bytes)  # CUDA's offset; CPU: 0
@@ -181,13 +187,14 @@ def memory_phases(
     """The bytes held at the worst moment of each phase (``init``, ``backward``, ``reduce``, ``step``; module
     docstring)."""
     states = model_states(config, facts, world_size, hardware.kind)
-    # CUDA: the context, NCCL's buffers and cuBLAS's workspace, priced or learned (cost_model/cuda_runtime.py);
-    # the workspace comes with the first matmul, after initialize. CPU: the preset's context (0)
+    # CUDA: the context, NCCL's buffers and cuBLAS's workspaces (forward's and backward's), priced or learned
+    # (cost_model/cuda_runtime.py); the workspaces come with the first matmuls, after initialize. CPU: the preset's
+    # context (0)
     outside = hardware.context_bytes
     workspace = 0
     if hardware.kind == "cuda":
         outside = outside_allocator_bytes(hardware, world_size, coefficients.outside_allocator_bytes)
-        workspace = cublas_workspace_bytes(hardware)
+        workspace = training_workspace_bytes(hardware)
     runtime = int(outside + workspace + coefficients.runtime_overhead_bytes + facts.buffer_bytes
                   + kernel_footprint_bytes(config, facts, hardware, coefficients)
                   + compile_bytes(config, hardware))

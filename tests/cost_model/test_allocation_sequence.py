@@ -73,6 +73,20 @@ def test_every_request_replays_and_both_paths_agree(config: Config) -> None:
     assert written.peak_reserved_bytes >= written.peak_allocated_bytes > 0
 
 
+def test_a_model_without_widths_saves_each_layer_as_one_request() -> None:
+    """Without a hidden width (a CNN, a model whose structure is not read) a layer's saved bytes are one request, not
+    tensors of one element each (millions of requests: minutes a plan); with widths, the decoder's chunks."""
+    from dataclasses import replace
+
+    widthless = replace(DECODER, hidden_size=None, intermediate_size=None, kv_width=None)
+    config = Config(precision="bf16", micro_batch_size=4)
+    with_widths, without = synthesize(config, DECODER, 1), synthesize(config, widthless, 1)
+    assert with_widths is not None and without is not None
+    assert len(without) < len(with_widths) < 10_000
+    assert replay_requests(without).peak_allocated_bytes == pytest.approx(
+        replay_requests(with_widths).peak_allocated_bytes, rel=0.05)
+
+
 def test_offload_takes_the_fp32_buffers_off_the_device() -> None:
     """Optimizer offload keeps the fp32 master and its states on the host: the device's peak falls by at least the
     master's fp32 partition."""
@@ -110,15 +124,19 @@ def _h200_rows(model: str) -> list[dict[str, object]]:
 @pytest.mark.slow
 def test_the_priced_reserve_lands_on_the_h200s_fresh_rows(tmp_path: Path) -> None:
     """Qwen2-0.5B at 1,024 tokens on the H200 (benchmarks/results/gpu_check/), every grid row its process began
-    fresh: the replayed reserve (reserved peak less allocated peak) within 5% or 64 MiB of the measured one. Those
-    rows' reserves come from DeepSpeed's flat buffers and the loss's vocabulary-sized tensors, which the sequence
-    writes as DeepSpeed and transformers make them; the fresh rows of micro-batch 4 without checkpointing, where the
-    layers' activations' sizes decide it, are docs/results/gpu-truth.md's misses and not among them."""
+    fresh: the replayed reserved peak within 2% of the measured one, and the reserve (reserved peak less allocated
+    peak) within 10% or 64 MiB. Those rows' reserves come from DeepSpeed's flat buffers, the loss's vocabulary-sized
+    tensors and where cuBLAS's two workspaces land (at micro-batch 4 the backward's splits a segment step 2's loss
+    needed whole: 2.3 GiB), which the sequence writes as DeepSpeed, transformers and PyTorch make them; what is left
+    (ZeRO-3 at micro-batch 4 and 16: 7-9% over) is the layers' activations cut into tensors of the hidden and the
+    MLP's width, not the trace's own sizes."""
+    from autofit.cost_model.cuda_runtime import cublas_workspace_bytes
+    from autofit.machine.device import get_hardware
     from autofit.planning.target import Target, prepare
 
-    rows = [row for row in _h200_rows("qwen2_0p5b")
-            if not (row["config"]["micro_batch_size"] == 4 and row["config"]["checkpoint_ratio"] == 0.0)]
-    assert len(rows) >= 3
+    rows = _h200_rows("qwen2_0p5b")
+    assert len(rows) >= 4 and any(row["config"]["micro_batch_size"] == 4 for row in rows)
+    workspace = cublas_workspace_bytes(get_hardware("h200"))
     space = tmp_path / "space.yaml"  # the rows' values only: the trace this needs, no more
     space.write_text(json.dumps({"description": "the H200 grid's values", "micro_batch_size": [1, 4, 16],
                                  "zero_stage": [0, 3], "checkpoint_ratio": [0.0, 1.0], "precision": ["bf16"],
@@ -129,9 +147,13 @@ def test_the_priced_reserve_lands_on_the_h200s_fresh_rows(tmp_path: Path) -> Non
     facts = prepare(target).plan().facts
     for row in rows:
         measured = row["max_memory_reserved_bytes"] - row["max_memory_allocated_bytes"]
-        priced = reserve_bytes(Config.from_dict(row["config"]), facts, 1)
-        assert abs(priced - measured) <= max(0.05 * measured, 64 * MIB), (row["config"], priced, measured)
+        priced = reserve_bytes(Config.from_dict(row["config"]), facts, 1, workspace=workspace)
+        assert abs(priced - measured) <= max(0.10 * measured, 64 * MIB), (row["config"], priced, measured)
+        allocator = replayed(Config.from_dict(row["config"]), facts, 1, workspace=workspace)
+        assert allocator is not None
+        reserved = row["max_memory_reserved_bytes"]
+        assert abs(allocator.peak_reserved_bytes - reserved) <= 0.02 * reserved, (row["config"], reserved)
         # segments that grow in place (expandable_segments:True) reserve less on the same requests, as they do on
         # the recorded histories replayed (docs/results/allocator.md)
         expandable = AllocatorSettings(expandable_segments=True, device_bytes=141 * GIB)
-        assert reserve_bytes(Config.from_dict(row["config"]), facts, 1, expandable) < priced
+        assert reserve_bytes(Config.from_dict(row["config"]), facts, 1, expandable, workspace) < priced

@@ -46,6 +46,7 @@ def test_crossing_nodes_is_slower_and_the_network_sets_the_pace() -> None:
     assert collective_seconds(GB, network_only, 64) > collective_seconds(GB, nvlink_only, 64)
 
 
+@pytest.mark.slow
 def test_a_prediction_prices_the_network_when_the_job_spans_nodes() -> None:
     config = Config(precision="bf16", zero_stage=3)
     within = predict(config, FACTS, replace(H100, devices_per_node=16), world_size=16)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from autofit.core.config import Config
 from autofit.core.hardware import PRESETS
 from autofit.cost_model import Coefficients, predict
@@ -25,6 +27,7 @@ SMALL = Config(precision="bf16", micro_batch_size=1, grad_accum_steps=8, zero_st
 LARGE = replace(SMALL, micro_batch_size=4, grad_accum_steps=2)
 
 
+@pytest.mark.slow
 def test_the_prior_prices_nccl_by_world_size_and_cublas_by_architecture() -> None:
     one, eight = predict(SMALL, FACTS, H100, 1), predict(SMALL, FACTS, H100, 8)
     assert nccl_buffer_bytes(1) == 0 < nccl_buffer_bytes(8)
@@ -59,6 +62,7 @@ def _observed(config: Config, peak: int, outside: int | None, hardware=H100, wor
     return Observation(config, "ok", peak, step, hardware.memory_bytes, outside_allocator_bytes=outside)
 
 
+@pytest.mark.slow
 def test_the_first_probe_teaches_the_offset_and_later_predictions_add_it() -> None:
     prior = Coefficients.for_hardware(H100)
     learned = 3 * GIB  # NCCL with NVLS, lazy kernels: more than the prior priced
@@ -75,6 +79,7 @@ def test_the_first_probe_teaches_the_offset_and_later_predictions_add_it() -> No
         assert after - before == raised
 
 
+@pytest.mark.slow
 def test_a_ratio_no_longer_absorbs_the_offset() -> None:
     """With the runtime as an offset the ratio is fitted to the rest: a probe 10 % over on its tensors scales a
     larger config's tensors by 10 %, not the whole peak by the small probe's offset-inflated ratio."""

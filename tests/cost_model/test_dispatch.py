@@ -85,6 +85,7 @@ def h100_plan():  # type: ignore[no-untyped-def]
     return prepare(target).plan()
 
 
+@pytest.mark.slow
 def test_a_small_micro_batch_on_a_gpu_is_bound_by_the_host_and_zero3_pays_its_module_hooks(h100_plan) -> None:  # type: ignore[no-untyped-def]
     def priced(stage: int) -> object:
         config = Config(micro_batch_size=1, precision="bf16", zero_stage=stage, optimizer="adamw", attention="sdpa")
@@ -99,6 +100,7 @@ def test_a_small_micro_batch_on_a_gpu_is_bound_by_the_host_and_zero3_pays_its_mo
     assert host_step_time(config, facts, MEASURED_H200_MACHINE).forward_backward_s > hooks > 0
 
 
+@pytest.mark.slow
 def test_the_host_adds_nothing_on_the_cpu() -> None:
     target = Target(entry=f"{EXAMPLES}/mlp.py:workload", hardware="cpu", gpus=1, global_batch=4,
                     set_values=("zero_stage=0", "micro_batch_size=4"))

@@ -29,6 +29,7 @@ def traced() -> dict[int, object]:
     return {s: trace_workload(hf_workload(LLAMA, seq_len=s), **request) for s in (32, 64, 128)}
 
 
+@pytest.mark.slow
 def test_the_trace_exposes_the_causal_lms_shapes(traced) -> None:
     facts = traced[64]
     assert (facts.seq_len, facts.vocab_size, facts.intermediate_size, facts.hidden_size) == (64, 4096, 688, 256)
@@ -38,12 +39,14 @@ def test_the_trace_exposes_the_causal_lms_shapes(traced) -> None:
 
 @pytest.mark.parametrize("config", [Z3, Z3.with_(sequence_parallel=2), Z3.with_(tiled_loss=True, tiled_mlp=True),
                                     Z3.with_(offload_activations="cpu"), Z3.with_(checkpoint_ratio=0.0)])
+@pytest.mark.slow
 def test_a_longer_sequence_never_predicts_less(traced, config) -> None:
     peaks = [activation_peak_bytes(config, traced[s], keep_grads=False) for s in (32, 64, 128)]
     assert peaks == sorted(peaks)
     assert predict(config, traced[32], H100, 8).peak_bytes <= predict(config, traced[128], H100, 8).peak_bytes
 
 
+@pytest.mark.slow
 def test_sequence_parallel_two_about_halves_the_activations(traced) -> None:
     facts = traced[128]
     one = activation_peak_bytes(Z3, facts, keep_grads=False)
@@ -55,6 +58,7 @@ def test_sequence_parallel_two_about_halves_the_activations(traced) -> None:
     assert time_two["communication"] > time_one["communication"]  # the Ulysses all-to-alls
 
 
+@pytest.mark.slow
 def test_the_trace_splits_its_peak_into_the_head_and_the_layers(traced) -> None:
     for profile in traced[128].profiles.values():
         for point in profile.points:
@@ -63,6 +67,7 @@ def test_the_trace_splits_its_peak_into_the_head_and_the_layers(traced) -> None:
                                                          point.body_peak_without_grads_bytes)
 
 
+@pytest.mark.slow
 def test_a_tiled_loss_pays_only_where_the_logits_outweigh_the_lm_heads_gradient(traced) -> None:
     """V = 4,096, h = 256: the tiles accumulate the lm_head's 4 MiB gradient beside each tile's own, more than the
     1.5 MiB of logits cross-entropy holds at 32 tokens; at 2,048 tokens the logits' 96 MiB dwarf it."""
@@ -72,6 +77,7 @@ def test_a_tiled_loss_pays_only_where_the_logits_outweigh_the_lm_heads_gradient(
     assert activation_peak_bytes(tiled, long, False) < 0.5 * activation_peak_bytes(Z3, long, False)
 
 
+@pytest.mark.slow
 def test_tiling_and_offload_shrink_the_device_and_offload_fills_the_host(traced) -> None:
     facts = facts_at_length(traced[64], traced[128], 2048)
     base = predict(Z3, facts, H100, 8)
@@ -88,6 +94,7 @@ def test_tiling_and_offload_shrink_the_device_and_offload_fills_the_host(traced)
     assert offloaded.host_peak_bytes > base.host_peak_bytes
 
 
+@pytest.mark.slow
 def test_two_traces_extrapolate_to_a_third(traced) -> None:
     carried = facts_at_length(traced[32], traced[64], 128)
     for config in (Z3, Z3.with_(checkpoint_ratio=0.0)):

@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from autofit.cost_model.budget import usable_bytes
 from autofit.cost_model.uncertainty import CUDA_PEAK, CUDA_THROUGHPUT, margin_holding
 from autofit.planning.estimate import estimate
@@ -36,6 +38,7 @@ def test_the_margin_it_names_keeps_the_worst_rows_peak_within_the_device() -> No
     assert predicted / (1 + CUDA_PEAK.low) > usable_bytes(memory, 0.10)  # the default 10% would not have held it
 
 
+@pytest.mark.slow
 def test_an_unprobed_gpu_plan_states_its_band_and_a_cpu_plan_none() -> None:
     def planned(hardware: str) -> dict:
         target = Target(entry=f"{ROOT}/examples/mlp.py:workload", hardware=hardware, gpus=1, global_batch=8,
