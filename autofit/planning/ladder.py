@@ -180,30 +180,19 @@ def check_can_measure(hardware: Hardware) -> None:
 def ladder_plan(entry: str, workload: Workload | SourcePlannedWorkload, hardware: Hardware, *, world_size: int, global_batch: int,
                 fixed: dict[str, Any] | None = None, facts: ModelFacts | None = None,
                 software: Software | None = None, recipe: Recipe | None = None, margin: float = DEFAULT_MARGIN) -> Plan:
-    """The plan of the ladder's space: enumerated under the rules, traced once (``facts``: a trace made earlier,
-    used where it covers every rung; ``software``: what the machine runs, this one's by default). ``recipe``
-    (default: the device's, :func:`autofit.planning.plan.default_recipe`) does not narrow the rungs: it is what each row is
-    compared with; ``margin``: the share of the device memory a rung must leave free to fit."""
+    """The plan of the ladder's space: enumerated under the rules, traced once (``facts``: a trace made earlier, the
+    precisions and kernels it lacks traced and added, :func:`autofit.planning.plan.completed_facts`; ``software``:
+    what the machine runs, this one's by default). ``recipe`` (default: the device's,
+    :func:`autofit.planning.plan.default_recipe`) does not narrow the rungs: it is what each row is compared with;
+    ``margin``: the share of the device memory a rung must leave free to fit."""
     fixed = dict(fixed or {})
     check_fixed(fixed)
     ladder = rungs(mixed_precision(hardware), world_size, workload.sequence is not None)
     space = ladder_space(ladder, max(1, global_batch // world_size))
     plan = Plan.make(entry, workload, hardware, space, world_size=world_size, global_batch=global_batch,
-                     fixed=fixed, facts=facts if facts is not None and covers(facts, space) else None,
+                     fixed=fixed, facts=facts,
                      software=software, recipe=recipe, narrow=False, margin=margin)
     return plan
-
-
-def covers(facts: ModelFacts, space: SearchSpace) -> bool:
-    """Whether ``facts`` holds a trace for every precision class and attention of ``space``, checkpointed and not."""
-    try:
-        for precision in space.values["precision"]:
-            for attention in space.values["attention"]:
-                for checkpointed in (False, True):
-                    facts.profile(Config(precision=precision).trace_dtype, attention, checkpointed)
-    except KeyError:
-        return False
-    return True
 
 
 def recipe_label(differs: tuple[Difference, ...]) -> str:

@@ -11,6 +11,7 @@ it fits.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections import Counter
@@ -32,6 +33,7 @@ from autofit.cost_model.states import optimizer_state_bytes
 from autofit.ds.emit import deepspeed_config
 from autofit.ds.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 from autofit.machine.software import detect_software
+from autofit.planning.reserve_cache import kept_reserves
 from autofit.probe.footprint import footprints_for
 from autofit.trace import REAL_TRACE_LIMIT_BYTES, trace_micro_batches, trace_workload
 from autofit.trace.source_cache import SourcePlannedWorkload
@@ -131,7 +133,7 @@ class Plan:
             sequence=workload.sequence,
         )
         configs = tuple(enumeration.candidates)
-        facts = facts or trace_for(workload, configs, hardware.kind)
+        facts = completed_facts(workload, configs, hardware.kind, facts)
         configs, no_room = within_nvme_room(configs, facts, hardware, world_size, software)
         configs, untraced = traced_kernels_only(configs, facts)
         return cls(
@@ -200,7 +202,9 @@ class Plan:
         """Every candidate priced with ``calibration`` (the prior when None), fastest predicted first."""
         calibration = calibration or self.uncalibrated()
         budget = usable_hardware(self.hardware, self.margin)  # what predict() judges against, made once
-        priced = [(c, calibration.predict(c, self.facts, budget, self.world_size)) for c in self.candidates]
+        # a GPU's candidates replay the allocator's requests: those of a model planned before are read back
+        with kept_reserves(self.facts) if self.hardware.kind == "cuda" else contextlib.nullcontext():
+            priced = [(c, calibration.predict(c, self.facts, budget, self.world_size)) for c in self.candidates]
         priced.sort(key=lambda cp: -cp[1].samples_per_s)
         return priced
 
@@ -299,6 +303,39 @@ def trace_for(workload: Workload | SourcePlannedWorkload, configs: tuple[Config,
     if isinstance(workload, SourcePlannedWorkload):
         return workload.facts(request)
     return trace_workload(workload, **request)
+
+
+def completed_facts(workload: Workload | SourcePlannedWorkload, configs: tuple[Config, ...] | list[Config],
+                    device_kind: str, facts: ModelFacts | None) -> ModelFacts:
+    """``facts``, a trace made earlier (None: none), with what ``configs`` need that it lacks traced and added: the
+    precisions and attention kernels it holds no profile of (:func:`traced_for`) are traced alone and their profiles
+    joined to its own (a search's trace covers its recipe's precision; the ladder after it adds the mixed one)."""
+    if facts is None:
+        return trace_for(workload, configs, device_kind)
+    missing = [c for c in configs if not traced_for(facts, c)]
+    if not missing:
+        return facts
+    extra = trace_for(workload, missing, device_kind)
+    profiles = {**facts.profiles, **extra.profiles}
+    kernels = {profile.attention for profile in profiles.values()}
+    untraced = {k: why for k, why in {**facts.untraced_kernels, **extra.untraced_kernels}.items() if k not in kernels}
+    return replace(facts, profiles=profiles, attention_traces={**facts.attention_traces, **extra.attention_traces},
+                   untraced_kernels=untraced, trace_seconds=facts.trace_seconds + extra.trace_seconds)
+
+
+def traced_for(facts: ModelFacts, config: Config) -> bool:
+    """Whether ``facts`` holds the profiles ``config`` is priced from: its precision class and kernel, and where it
+    checkpoints, the same checkpointed at its granularity (or what stands in for them,
+    :meth:`~autofit.cost_model.facts.ModelFacts.profile`); a kernel the trace could not run counts as traced."""
+    if config.attention in facts.untraced_kernels:
+        return True
+    try:
+        facts.profile(config.trace_dtype, config.attention, False)
+        if config.checkpoint_ratio > 0:
+            facts.profile(config.trace_dtype, config.attention, True, config.checkpoint_granularity)
+    except KeyError:
+        return False
+    return True
 
 
 def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:

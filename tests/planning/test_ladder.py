@@ -67,6 +67,7 @@ def plan() -> Plan:
     return ladder_plan(TINY, load_workload(TINY), get_hardware("cpu"), world_size=2, global_batch=16)
 
 
+@pytest.mark.slow
 def test_rungs_are_priced_by_the_plan(plan: Plan) -> None:
     ladder = price_ladder(plan)
     assert ladder.n_params == plan.facts.n_params and ladder.world_size == 2
@@ -74,6 +75,7 @@ def test_rungs_are_priced_by_the_plan(plan: Plan) -> None:
         assert row.prediction == plan.predict(row.config)
 
 
+@pytest.mark.slow
 def test_a_budget_below_a_rung_says_it_does_not_fit(plan: Plan) -> None:
     full = price_ladder(plan).rows
     # the checkpointing rung is below the baseline (asserted above); the mixed-precision rung need not be
@@ -85,6 +87,7 @@ def test_a_budget_below_a_rung_says_it_does_not_fit(plan: Plan) -> None:
     assert rows[1].fits and rows[1].why_not is None
 
 
+@pytest.mark.slow
 def test_measure_ladder_probes_nothing_when_no_rung_fits(plan: Plan) -> None:
     ladder = price_ladder(plan.with_memory(2**20))
     said: list[str] = []
@@ -142,3 +145,18 @@ def test_measure_probes_exactly_the_rungs_that_fit() -> None:
         assert measured["peak_bytes"] > 0
         if measured["status"] == "ok":
             assert measured["samples_per_s"] > 0
+
+
+def test_a_ladder_after_a_search_traces_only_what_the_searchs_trace_lacks() -> None:
+    """The search's trace holds its recipe's precision alone; the ladder traces the mixed one and joins it: every rung
+    priced as from one trace of both (the same profiles), the search's own profiles kept as they were."""
+    from autofit.planning.plan import trace_for
+
+    workload, h100 = load_workload(TINY), get_hardware("h100-80gb")
+    whole = ladder_plan(TINY, workload, h100, world_size=2, global_batch=16)
+    searched = trace_for(workload, [c for c in whole.candidates if c.precision == "fp32"], "cuda")
+    assert {p.dtype for p in searched.profiles.values()} == {"fp32"}
+    joined = ladder_plan(TINY, workload, h100, world_size=2, global_batch=16, facts=searched)
+    assert all(joined.facts.profiles[key] is profile for key, profile in searched.profiles.items())
+    assert joined.facts.profiles == whole.facts.profiles
+    assert [row.prediction for row in price_ladder(joined).rows] == [row.prediction for row in price_ladder(whole).rows]

@@ -16,6 +16,7 @@ from autofit.workload.hf import entry_lengths
 LLAMA = "hf:" + str(Path(__file__).resolve().parents[2] / "examples" / "hf_configs" / "llama_gqa")
 
 
+@pytest.mark.slow
 def test_the_longest_sequence_on_two_cpu_ranks() -> None:
     answer = longest_sequence(Target(entry=LLAMA, hardware="cpu", memory="1GiB", gpus=2, global_batch=2, space="cpu",
                                      seq_len="max"))

@@ -28,6 +28,7 @@ def test_a_bad_value_names_its_field(values: dict[str, object], message: str) ->
         Target(entry=MLP, **values)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_prepare_resolves_the_request_once_and_writes_no_environment(tmp_path: Path) -> None:
     before = dict(os.environ)
     target = Target(entry=MLP, hardware="h100-80gb", memory="2GiB", gpus=2, nodes=2, global_batch=16,
