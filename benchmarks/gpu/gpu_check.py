@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autofit.machine.lifetime import kill_session
 from benchmarks.gpu.gpu_check_profiles import DRY, GIB, GPU, ROOT, SITE, STEPS, GridModel, Profile, host_line  # noqa: F401
 
 # -- the driver ------------------------------------------------------------------------------------------------------
@@ -154,18 +155,24 @@ def supervise(name: str, args: argparse.Namespace, env: dict[str, str], limit_s:
 
 
 def wait(process: subprocess.Popen[Any], deadline: float, tick: Any) -> str:
-    """``ok``, ``failed`` or ``timeout`` (the whole process group killed: probes, builds, workers)."""
+    """``ok``, ``failed`` or ``timeout`` (the step leads a session: the whole session killed, its children's process
+    groups and the compilers a build's ninja starts in groups of their own included)."""
     while process.poll() is None:
         if time.monotonic() > deadline:
-            with _quiet():
-                os.killpg(process.pid, signal.SIGKILL)
+            _end(process)
             process.wait()
             return "timeout"
         time.sleep(0.5)
         tick()
-    with _quiet():  # what the step left behind (a probe's rank) goes with it
-        os.killpg(process.pid, signal.SIGKILL)
+    _end(process)  # what the step left behind (a probe's rank, a build) goes with it
     return "ok" if process.returncode == 0 else "failed"
+
+
+def _end(process: subprocess.Popen[Any]) -> None:
+    """SIGKILL the process group and the session ``process`` leads."""
+    with _quiet():
+        os.killpg(process.pid, signal.SIGKILL)
+    kill_session(process.pid)
 
 
 def _quiet() -> contextlib.suppress:

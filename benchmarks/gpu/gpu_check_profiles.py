@@ -111,7 +111,7 @@ DRY = Profile(
     precision="fp32",
     # a fresh venv JIT-builds DeepSpeed's CPU communication op first: over a minute on 2 busy cores, and every
     # later step waits on its lock
-    limits_s={"install": 30, "env": 60, "ops": 300, "host": 150, "grid": 200, "run": 150, "pytest": 90},
+    limits_s={"install": 30, "env": 60, "ops": 300, "host": 60, "grid": 200, "run": 150, "pytest": 90},
     budget_s=1000, steps=3,
     run_set=("compile=off", "zero_stage=0", "checkpoint_granularity=block", "attention=sdpa", "micro_batch_size=2",
              "checkpoint_ratio=0"),

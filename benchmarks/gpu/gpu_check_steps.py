@@ -219,7 +219,9 @@ def _grid_progress(found: dict[str, Any], name: str, rows: dict[str, Any], save:
 def run_child(command: list[str], deadline: float, log: Path, tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """``command`` until ``deadline`` (epoch s; its process group killed then), its output into ``log``."""
     with open(log, "w") as sink:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        # a process group of its own in this step's session, not a session of its own: gpu_check kills the step's
+        # session at the step's limit, and a session of its own would outlive it
+        process = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=os.setpgrp)
         timed_out = False
         while process.poll() is None:
             if time.time() > deadline:

@@ -89,7 +89,7 @@ def config_key(config: Config) -> str:
 
 
 def probe_from_dict(data: dict) -> ProbeResult:
-    """A ProbeResult back from its ``to_dict``."""
+    """A ProbeResult back from its ``to_json``."""
     known = {f.name for f in fields(ProbeResult)}
     # the oracle's own prediction is not the search's (the driver prices each probe itself): left out
     return ProbeResult(**({k: v for k, v in data.items() if k in known}
@@ -143,10 +143,10 @@ def run_oracle(name: str, entry: str, configs: list[Config], host, cache: Path |
         )
         if path:  # atomically: a run stopped mid-write keeps the cache it had
             kept = configs if count == 1 else mine
-            points = [done[config_key(c)].to_dict() for c in kept if config_key(c) in done]
+            points = [done[config_key(c)].to_json() for c in kept if config_key(c) in done]
             write_json_atomic(path, {"wall_s": wall_s, "points": points})
     if path and count == 1 and any(cache.glob(f"{name}.shard*.json")) and len(done) == len(wanted):  # merge the shards
-        write_json_atomic(path, {"wall_s": wall_s, "points": [done[config_key(c)].to_dict() for c in configs]})
+        write_json_atomic(path, {"wall_s": wall_s, "points": [done[config_key(c)].to_json() for c in configs]})
     if count > 1:
         return [done[config_key(c)] for c in mine if config_key(c) in done], wall_s
     return [done[config_key(c)] for c in configs], wall_s
