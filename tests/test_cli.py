@@ -29,6 +29,7 @@ def invoke(*args: str) -> object:
     return CliRunner().invoke(main, list(args))
 
 
+@pytest.mark.slow
 def test_estimate_with_every_dimension_fixed_returns_exactly_that_candidate() -> None:
     result = invoke("estimate", MLP, "--hardware", "cpu", "--memory", "4GiB", "--global-batch", "8",
                     "--space", "cpu", *ALL_FIXED, "--json")
@@ -53,6 +54,7 @@ def test_estimate_with_every_dimension_fixed_returns_exactly_that_candidate() ->
     assert ds["zero_optimization"]["stage"] == 1
 
 
+@pytest.mark.slow
 def test_estimate_ranks_fitting_candidates_by_predicted_step_time() -> None:
     result = invoke("estimate", MLP, "--hardware", "cpu", "--memory", "300MiB", "--global-batch", "8",
                     "--space", "cpu", "--set", "precision=fp32", "--set", "zero_stage=0", "--json")
@@ -164,6 +166,7 @@ def test_no_help_cites_internal_documents() -> None:
         assert "seed" not in text.lower(), name
 
 
+@pytest.mark.slow
 def test_estimate_an_hf_config_folder_with_its_sequence_length_and_task() -> None:
     result = invoke("estimate", f"hf:{ROOT}/examples/hf_configs/bert", "--seq-len", "64", "--task", "masked-lm",
                     "--hardware", "h100-80gb", "--global-batch", "4", *ALL_FIXED, "--json")

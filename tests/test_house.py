@@ -170,6 +170,7 @@ def _prose(source: str) -> Iterator[tuple[int, str]]:
                 yield node.lineno + offset, line
 
 
+@pytest.mark.slow
 def test_no_comment_or_docstring_narrates_history() -> None:
     """Comments and docstrings say what the code is and why; which work item measured what, and when, is for
     docs/results and git."""

@@ -3,7 +3,8 @@
 Every fenced ``bash`` block in README.md carries a marker on the line before it:
 
 - ``<!-- ci: run -->``: the block works on a CPU; :func:`test_readme_blocks_run_in_a_fresh_clone` runs
-  them all, in order, in one ``git clone`` of this repository (each with ``bash -e``);
+  each (with ``bash -e``) in a ``git clone`` of this repository where the first block's install ran (one
+  clone per test worker, so the blocks run side by side);
 - ``<!-- ci: .ci/run -->``: the block is what ``.ci/run`` itself runs (the test suite: running it from
   here would run this test again);
 - ``<!-- ci: skip REASON -->``: it needs what this machine lacks (a GPU, a cluster), and says so.
@@ -63,26 +64,73 @@ def test_the_test_command_is_what_ci_runs() -> None:
 
 def _reuse_this_environment(clone: Path) -> None:
     """Make the clone's .venv and let it read this environment's packages (a plain path in a .pth file: the
-    packages, not this environment's own editable autofit)."""
+    packages, not this environment's own editable autofit), with the ``ninja`` pip installs beside them: torch builds
+    DeepSpeed's ops with the ``ninja`` on PATH, and a system ninja of another version (another ``.ninja_log``
+    format) would rebuild every op the rest of the suite built, and the suite then rebuild them again."""
     subprocess.run([sys.executable, "-m", "venv", str(clone / ".venv")], check=True)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     site = clone / ".venv" / "lib" / version / "site-packages"
     (site / "_autofit_readme_reuse.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    ninja = Path(sys.executable).parent / "ninja"
+    if ninja.exists():
+        (clone / ".venv" / "bin" / "ninja").symlink_to(ninja)
 
 
-@pytest.mark.slow
-def test_readme_blocks_run_in_a_fresh_clone(tmp_path: Path) -> None:
-    clone = tmp_path / "autofit"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    if os.environ.get("AUTOFIT_README_FRESH_VENV") != "1":
-        _reuse_this_environment(clone)
+def install_and_run(code: str) -> tuple[str, str]:
+    """A ``run`` block split where it starts using autofit: ``(the install commands, the rest)``.
+
+    The first block installs and runs in one line (``python3 -m venv ... && pip install ... && autofit run ...``);
+    the others start by activating what it installed (``. .venv/bin/activate``) and install nothing.
+    """
+    lines = [line for line in code.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    first = lines[0]
+    if "pip install" not in first:
+        return "", code
+    steps = first.split(" && ")
+    cut = max(i for i, step in enumerate(steps) if "pip install" in step) + 1
+    return " && ".join(steps[:cut]), "\n".join([". .venv/bin/activate && " + " && ".join(steps[cut:]), *lines[1:]])
+
+
+RUN_BLOCKS = [code for marker, code in readme_blocks(README.read_text()) if marker == "run"]
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment less its venv: what a shell in a fresh clone has."""
     shared_bin = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != shared_bin)
-    for marker, code in readme_blocks(README.read_text()):
-        if marker != "run":
-            continue
-        done = subprocess.run(["bash", "-e", "-c", code], cwd=clone, env=env, capture_output=True, text=True,
-                              timeout=3600)
-        output = f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
-        assert done.returncode == 0, f"README block failed:\n{code}\n{output}"
+    return env
+
+
+def _bash(code: str, clone: Path) -> None:
+    done = subprocess.run(["bash", "-e", "-c", code], cwd=clone, env=_clean_env(), capture_output=True, text=True,
+                          timeout=3600)
+    output = f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"README block failed:\n{code}\n{output}"
+
+
+@pytest.fixture(scope="session")
+def readme_clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``git clone`` of this repository with the README's install done in it, as its first block writes it
+    (one per test worker: each block then runs where a reader who ran the install would)."""
+    clone = tmp_path_factory.mktemp("readme") / "autofit"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    if os.environ.get("AUTOFIT_README_FRESH_VENV") != "1":
+        _reuse_this_environment(clone)
+    install, _ = install_and_run(RUN_BLOCKS[0])
+    _bash(install, clone)
+    return clone
+
+
+def test_the_first_block_installs_then_runs() -> None:
+    install, run = install_and_run(RUN_BLOCKS[0])
+    assert install.split(" && ")[-1].startswith("pip install -e")
+    assert run.startswith(". .venv/bin/activate && autofit ")
+    for later in RUN_BLOCKS[1:]:  # the others install nothing: the shared clone is what they need
+        assert install_and_run(later)[0] == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(RUN_BLOCKS)), ids=lambda i: f"block{i + 1}")
+def test_readme_blocks_run_in_a_fresh_clone(index: int, readme_clone: Path) -> None:
+    _bash(install_and_run(RUN_BLOCKS[index])[1], readme_clone)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from autofit.core.boundary import Status
 from autofit.core.config import Config
 from autofit.core.hardware import Hardware
-from autofit.core.recipe import Recipe
+from autofit.core.recipe import Recipe, differences
 from autofit.core.software import Software
 from autofit.core.units import format_bytes
 from autofit.cost_model import ModelFacts, Prediction
@@ -206,7 +206,8 @@ class SearchResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "best": {"config": self.config.to_dict(), "measured": self.measured.to_json(), "predicted": self.predicted.to_json(),
-                     "differs_from_recipe": self.deepspeed.get("autofit", {}).get("differs_from_recipe", [])},
+                     "differs_from_recipe": [d.to_dict() for d in differences(self.recipe, self.config)]
+                     if self.recipe is not None else []},
             "model": ({"name": self.facts.name, "n_params": self.facts.n_params,
                        "n_trainable_params": self.facts.n_trainable_params} if self.facts is not None else None),
             "trials": [t.to_dict() for t in self.trials],

@@ -54,6 +54,38 @@ def test_a_step_past_its_limit_is_killed_and_recorded_and_the_next_one_runs(tmp_
     assert time.monotonic() - start < 10 and process.returncode is not None
 
 
+def test_a_step_past_its_limit_takes_the_children_it_ran_with_it(tmp_path: Path) -> None:
+    """A step's child (run_child: a host benchmark, an op build) leads a process group of its own in the step's
+    session; killing the step at its limit kills it too, not only the step's own group."""
+    import os
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    step = ("import sys, time; from pathlib import Path; from benchmarks.gpu.gpu_check_steps import run_child; "
+            f"run_child([sys.executable, '-c', {child!r}], time.time() + 60, Path({str(tmp_path / 'child.log')!r}))")
+    process = subprocess.Popen([sys.executable, "-c", step], cwd=ROOT, start_new_session=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and process.poll() is None, "the step never started its child"
+        time.sleep(0.1)
+    assert gpu_check.wait(process, time.monotonic(), lambda: None) == "timeout"
+    child_pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child_pid):
+        assert time.monotonic() < deadline, "the step's child outlived the step"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 def test_the_gpu_grid_spans_micro_batch_zero_and_checkpointing_on_two_models_one_held_out() -> None:
     models = gpu_check.GPU.grid
     assert [m.held_out for m in models].count(True) == 1 and len(models) == 2

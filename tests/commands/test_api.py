@@ -80,6 +80,7 @@ def test_every_shared_option_is_a_typed_keyword_with_the_commands_default() -> N
         assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()), function.__name__
 
 
+@pytest.mark.slow
 def test_estimate_answers_what_autofit_estimate_answers(tiny: Workload) -> None:
     command = cli_json("estimate", TINY, "--hardware", "h100-80gb", "--global-batch", "16", "--gpus", "2",
                        "--lr", "0.0003", *[arg for key, value in FIXED.items() for arg in ("--set", f"{key}={value}")])
@@ -102,6 +103,7 @@ def test_a_workload_object_on_the_cpu_is_priced_without_the_footprint_subprocess
     assert candidate.prediction.peak_bytes > 0 and candidate.prediction.fits
 
 
+@pytest.mark.slow
 def test_ladder_is_priced_as_autofit_ladder_prices_it(tiny: Workload) -> None:
     command = cli_json("ladder", TINY, "--hardware", "h100-80gb", "--global-batch", "16", "--gpus", "2")
     lines: list[str] = []

@@ -44,6 +44,7 @@ def plan() -> Plan:
     return prepare(Target(memory="1GiB", **REQUEST)).plan()
 
 
+@pytest.mark.slow
 def test_a_prediction_inside_the_margin_fits_in_no_command(plan: Plan) -> None:
     priced = plan.price()
     fastest, prediction = priced[0]
@@ -66,6 +67,7 @@ def test_a_prediction_inside_the_margin_fits_in_no_command(plan: Plan) -> None:
     assert (preview["margin"], preview["usable_bytes"]) == (plan.margin, estimated.usable_bytes)
 
 
+@pytest.mark.slow
 def test_a_larger_margin_fits_less_and_says_so(plan: Plan) -> None:
     smallest = min(p.peak_bytes for _, p in plan.price())
     memory = in_the_band(smallest, 0.3, into=0.5)  # the smallest past a 30 % margin, within a 10 % one

@@ -161,6 +161,7 @@ def test_a_lone_sxm_device_without_active_links_keeps_its_name_and_this_hosts_me
     assert detected.host_memory_bytes == total != PRESETS["h100-80gb"].host_memory_bytes
 
 
+@pytest.mark.slow
 def test_the_h100_pcie_preset_prices_a_slower_step_than_sxm():
     from autofit.core.config import Config
     from autofit.cost_model import predict

@@ -114,6 +114,7 @@ def test_differences_name_what_a_config_changes_and_what_it_means() -> None:
     assert "more precise" in precision.meaning
 
 
+@pytest.mark.slow
 def test_the_default_estimate_never_yields_another_optimizer_or_precision() -> None:
     plan = Plan.make(ENTRY, tiny_workload(), H100, load_space("default"), global_batch=16)
     configs = {(c.optimizer, c.precision) for c in plan.candidates}

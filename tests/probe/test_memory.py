@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from autofit.probe.launch import MMAP_THRESHOLD_BYTES
 
 MIB = 2**20
@@ -29,6 +31,7 @@ print(held_mapped, after_mapped, held, rss_bytes() - start, settled_rss_bytes() 
 """
 
 
+@pytest.mark.slow
 def test_small_blocks_freed_stay_resident_until_settled_and_a_freed_tensor_of_a_page_or_more_returns_at_once() -> None:
     """What the footprint reads (settled) leaves out the heap's holes; a mapped tensor is gone from RSS when freed,
     so the probe's peak follows live tensors of a page or more."""

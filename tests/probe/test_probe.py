@@ -125,6 +125,7 @@ def _spread(times: list[float]) -> float:
     return (ordered[-1] - ordered[0]) / median
 
 
+@pytest.mark.slow
 def test_probe_past_the_memory_budget_is_oom_quickly() -> None:
     hardware = get_hardware("cpu", memory_bytes=256 * 2**20)
     t0 = time.monotonic()

@@ -74,6 +74,7 @@ def test_a_file_that_is_not_a_rank_result_reads_as_an_error_saying_why(tmp_path:
     assert read_rank_result(tmp_path / "rank1.json", 1) is None  # no file: the rank wrote nothing
 
 
+@pytest.mark.slow
 def test_a_renamed_key_in_a_real_rank_output_makes_the_probe_an_error(tmp_path: Path) -> None:
     """A fake-mode rank (the real worker process, no DeepSpeed step) writes its file; renamed, the probe reads an
     error that names the key, not a rank that measured 0 bytes."""

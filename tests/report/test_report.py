@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from toy_facts import CONFIGS, CPU, FACTS, MIB, PRIOR
 
 from autofit.cost_model import predict
@@ -89,6 +90,7 @@ def test_sections_hold_every_probe_and_every_pruned_candidate(tmp_path: Path) ->
     assert any("resumed" in row[1] for row in sections["Predicted vs measured"])
 
 
+@pytest.mark.slow
 def test_the_report_ends_with_the_ladder_and_the_winners_place_in_it(tmp_path: Path) -> None:
     from autofit.planning.ladder import search_ladder
     from autofit.workload.types import Workload
@@ -111,6 +113,7 @@ def test_the_report_ends_with_the_ladder_and_the_winners_place_in_it(tmp_path: P
     assert "The winner" in ladder_md and "![" in ladder_md
 
 
+@pytest.mark.slow
 def test_the_winners_place_names_its_rung_or_how_it_differs(tmp_path: Path) -> None:
     from autofit.planning.ladder import search_ladder
     from autofit.report.ladder import winner_place

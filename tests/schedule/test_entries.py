@@ -84,6 +84,7 @@ def test_a_worker_gives_back_an_entry_outside_its_roots_before_importing_it(sqli
     assert row.state == "failed" and "not the workload that was queued" in str(row.message)
 
 
+@pytest.mark.slow
 def test_a_missing_entry_file_on_one_worker_leaves_the_search_to_another(pg_url: str, tmp_path: Path) -> None:
     model = tmp_path / "model.py"
     model.write_text(TINY.read_text())

@@ -80,6 +80,7 @@ def test_a_worker_claims_only_its_own_device_and_count(sqlite_url: str) -> None:
     assert queue.claim(sqlite_url, "w", _machine()) is None
 
 
+@pytest.mark.slow
 def test_a_done_search_is_returned_cached_with_its_winner(url: str) -> None:
     first = queue_tiny(url)
     assert (first.state, first.cached) == ("queued", False)
@@ -92,6 +93,7 @@ def test_a_done_search_is_returned_cached_with_its_winner(url: str) -> None:
     assert summary["state"] == "done" and summary["worker"] == "w1" and summary["trials"] == 2
 
 
+@pytest.mark.slow
 def test_a_changed_model_file_makes_a_new_search(sqlite_url: str, tmp_path: Path) -> None:
     # on an L4 (a worker answering from the cost model): a CPU plan of a new file measures its kernel footprint in a
     # fresh process (~10 s a file), and the queue's fingerprints do not depend on the device
@@ -106,6 +108,7 @@ def test_a_changed_model_file_makes_a_new_search(sqlite_url: str, tmp_path: Path
     assert (changed.cached, changed.state) == (False, "queued") and changed.id != first.id
 
 
+@pytest.mark.slow
 def test_a_changed_space_makes_a_new_search(sqlite_url: str) -> None:
     first = queue_tiny(sqlite_url)
     model_worker(sqlite_url, "w1").serve()
@@ -113,6 +116,7 @@ def test_a_changed_space_makes_a_new_search(sqlite_url: str) -> None:
     assert (other.cached, other.state) == (False, "queued") and other.id != first.id
 
 
+@pytest.mark.slow
 def test_a_new_torch_or_driver_on_the_workers_makes_a_new_search(sqlite_url: str) -> None:
     first = queue_tiny(sqlite_url)
     model_worker(sqlite_url, "old").serve()
@@ -125,6 +129,7 @@ def test_a_new_torch_or_driver_on_the_workers_makes_a_new_search(sqlite_url: str
     assert queue_tiny(sqlite_url) == queue.Added(fresh.id, "done", True, queue.stored_result(sqlite_url, fresh.id))
 
 
+@pytest.mark.slow
 def test_nothing_fits_is_a_state_and_is_cached_too(sqlite_url: str) -> None:
     first = queue_tiny(sqlite_url, memory_mib=2)
     model_worker(sqlite_url, "w").serve()
@@ -159,6 +164,7 @@ def test_the_documented_url_form_reaches_postgresql_through_psycopg_3(pg_url: st
     assert done.exit_code == 0, done.output
 
 
+@pytest.mark.slow
 def test_a_changed_sibling_module_the_entry_imports_makes_a_new_search(sqlite_url: str, tmp_path: Path) -> None:
     (tmp_path / "sizes.py").write_text("WIDTH = 64\n")
     model = tmp_path / "model.py"
@@ -172,6 +178,7 @@ def test_a_changed_sibling_module_the_entry_imports_makes_a_new_search(sqlite_ur
     assert (changed.cached, changed.state) == (False, "queued") and changed.id != first.id
 
 
+@pytest.mark.slow
 def test_the_cache_compares_with_the_live_workers_not_the_last_started_one(sqlite_url: str) -> None:
     from dataclasses import replace
 

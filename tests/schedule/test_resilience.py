@@ -244,6 +244,7 @@ def test_worker_ids_are_unique_where_host_and_pid_repeat() -> None:
     assert len(ids) == 50 and all(i.startswith(f"{os.uname().nodename}-{os.getpid()}-") for i in ids)
 
 
+@pytest.mark.slow
 def test_a_lease_lost_while_the_search_handles_a_database_error_is_a_takeover(sqlite_url: str) -> None:
     """A stalled worker resumed (``SIGCONT``) meets two things at once: its statement fails (the server ended its
     session meanwhile) and its heartbeat finds the search taken, whose interrupt (``SIGUSR1``) may land while the main

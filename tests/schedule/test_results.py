@@ -27,6 +27,7 @@ def two_kinds(tmp_path_factory: pytest.TempPathFactory) -> str:
     return sqlite_url
 
 
+@pytest.mark.slow
 def test_results_compare_measured_winners_across_hardware_with_their_cost(two_kinds: str, tmp_path: Path) -> None:
     runner = CliRunner()
     done = runner.invoke(main, ["results", "--storage", two_kinds, "--price", "l4=0.8", "--price", "h100-80gb=3.5",
@@ -46,6 +47,7 @@ def test_results_compare_measured_winners_across_hardware_with_their_cost(two_ki
     assert "l4 x1" in (tmp_path / "report" / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_schedule_list_shows_every_search_with_its_state(two_kinds: str) -> None:
     done = CliRunner().invoke(main, ["schedule", "list", "--storage", two_kinds, "--json"])
     assert done.exit_code == 0, done.output
@@ -55,6 +57,7 @@ def test_schedule_list_shows_every_search_with_its_state(two_kinds: str) -> None
     assert searches["h100-80gb"]["best"] is None and searches["h100-80gb"]["worker"] is None
 
 
+@pytest.mark.slow
 def test_schedule_add_prints_json_and_says_the_entry_must_be_importable_by_workers(sqlite_url: str, tmp_path: Path) -> None:
     runner = CliRunner()
     help_text = runner.invoke(main, ["schedule", "add", "--help"]).output
@@ -80,6 +83,7 @@ def test_bad_prices_and_hardware_are_one_line_errors(sqlite_url: str) -> None:
     assert done.exit_code == 1 and "unknown hardware" in done.output
 
 
+@pytest.mark.slow
 def test_a_search_whose_study_is_missing_is_shown_as_missing_and_the_rest_still_listed(sqlite_url: str,
                                                                                      tmp_path: Path) -> None:
     import optuna
@@ -108,6 +112,7 @@ def test_a_search_whose_study_is_missing_is_shown_as_missing_and_the_rest_still_
     assert (again.state, again.cached) == ("queued", False) and again.id != gone.id
 
 
+@pytest.mark.slow
 def test_the_report_is_replaced_whole_or_not_at_all(two_kinds: str, tmp_path: Path) -> None:
     from autofit.schedule.results import write_results_report
 
@@ -122,6 +127,7 @@ def test_the_report_is_replaced_whole_or_not_at_all(two_kinds: str, tmp_path: Pa
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # no temporary file left either
 
 
+@pytest.mark.slow
 def test_a_price_for_an_unknown_hardware_name_is_an_error_and_pcie_and_sxm_h100s_are_priced_apart(
         sqlite_url: str) -> None:
     with pytest.raises(Exception, match="unknown hardware 'h100'"):

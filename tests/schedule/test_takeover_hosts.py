@@ -23,6 +23,7 @@ def _plan(hardware, world_size: int = 4) -> Plan:  # noqa: ANN001
                      recipe=Recipe("sgd", "fp32"))
 
 
+@pytest.mark.slow
 def test_hosts_differing_in_ram_cores_or_gpu_count_share_a_search_and_another_device_does_not(pg_url: str) -> None:
     url = pg_url.replace("postgres@", "postgres:Zq9-pw@", 1)
     four = replace(get_hardware("h100-80gb"), devices_per_node=4, host_memory_bytes=512 * GIB)
@@ -36,6 +37,7 @@ def test_hosts_differing_in_ram_cores_or_gpu_count_share_a_search_and_another_de
         open_study(_plan(replace(four, devices_per_node=2)), url, "takeover", 0.1)
 
 
+@pytest.mark.slow
 def test_cpu_hosts_differing_in_ram_and_cores_share_a_search(sqlite_url: str) -> None:
     cpu = get_hardware("cpu")
     small = replace(cpu, memory_bytes=16 * GIB, host_memory_bytes=16 * GIB, peak_flops={k: 1e11 for k in cpu.peak_flops})

@@ -151,6 +151,7 @@ def test_run_takes_an_entry_or_a_script_not_both() -> None:
         assert result.output.count("\n") == 1 and result.output.startswith("autofit: error:"), result.output
 
 
+@pytest.mark.slow
 def test_a_program_that_does_not_exist_is_one_clear_error(tmp_path: Path) -> None:
     from autofit.script.prober import probe_script
 

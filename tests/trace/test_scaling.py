@@ -68,6 +68,7 @@ def test_a_deep_model_of_alike_layers_is_traced_cut(scaled) -> None:  # noqa: AN
     assert sorted(facts.profiles) == ["fp32/sdpa/ckpt", "fp32/sdpa/ckpt6", "fp32/sdpa/full"]
 
 
+@pytest.mark.slow
 def test_cut_traces_in_forked_workers_are_the_ones_traced_in_process(scaled, monkeypatch, capsys) -> None:  # noqa: ANN001
     """AUTOFIT_TRACE_WORKERS=2: every step runs in a worker (none in this process), and the facts are those of
     AUTOFIT_TRACE_WORKERS=1, without a word on stderr."""
@@ -84,6 +85,7 @@ def test_cut_traces_in_forked_workers_are_the_ones_traced_in_process(scaled, mon
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_flash_stood_in_for_is_traced_in_the_workers_as_in_process(monkeypatch) -> None:  # noqa: ANN001
     """Without flash-attn the kernel that stands in for flash is known before a step, so its steps run in the workers
     too (none in this process), and the facts, its label included, are those of one process."""
@@ -109,6 +111,7 @@ def test_flash_stood_in_for_is_traced_in_the_workers_as_in_process(monkeypatch) 
     assert _same(forked, alone)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_leaves_the_trace_to_this_process_with_one_line(scaled, monkeypatch, capsys) -> None:  # noqa: ANN001
     """A worker killed (as the OOM killer would) mid-step: the cut traces run here, to the same facts, and one
     line on stderr says why."""
@@ -132,6 +135,7 @@ def test_a_worker_that_dies_leaves_the_trace_to_this_process_with_one_line(scale
     assert line.startswith("autofit: tracing in one process") and "BrokenProcessPool" in line
 
 
+@pytest.mark.slow
 def test_a_bug_in_a_worker_is_raised_not_traced_around(monkeypatch) -> None:  # noqa: ANN001
     """A result that cannot be sent back (a bug in autofit, not a dead worker) fails the trace instead of
     passing as a slower one."""
@@ -159,6 +163,7 @@ def test_without_checkpointing_the_extrapolation_is_the_whole_trace_exactly(scal
     assert facts.profiles["fp32/sdpa/full"].points == whole
 
 
+@pytest.mark.slow
 def test_checkpointed_peaks_are_within_two_percent_of_the_whole_trace(scaled) -> None:  # noqa: ANN001
     """Against the whole model traced with the same discipline (reference cycles of the recompute freed as
     each layer ends); FLOPs and bytes at the loss exactly."""
@@ -248,6 +253,7 @@ def test_a_hugging_face_llama_extrapolates_exactly_without_checkpointing() -> No
     assert facts.profiles["bf16/sdpa/full"].points == whole
 
 
+@pytest.mark.slow
 def test_attention_only_checkpointing_extrapolates_from_two_and_three_layers() -> None:
     workload = deep_gpt()
     facts = trace_workload(workload, precisions=("fp32",), attentions=("sdpa",), checkpoint_ratios=(0.0, 1.0),
@@ -284,6 +290,7 @@ def _assert_cut_traces_match_the_whole(workload: Workload, middle_within: float)
                 assert getattr(got, field) >= getattr(want, field) * 0.995 or ratio == 1.0, (key, field)
 
 
+@pytest.mark.slow
 def test_alternating_layers_are_traced_cut_a_period_at_a_time() -> None:
     """A 12-layer Gemma-2 (sliding-window and global attention in turn: the layers repeat every two) is traced cut to
     whole periods: without checkpointing its peaks are the whole trace's and its FLOPs exactly; checkpointed, within
@@ -303,6 +310,7 @@ def test_alternating_layers_are_traced_cut_a_period_at_a_time() -> None:
     _assert_cut_traces_match_the_whole(workload, middle_within=0.02)
 
 
+@pytest.mark.slow
 def test_a_first_layer_of_its_own_is_kept_in_every_cut() -> None:
     """A 12-layer DeepSeek-V2 (a dense first layer, then alike mixture-of-experts layers: ``first_k_dense_replace``)
     is traced cut to the dense layer and 2-5 of the others, not whole: its FLOPs are the whole trace's, its peaks

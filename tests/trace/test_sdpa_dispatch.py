@@ -41,6 +41,7 @@ def _llama(tmp_path: Path, kv_heads: int) -> str:
     return str(folder)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 def test_sdpa_with_dropout_is_priced_no_higher_than_eager_on_a_gpu(tmp_path: Path, kv_heads: int) -> None:
     peaks = _peaks(_llama(tmp_path, kv_heads), "h100-80gb")

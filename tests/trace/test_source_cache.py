@@ -121,6 +121,7 @@ def test_changed_sources_or_request_miss(cache_dir: Path, tmp_path: Path) -> Non
     assert source_key(entry) == source_key(entry)
 
 
+@pytest.mark.slow
 def test_a_changed_sibling_re_plans(cache_dir: Path, tmp_path: Path) -> None:
     entry = write_entry(tmp_path / "c", width=32)
     narrow = ranked(entry)

@@ -6,6 +6,8 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
+
 from autofit.core.hardware import Hardware
 from autofit.core.software import Software
 from autofit.core.space import SearchSpace, space_from_dict
@@ -19,6 +21,7 @@ SPACE = space_from_dict({"global_batch_size": 16, "micro_batch_size": [1], "prec
                         name="adamw-only")
 
 
+@pytest.mark.slow
 def test_nothing_fits_offers_the_8bit_substitute_where_it_alone_fits(
         big_plan: Callable[[Hardware, SearchSpace], Plan]) -> None:
     plan = replace(big_plan(get_hardware("h100-80gb"), SPACE), software=Software())  # bitsandbytes counted in
@@ -34,6 +37,7 @@ def test_nothing_fits_offers_the_8bit_substitute_where_it_alone_fits(
     assert speeds == sorted(speeds, reverse=True), message
 
 
+@pytest.mark.slow
 def test_nothing_fits_does_not_offer_a_substitute_already_allowed(
         big_plan: Callable[[Hardware, SearchSpace], Plan]) -> None:
     plan = big_plan(get_hardware("h100-80gb", 64 * MIB), SPACE)

@@ -41,6 +41,7 @@ def _plan(entry: str, workload: object, kernels: list[str]) -> Plan:
     return Plan.make(entry, workload, get_hardware("h100-80gb"), space, software=Software())  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_a_model_without_sdpa_plans_with_the_kernels_it_takes(tmp_path: Path) -> None:
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
@@ -62,6 +63,7 @@ def test_a_model_without_sdpa_plans_with_the_kernels_it_takes(tmp_path: Path) ->
     _one_line(info, "--set attention=sdpa cannot run", "eager, flash")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gemma2", "falcon", "deepseek_v2"])
 def test_flash_is_planned_by_default_where_sdpa_cannot_stand_in_as_it_is(tmp_path: Path, family: str) -> None:
     """Without flash-attn here, flash is traced through SDPA's flash backend: Gemma-2 refuses SDPA (its soft-capping
