@@ -4,6 +4,29 @@ from __future__ import annotations
 
 import pytest
 
+#: the DeepSpeed ops the suite's probes and scripts load on the CPU (DS_ACCELERATOR=cpu): AdamW's, and gloo's
+#: shared-memory collectives (ShareMemCommBuilder, loaded by ``init_distributed``)
+SUITE_OPS = ("fused_adam", "deepspeed_shm_comm")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist, build the ops once in the controller before the workers start (xdist's own sessionstart,
+    which starts them, runs last). Left to the tests, the first build of an op runs inside one of them while tests on
+    the other worker wait on torch's lock, and a fresh machine's CI failed a waiting test on ``fused_adam.so: cannot
+    open shared object file`` (likely: a test killed its search mid-build, the build died with its caller,
+    :func:`autofit.probe.ops.load_ops`, a later probe cleared the lock it left as stale, and the waiting test loaded
+    an ``.so`` that was never written).
+    Built here, every later load finds the op up to date. One process: nothing to race, nothing done."""
+    import importlib.util
+
+    if not session.config.pluginmanager.hasplugin("dsession") or importlib.util.find_spec("deepspeed") is None:
+        return
+    from autofit.probe.ops import load_ops
+
+    failed = {op: state for op, state in load_ops(SUITE_OPS, "cpu", timeout_s=1800).items() if state != "ok"}
+    if failed:  # the tests that need an op say so themselves; the rest run
+        print(f"autofit tests: DeepSpeed ops not built before the workers started: {failed}")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_stale_extension_locks() -> None:
