@@ -11,12 +11,11 @@ SUITE_OPS = ("fused_adam", "deepspeed_shm_comm")
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Under pytest-xdist, build the ops once in the controller before the workers start (xdist's own sessionstart,
-    which starts them, runs last). Left to the tests, the first build of an op runs inside one of them while tests on
-    the other worker wait on torch's lock, and a fresh machine's CI failed a waiting test on ``fused_adam.so: cannot
-    open shared object file`` (likely: a test killed its search mid-build, the build died with its caller,
-    :func:`autofit.probe.ops.load_ops`, a later probe cleared the lock it left as stale, and the waiting test loaded
-    an ``.so`` that was never written).
-    Built here, every later load finds the op up to date. One process: nothing to race, nothing done."""
+    which starts them, runs last). Left to the tests, an op's first build runs inside one of them while tests on the
+    other worker wait on torch's build lock; a test that kills its search mid-build ends that build with it
+    (:func:`autofit.probe.ops.load_ops`), a later probe clears the lock it left as stale, and a waiting test then loads
+    an ``.so`` that was never written. Built here, every later load finds the op up to date. One process: nothing to
+    race, nothing done."""
     import importlib.util
 
     if not session.config.pluginmanager.hasplugin("dsession") or importlib.util.find_spec("deepspeed") is None:

@@ -50,6 +50,6 @@ def test_two_zero3_ranks_hold_each_gathered_module_whole_beside_their_partition(
     result = run_probe(spec, timeout_s=300.0)
     assert result.status == "ok", result.message
     print(f"two ZeRO-3 ranks: predicted {predicted / 2**20:.1f} MiB, measured {result.peak_bytes / 2**20:.1f} MiB")
-    # the bug this guards against put the prediction 13 % under; the CPU runtime around it moves a few percent with
-    # the environment (-2.1 % alone here, -4.0 % in a fresh-clone CI run under xdist: 349.1 against 363.7 MiB)
+    # the bug this guards against puts the prediction 13 % under; the CPU runtime around the gathered bytes moves a
+    # few percent with the environment (docs/results/memory.md has the measurements)
     assert predicted == pytest.approx(result.peak_bytes, rel=0.06)
