@@ -90,6 +90,12 @@ class ActivationProfile:
         """Key of a trace with only the first ``n_checkpointed`` layers checkpointed."""
         return f"{dtype}/{attention}/{_CKPT[granularity]}{n_checkpointed}"
 
+    @staticmethod
+    def key_with_attention(key: str, attention: str) -> str:
+        """``key`` (:meth:`key` or :meth:`partial_key`) of the same layout traced with ``attention``."""
+        dtype, _, layout = key.split("/", 2)
+        return f"{dtype}/{attention}/{layout}"
+
     def at(self, micro_batch_size: int, attr: str) -> float:
         """``attr`` of the points at ``micro_batch_size``: piecewise-linear between traced sizes,
         extended along the last segment beyond them (activations grow linearly in the batch)."""

@@ -17,7 +17,7 @@ from autofit.core.errors import AutofitError, is_control, user_code_error
 from autofit.core.units import seconds_from_env
 from autofit.cost_model.facts import PeakPoint
 from autofit.ds.apply import apply_checkpointing
-from autofit.trace.attention import flash_attn_installed, flash_trace_plan, kernel_context
+from autofit.trace.attention import SDPA_FLASH, flash_alike_calls, flash_attn_installed, flash_trace_plan, kernel_context
 from autofit.trace.layers import SegmentMarks
 from autofit.trace.scaling import part_peaks
 from autofit.trace.sdpa import sdpa_as_dispatched
@@ -265,6 +265,29 @@ def sdpa_labels(workload: Workload) -> set[str]:
         model = to_dtype(workload.build_model(attention="sdpa"), torch.bfloat16)
         workload.compute_loss(model, cast_batch(workload.batch(1), torch.bfloat16))
     return seen
+
+
+def flash_traces_as_sdpa(workload: Workload, dtype_name: str, dispatch: str = "cpu") -> bool:
+    """Whether tracing ``flash`` would run the very steps tracing ``sdpa`` runs, so that its profiles are ``sdpa``'s:
+    SDPA's flash backend stands in for flash-attn on the model built for ``sdpa``
+    (:func:`autofit.trace.attention.flash_trace_plan`), and in one forward of one sample on fake tensors in
+    ``dtype_name`` every SDPA call is one the stand-in runs as SDPA's own choice does
+    (:func:`autofit.trace.attention.flash_alike_calls`). False where any call is not, where none is seen, or where the
+    forward fails: then ``flash`` is traced itself."""
+    import torch
+
+    if flash_trace_plan(flash_attn_installed(), workload.flash_stand_in) != [("sdpa", SDPA_FLASH)]:
+        return False
+    dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
+    alike: list[bool] = []
+    try:
+        with fake_mode("fake"), torch.no_grad(), flash_alike_calls(alike), sdpa_as_dispatched(dispatch):
+            model = to_dtype(workload.build_model(attention="sdpa"), dtype)
+            model.train()
+            workload.compute_loss(model, cast_batch(workload.batch(1), dtype))
+    except Exception:
+        return False
+    return bool(alike) and all(alike)
 
 
 def kernel_failure(workload: Workload, kernel: str, dispatch: str = "cpu") -> str | None:

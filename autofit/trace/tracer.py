@@ -135,19 +135,21 @@ def _trace_workload(workload: Workload, structure: ModelStructure, precisions: t
     dtype_names = tuple(sorted({trace_dtype_of(p) for p in precisions}))
     attention_names, untraced = (runnable_kernels(workload, structure, attentions, sdpa_dispatch)
                                  if workload.searches_attention else (("sdpa",), {}))
+    flash_is_sdpa = _flash_is_sdpa(workload, structure, dtype_names, attention_names, sdpa_dispatch)
+    traced_names = tuple(a for a in attention_names if not (flash_is_sdpa and a == "flash"))
     n_layers = structure.n_layers
     n_middle = middle_checkpointed_layers(checkpoint_ratios, n_layers)
     granularities = tuple(checkpoint_granularities) if n_layers else ()
     scaled = None
     if scale_period(structure):
         with contextlib.suppress(CannotScale, step.NeedsRealTensors):
-            scaled = _scaled_profiles(workload, structure, (dtype_names, attention_names), granularities, n_middle,
+            scaled = _scaled_profiles(workload, structure, (dtype_names, traced_names), granularities, n_middle,
                                       micro_batches, sdpa_dispatch)
     if scaled is None:
         tracer = _Tracer(workload, structure, sdpa_dispatch=sdpa_dispatch)
         profiles: dict[str, ActivationProfile] = {}
         for dtype_name in dtype_names:
-            for attention in attention_names:
+            for attention in traced_names:
                 profiles[ActivationProfile.key(dtype_name, attention, False)] = ActivationProfile(
                     dtype=dtype_name, attention=attention, checkpointed=False,
                     points=tracer.points(dtype_name, attention, 0.0, micro_batches))
@@ -157,12 +159,37 @@ def _trace_workload(workload: Workload, structure: ModelStructure, precisions: t
         mode, traces = tracer.mode, tracer.attention_traces
     else:
         (profiles, traces), mode = scaled, "fake-scaled"
+    if flash_is_sdpa:
+        profiles, traces = _sdpa_as_flash(profiles, dtype_names, attention_names), {**traces, "flash": SDPA_FLASH}
     if "sdpa" in attention_names and workload.searches_attention:
         labelled = cut_workload(workload, cut_depth(structure, CUT_LAYERS["full"][0])) if scaled is not None \
             else workload
         traces = {**traces, **{"sdpa": label for label in sorted(step.sdpa_labels(labelled))[:1]}}  # noqa: B035
     facts = _facts(workload, structure, profiles, n_layers, mode, time.perf_counter() - started)
     return replace(facts, attention_traces=dict(traces), untraced_kernels=untraced)
+
+
+def _flash_is_sdpa(workload: Workload, structure: ModelStructure, dtype_names: tuple[str, ...],
+                   attention_names: tuple[str, ...], sdpa_dispatch: str) -> bool:
+    """Whether both ``sdpa`` and ``flash`` are traced and ``flash``'s steps would be ``sdpa``'s own in every dtype
+    (:func:`autofit.trace.step.flash_traces_as_sdpa`, on the model cut as the trace cuts it): then ``flash`` is not
+    traced again (a third of a 70 B plan's trace steps)."""
+    if not workload.searches_attention or not {"sdpa", "flash"} <= set(attention_names):
+        return False
+    checked = cut_workload(workload, cut_depth(structure, CUT_LAYERS["full"][0])) if scale_period(structure) \
+        else workload
+    return all(step.flash_traces_as_sdpa(checked, dtype_name, sdpa_dispatch) for dtype_name in dtype_names)
+
+
+def _sdpa_as_flash(profiles: dict[str, ActivationProfile], dtype_names: tuple[str, ...],
+                   attention_names: tuple[str, ...]) -> dict[str, ActivationProfile]:
+    """``profiles`` with each of ``sdpa``'s also under ``flash``, in the order the trace makes them (dtype, then
+    kernel)."""
+    copies = {ActivationProfile.key_with_attention(key, "flash"): replace(profile, attention="flash")
+              for key, profile in profiles.items() if profile.attention == "sdpa"}
+    every = profiles | copies
+    return {key: profile for dtype_name in dtype_names for attention in attention_names
+            for key, profile in every.items() if profile.dtype == dtype_name and profile.attention == attention}
 
 
 def runnable_kernels(workload: Workload, structure: ModelStructure, attentions: tuple[str, ...],
