@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# One compute thread in every test process: pytest-xdist runs a worker per core, and each worker, its CLI
+# subprocesses and their probe ranks would otherwise start as many OpenMP threads as there are cores (a probe rank
+# takes ``OMP_NUM_THREADS`` where it is set: autofit/probe/launch.py). Oversubscribed, OpenMP's spinning barriers
+# turn a tiny model's step of half a second into several. Set before anything imports torch (the workers start
+# after this module is read, with this environment); a value the caller set stands.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: the DeepSpeed ops the suite's probes and scripts load on the CPU (DS_ACCELERATOR=cpu): AdamW's, and gloo's
 #: shared-memory collectives (ShareMemCommBuilder, loaded by ``init_distributed``)
