@@ -53,14 +53,17 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
-def _imports(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement of a module but those under ``if TYPE_CHECKING``, with whether it is in a function."""
+def _imports(tree: ast.Module, *, type_only: bool = False) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement of a module, with whether it is in a function: those under ``if TYPE_CHECKING`` (the
+    imports of annotations alone) too where ``type_only``, else not."""
     def walk(body: list[ast.stmt], in_function: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
         for node in body:
             if isinstance(node, ast.Import | ast.ImportFrom):
                 yield node, in_function
             elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                yield from walk(node.orelse, in_function)
+                yield from walk(node.body if type_only else node.orelse, in_function)
+                if type_only:
+                    yield from walk(node.orelse, in_function)
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 yield from walk(node.body, True)
             else:
@@ -80,11 +83,12 @@ def _targets(node: ast.Import | ast.ImportFrom) -> list[str]:
     return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, type_only: bool = False) -> dict[str, set[str]]:
+    """Which of autofit's modules each imports at run time (and for its annotations alone, where ``type_only``)."""
     graph: dict[str, set[str]] = {}
     for name, path in MODULES.items():
         edges = graph.setdefault(name, set())
-        for node, _ in _imports(ast.parse(path.read_text())):
+        for node, _ in _imports(ast.parse(path.read_text()), type_only=type_only):
             for target in _targets(node):
                 found = _resolve(target) if target.split(".")[0] == "autofit" else None
                 if found and found != name:
@@ -102,7 +106,8 @@ def test_no_import_cycle() -> None:
 
 
 def test_every_module_sits_in_a_layer_and_imports_none_above_it() -> None:
-    upward = [(module, target) for module, targets in _graph().items() for target in targets
+    """Neither at run time nor for an annotation (``if TYPE_CHECKING``): a type a layer names is one it may use."""
+    upward = [(module, target) for module, targets in _graph(type_only=True).items() for target in targets
               if _layer(target) > _layer(module)]
     assert upward == []
 
@@ -178,3 +183,18 @@ def test_no_comment_or_docstring_narrates_history() -> None:
                    for path in MODULES.values() for line, text in _prose(path.read_text())
                    if (match := HISTORY.search(text)))
     assert found == []
+
+
+#: the sections of a DeepSpeed JSON that only autofit/ds/ writes or reads (docs/design.md: "Where is each DeepSpeed
+#: key written?")
+DEEPSPEED_SECTIONS = frozenset({"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu",
+                                "gradient_accumulation_steps", "tensor_parallel", "zero_allow_untested_optimizer"})
+
+
+def test_deepspeed_keys_are_written_in_ds_alone() -> None:
+    """No module outside ``autofit/ds/`` spells a DeepSpeed JSON section: a config is made by ``autofit.ds.emit``."""
+    outside = sorted(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.value!r}"
+                     for name, path in MODULES.items() if not name.startswith("autofit.ds")
+                     for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.Constant) and node.value in DEEPSPEED_SECTIONS)
+    assert outside == []

@@ -100,7 +100,8 @@ def write_search_report(setup: Setup, result: SearchResult, report: PathLike, *,
                         say: Callable[[str], None]) -> Path:
     """The report folder of a search (:func:`autofit.report.folder.write_report`: HTML, PNGs and the ladder; on a
     CUDA device the winner's allocator snapshot) written into ``report``; its ``index.html``."""
-    snapshot = (winner_snapshot(setup.entry_point, result, os.fspath(report), software=setup.software, say=say)
+    snapshot = (winner_snapshot(setup.entry_point, result.config, result.hardware, result.world_size, result.facts,
+                                os.fspath(report), software=setup.software, say=say)
                 if setup.hardware.kind == "cuda" and not scripted else None)
     return write_report(result, report, ladder=None if scripted else _report_ladder(setup, result, say),
                         snapshot=snapshot)
@@ -109,7 +110,9 @@ def write_search_report(setup: Setup, result: SearchResult, report: PathLike, *,
 def _report_ladder(setup: Setup, result: SearchResult, say: Callable[[str], None]) -> Ladder | None:
     """The ladder that ends the report, or None (said) where it cannot be made: the winner is written."""
     try:
-        return search_ladder(setup.entry_point, setup.loaded_workload, result, setup.fixed, recipe=setup.recipe,
+        return search_ladder(setup.entry_point, setup.loaded_workload, result.config, setup.fixed,
+                             hardware=result.hardware, world_size=result.world_size, facts=result.facts,
+                             margin=result.margin, calibration=result.calibration, recipe=setup.recipe,
                              software=setup.software)
     except AutofitError as exc:
         say(f"autofit: the report has no ladder: {exc}")

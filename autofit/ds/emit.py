@@ -101,6 +101,16 @@ def deepspeed_config(
     return ds
 
 
+def bare_engine_config(precision: str) -> dict[str, Any]:
+    """The least DeepSpeed config ``deepspeed.initialize`` takes for a model in ``precision``: one sample a step,
+    ZeRO off, no optimizer; 16-bit precisions as bf16 (what the CPU kernel footprint is measured beyond,
+    :func:`autofit.probe.footprint.measure`)."""
+    ds: dict[str, Any] = {"train_batch_size": 1, "zero_optimization": {"stage": 0}}
+    if precision != "fp32":
+        ds["bf16"] = {"enabled": True}
+    return ds
+
+
 def uses_client_optimizer(config: Config, device_kind: str) -> bool:
     """Whether the training script must build the optimizer itself (DeepSpeed's JSON cannot name it here)."""
     if config.optimizer in CLIENT_OPTIMIZERS:

@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from autofit.core.software import Software
     from autofit.planning.target import Setup, Target
     from autofit.trace.source_cache import SourcePlannedWorkload
-    from autofit.tuner.records import SearchResult
 
 #: the baseline's value of every key the ladder steps through
 BASELINE: dict[str, Any] = {
@@ -369,17 +368,17 @@ def rule_reason(config: Config, rejected: tuple[tuple[dict[str, Any], str], ...]
     return None
 
 
-def search_ladder(entry: str, workload: Workload, result: SearchResult, fixed: dict[str, Any], *, recipe: Recipe,
-                  software: Software) -> Ladder:
+def search_ladder(entry: str, workload: Workload, winner: Config, fixed: dict[str, Any], *, hardware: Hardware,
+                  world_size: int, facts: ModelFacts | None, margin: float, calibration: Calibration | None,
+                  recipe: Recipe, software: Software) -> Ladder:
     """The ladder that ends ``autofit run``'s report: the search's device, world size, global batch and the
-    winner's micro-batch and accumulation (so the rungs differ from the winner only in the techniques), priced
-    with the search's calibration; the search's trace is reused where it covers the rungs. ``recipe`` and
-    ``software`` are the search's own (its :class:`autofit.planning.target.Setup`'s): what the rows are compared
-    with and what the rules judge by."""
-    winner = result.config
+    ``winner``'s micro-batch and accumulation (so the rungs differ from the winner only in the techniques), priced
+    with the search's ``calibration``; the search's traced ``facts`` are reused where they cover the rungs.
+    ``margin``, ``recipe`` and ``software`` are the search's own (its :class:`autofit.planning.target.Setup`'s):
+    the budget the rows are judged by, what they are compared with and what the rules judge by."""
     kept = {key: value for key, value in fixed.items() if key not in LADDER_KEYS}
     kept |= {"micro_batch_size": winner.micro_batch_size, "grad_accum_steps": winner.grad_accum_steps}
-    plan = ladder_plan(entry, workload, result.hardware, world_size=result.world_size,
-                       global_batch=winner.samples_per_step(result.world_size), fixed=kept, facts=result.facts,
-                       software=software, recipe=recipe, margin=result.margin)
-    return price_ladder(plan, result.calibration)
+    plan = ladder_plan(entry, workload, hardware, world_size=world_size,
+                       global_batch=winner.samples_per_step(world_size), fixed=kept, facts=facts,
+                       software=software, recipe=recipe, margin=margin)
+    return price_ladder(plan, calibration)

@@ -35,13 +35,16 @@ from autofit.ds.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes
 from autofit.machine.software import detect_software
 from autofit.planning.reserve_cache import kept_reserves
 from autofit.probe.footprint import footprints_for
+from autofit.probe.spec import probe_spec
 from autofit.trace import REAL_TRACE_LIMIT_BYTES, trace_micro_batches, trace_workload
 from autofit.trace.source_cache import SourcePlannedWorkload
 from autofit.workload.entry import is_loadable
 from autofit.workload.types import Workload
 
 if TYPE_CHECKING:
-    from autofit.trace.source_cache import SourcePlannedWorkload
+    from pathlib import Path
+
+    from autofit.probe.records import ProbeSpec
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,15 @@ class Plan:
         return deepspeed_config(config, self.world_size, self.hardware.kind, self.software, recipe=self.stated_recipe,
                                 largest_param_numel=self.facts.largest_param_numel, hidden_size=self.facts.hidden_size,
                                 has_attention=self.kernels != ())
+
+    def probe_spec(self, config: Config, *, mode: str = "real", steps: int = 3, warmup_steps: int = 1,
+                   memory_snapshot: str | Path | None = None) -> ProbeSpec:
+        """The probe of ``config``, one of the candidates, as this plan has it: its workload, device, world size,
+        software and traced facts (:func:`autofit.probe.spec.probe_spec`). Where it runs (:attr:`hosts`) is the
+        launcher's: :func:`autofit.probe.run.run_probe`'s ``hosts``."""
+        return probe_spec(self.entry, config, self.hardware, self.world_size, mode=mode, steps=steps,
+                          warmup_steps=warmup_steps, software=self.software, facts=self.facts,
+                          memory_snapshot=memory_snapshot)
 
     @property
     def usable_bytes(self) -> int:

@@ -47,7 +47,7 @@ from typing import Any
 
 from autofit.cost_model.facts import footprint_key
 from autofit.ds.apply import apply_checkpointing
-from autofit.ds.emit import write_json_atomic
+from autofit.ds.emit import bare_engine_config, write_json_atomic
 from autofit.machine.lifetime import die_with_parent, parent_from_env
 from autofit.probe.launch import free_port, rank_env
 from autofit.probe.rank.memory import settled_rss_bytes
@@ -124,14 +124,10 @@ def measure(entry: str, precision: str, attention: str) -> dict[str, int | None]
     import deepspeed
     import torch
 
-
     workload = import_workload(entry, attention, torch)
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     model = to_dtype(workload.build_model(attention=attention), dtype)
-    ds: dict[str, Any] = {"train_batch_size": 1, "zero_optimization": {"stage": 0}}
-    if precision != "fp32":
-        ds["bf16"] = {"enabled": True}
-    deepspeed.initialize(model=model, config=ds)
+    deepspeed.initialize(model=model, config=bare_engine_config(precision))
     gc.collect()
     initialized = settled_rss_bytes()
     _passes(workload, model, dtype)

@@ -34,7 +34,7 @@ __all__ = ["ProbeSpec", "run_probe"]
 
 def run_probe(spec: ProbeSpec, *, timeout_s: float = 300.0, hosts: tuple[str, ...] = (),
               warm: WarmParent | None = None) -> ProbeResult:
-    """Run ``spec`` (built by :func:`autofit.probe.spec.probe_spec` or :func:`~autofit.probe.spec.plan_probe_spec`):
+    """Run ``spec`` (built by :func:`autofit.probe.spec.probe_spec` or :meth:`autofit.planning.plan.Plan.probe_spec`):
     its config of its workload on its ``world_size`` ranks of its hardware, and measure it.
 
     ``spec.hardware.kind`` picks the backend: ``cpu`` (gloo on loopback, ``DS_ACCELERATOR=cpu``,

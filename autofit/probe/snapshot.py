@@ -1,11 +1,10 @@
-"""The winner's CUDA memory snapshot, and what it says about the caching allocator.
+"""The winner's CUDA memory snapshot, and what it says about the caching allocator: the parent's side.
 
-Seed 001 ("Memory Debugging") records the allocator's history with
-``torch.cuda.memory._record_memory_history()`` and saves it with
-``torch.cuda.memory._dump_snapshot("memory.pickle")``; the pickle opens in PyTorch's viewer
-(https://pytorch.org/memory_viz: every allocation over time, with the stack that made it). A probe
-asked for a snapshot (``probe_spec(..., memory_snapshot=PATH)``) records from just before the model is
-built through the measured steps, so the picture covers docs/design.md's measured span.
+A probe asked for a snapshot (``probe_spec(..., memory_snapshot=PATH)``) records the allocator's history in its
+rank (:mod:`autofit.probe.rank.memory_history`, seed 001's ``_record_memory_history`` and ``_dump_snapshot``) from
+just before the model is built through the measured steps, so the picture covers docs/design.md's measured span;
+the pickle opens in PyTorch's viewer (https://pytorch.org/memory_viz: every allocation over time, with the stack
+that made it).
 
 Fragmentation (seeds 001 and 003) shows as memory the caching allocator reserved but no tensor
 used at the peak: ``max_memory_reserved`` far above ``max_memory_allocated``. Then the advice is
@@ -19,16 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autofit.core.config import Config
+from autofit.core.hardware import Hardware
+from autofit.cost_model.facts import ModelFacts
 from autofit.probe.run import run_probe
 from autofit.probe.spec import probe_spec
 
 if TYPE_CHECKING:
     from autofit.core.software import Software
     from autofit.probe.result import ProbeResult
-    from autofit.tuner.records import SearchResult
 
-#: allocation events the history keeps (PyTorch's example value); older ones are dropped
-MAX_ENTRIES = 100_000
 #: reserved-but-unused bytes at the peak, as a share of reserved, past which the allocator is fragmented
 FRAGMENTED_SHARE = 0.2
 #: ... and in bytes: a small device or a small model wastes a few MiB to block rounding, which is no news
@@ -36,18 +35,6 @@ FRAGMENTED_MIN_BYTES = 512 * 2**20
 ALLOC_CONF_ADVICE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 #: the snapshot's file name in a report's folder
 SNAPSHOT_NAME = "memory_snapshot.pickle"
-
-
-def start_recording(torch: Any) -> None:
-    """Record every CUDA allocation and free from now on, with its Python and C++ stack."""
-    torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES)
-
-
-def dump(torch: Any, path: str | Path) -> None:
-    """Write the recorded history to ``path`` (a pickle for https://pytorch.org/memory_viz) and stop recording."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    torch.cuda.memory._dump_snapshot(str(path))
-    torch.cuda.memory._record_memory_history(enabled=None)
 
 
 def fragmentation_advice(device_memory: dict[str, Any]) -> str | None:
@@ -75,19 +62,20 @@ def _quiet(line: str) -> None:
     """The default ``say``: progress goes nowhere."""
 
 
-def winner_snapshot(entry: str, result: SearchResult, report_dir: str | Path, *, software: Software | None = None,
+def winner_snapshot(entry: str, winner: Config, hardware: Hardware, world_size: int, facts: ModelFacts | None,
+                    report_dir: str | Path, *, software: Software | None = None,
                     say: Callable[[str], None] = _quiet) -> ProbeResult:
     """Probe the search's winner once more (one measured step, its own subprocess) with the CUDA allocator's
-    history recorded into ``report_dir``/:data:`SNAPSHOT_NAME`, on the search's device and world size; the
-    probe's result, whose ``device_memory`` the report shows. ``entry``: the workload's entry point;
-    ``software``: what the machine runs (``--nvme-path``), this one's by default; ``say``: progress lines,
+    history recorded into ``report_dir``/:data:`SNAPSHOT_NAME`, on the search's device and world size with its
+    traced facts; the probe's result, whose ``device_memory`` the report shows. ``entry``: the workload's entry
+    point; ``software``: what the machine runs (``--nvme-path``), this one's by default; ``say``: progress lines,
     the fragmentation advice (:func:`fragmentation_advice`) among them. On a CPU device nothing is recorded
     (``run_probe`` ignores the snapshot there): callers ask for it on CUDA only."""
 
     path = Path(report_dir) / SNAPSHOT_NAME
     say(f"autofit: recording the winner's CUDA memory snapshot into {path}")
-    spec = probe_spec(entry, result.config, result.hardware, result.world_size, steps=1, software=software,
-                      facts=result.facts, memory_snapshot=path)
+    spec = probe_spec(entry, winner, hardware, world_size, steps=1, software=software, facts=facts,
+                      memory_snapshot=path)
     measured = run_probe(spec, timeout_s=300.0)
     advice = fragmentation_advice(measured.device_memory)
     if advice:

@@ -1,5 +1,6 @@
-"""Build a probe's :class:`~autofit.probe.records.ProbeSpec` in the parent: :func:`plan_probe_spec` from a plan (what
-the search, ``autofit probe`` and the ladder do), :func:`probe_spec` from its parts.
+"""Build a probe's :class:`~autofit.probe.records.ProbeSpec` in the parent from its parts: :func:`probe_spec` (a
+plan's candidate is :meth:`autofit.planning.plan.Plan.probe_spec`, what the search, ``autofit probe`` and the ladder
+do).
 
 The values a rank needs from the model (its hidden size, which the ZeRO buckets are derived from; its largest
 parameter, which sizes NVMe parameter offload's swap buffers) are read here, once, from the traced
@@ -10,7 +11,6 @@ them. No torch import: the ranks import it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from autofit.core.config import Config
 from autofit.core.hardware import Hardware
@@ -19,9 +19,6 @@ from autofit.cost_model.cuda_runtime import nccl_buffer_bytes
 from autofit.cost_model.facts import ModelFacts
 from autofit.ds.emit import deepspeed_config
 from autofit.probe.records import ProbeSpec
-
-if TYPE_CHECKING:
-    from autofit.planning.plan import Plan
 
 
 def probe_spec(
@@ -65,13 +62,3 @@ def probe_spec(
         warmup_steps=warmup_steps,
         memory_snapshot=str(Path(memory_snapshot).resolve()) if memory_snapshot is not None else None,
     )
-
-
-def plan_probe_spec(plan: Plan, config: Config, *, mode: str = "real", steps: int = 3, warmup_steps: int = 1,
-                    memory_snapshot: str | Path | None = None) -> ProbeSpec:
-    """The probe of ``config``, one of ``plan``'s candidates, as the plan has it: its workload, device, world size,
-    software and traced facts (:func:`probe_spec`). Where it runs (``plan.hosts``) is the launcher's:
-    :func:`autofit.probe.run.run_probe`'s ``hosts``."""
-    return probe_spec(plan.entry, config, plan.hardware, plan.world_size, mode=mode, steps=steps,
-                      warmup_steps=warmup_steps, software=plan.software, facts=plan.facts,
-                      memory_snapshot=memory_snapshot)

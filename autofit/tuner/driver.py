@@ -35,7 +35,6 @@ from autofit.planning.plan import Plan
 from autofit.probe.ops import prepare_ops
 from autofit.probe.rank.steps import most_steps, usual_steps
 from autofit.probe.run import run_probe
-from autofit.probe.spec import plan_probe_spec
 from autofit.probe.warm import WarmParent
 from autofit.tuner.advice import nothing_fits
 from autofit.tuner.policy import is_outlier, next_probe, observe, probe_budget, shared_error, should_stop, untried_values
@@ -89,7 +88,7 @@ class SubprocessProber:
         self.warm = WarmParent(plan.entry, attention, plan.hardware.kind, ops)
 
     def __call__(self, config: Config, steps: int, timeout_s: float) -> Any:
-        spec = plan_probe_spec(self.plan, config, steps=steps)
+        spec = self.plan.probe_spec(config, steps=steps)
         result = run_probe(spec, timeout_s=timeout_s, hosts=self.plan.hosts, warm=self.warm)
         if not self.told and self.on_event is not None and (self.warm.ready or self.warm.failure):
             self.told = True
@@ -146,7 +145,7 @@ class _Search:
                                     self.deadline - time.monotonic())
         record = record_probe(
             self.study, self.params, config, phase, predicted, lambda: self.prober(config, steps, limit),
-            self.usable.hardware.memory_bytes, planned_steps=most_steps(1, steps),  # plan_probe_spec's warm-up step
+            self.usable.hardware.memory_bytes, planned_steps=most_steps(1, steps),  # Plan.probe_spec's warm-up step
         )
         self.records.append(record)
         return record

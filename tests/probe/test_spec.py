@@ -12,7 +12,7 @@ from autofit.core.errors import AutofitError
 from autofit.core.software import Software
 from autofit.machine.device import get_hardware
 from autofit.probe.records import ProbeSpec
-from autofit.probe.spec import plan_probe_spec, probe_spec
+from autofit.probe.spec import probe_spec
 from tests.toy_facts import FACTS
 
 CPU = get_hardware("cpu")
@@ -70,5 +70,5 @@ def test_a_plans_spec_is_the_spec_of_its_parts() -> None:
     plan = Plan(entry="m.py:w", name="w", hardware=CPU, space=None, world_size=1, global_batch=None,  # type: ignore[arg-type]
                 fixed={}, candidates=(Config(),), rejected=(), facts=FACTS, coefficients=None,  # type: ignore[arg-type]
                 software=Software())
-    assert plan_probe_spec(plan, Config(), steps=2) == probe_spec("m.py:w", Config(), CPU, steps=2, software=Software(),
+    assert plan.probe_spec(Config(), steps=2) == probe_spec("m.py:w", Config(), CPU, steps=2, software=Software(),
                                                                   facts=FACTS)

@@ -8,14 +8,17 @@ from pathlib import Path
 import pytest
 from toy_facts import CONFIGS, CPU, FACTS, MIB, PRIOR
 
+from autofit.core.recipe import Recipe
 from autofit.cost_model import predict
 from autofit.cost_model.calibrate import Calibration
 from autofit.ds.emit import deepspeed_config
 from autofit.machine.software import detect_software
+from autofit.planning.ladder import Ladder, search_ladder
 from autofit.planning.plan import default_recipe
 from autofit.probe.result import ProbeResult
 from autofit.report.folder import report_sections, write_report
 from autofit.tuner.records import SearchResult, TrialRecord
+from autofit.workload.types import Workload
 
 #: the toy facts as a CPU search holds them: Plan.make measures the kernel footprint of each traced dtype on a CPU
 #: device, so the ladder's plan (which reuses these facts) has nothing left to measure; without them it started a
@@ -66,6 +69,14 @@ def _result(tmp_path: Path) -> SearchResult:
     )
 
 
+def _search_ladder(result: SearchResult, recipe: Recipe) -> Ladder:
+    """The ladder of ``result``'s winner, as ``autofit run`` makes it for its report (no fixed values)."""
+    return search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result.config, {},
+                         hardware=result.hardware, world_size=result.world_size, facts=result.facts,
+                         margin=result.margin, calibration=result.calibration, recipe=recipe,
+                         software=detect_software())
+
+
 def test_report_writes_tables_pictures_and_an_index(tmp_path: Path) -> None:
     result = _result(tmp_path)
     index = write_report(result, tmp_path / "report")
@@ -92,13 +103,10 @@ def test_sections_hold_every_probe_and_every_pruned_candidate(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_the_report_ends_with_the_ladder_and_the_winners_place_in_it(tmp_path: Path) -> None:
-    from autofit.planning.ladder import search_ladder
-    from autofit.workload.types import Workload
 
     result = _result(tmp_path)
     # the toy facts cover fp32 and bf16, checkpointed and not, footprints measured: the ladder reuses them (no trace)
-    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {},
-                           recipe=default_recipe(CPU), software=detect_software())
+    ladder = _search_ladder(result, default_recipe(CPU))
     assert ladder.rows[0].config.micro_batch_size == result.config.micro_batch_size
     index = write_report(result, tmp_path / "report", ladder=ladder)
     assert (tmp_path / "report" / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -115,13 +123,10 @@ def test_the_report_ends_with_the_ladder_and_the_winners_place_in_it(tmp_path: P
 
 @pytest.mark.slow
 def test_the_winners_place_names_its_rung_or_how_it_differs(tmp_path: Path) -> None:
-    from autofit.planning.ladder import search_ladder
     from autofit.report.ladder import winner_place
-    from autofit.workload.types import Workload
 
     result = _result(tmp_path)
-    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {},
-                           recipe=default_recipe(CPU), software=detect_software())
+    ladder = _search_ladder(result, default_recipe(CPU))
     rung = ladder.rows[2]
     assert winner_place(ladder, rung.config, 1.0) == f"The winner is rung 2 ({rung.rung.name}) of the ladder."
     other = rung.config.with_(optimizer="sgd")
@@ -131,17 +136,13 @@ def test_the_winners_place_names_its_rung_or_how_it_differs(tmp_path: Path) -> N
 def test_every_row_of_the_ladder_table_has_a_cell_for_each_column(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from autofit.core.recipe import Recipe
-    from autofit.planning.ladder import search_ladder
     from autofit.report.ladder import ladder_section
-    from autofit.workload.types import Workload
 
     result = _result(tmp_path)
     # the search's recipe, whose differences the "vs recipe" column shows (the winner's JSON is written for it)
     recipe = Recipe("sgd", result.config.precision)
     result = replace(result, deepspeed=deepspeed_config(result.config, 1, "cpu", recipe=recipe))
-    ladder = search_ladder("toy.py:workload", Workload(model=object, batch=list, name="toy"), result, {}, recipe=recipe,
-                           software=detect_software())
+    ladder = _search_ladder(result, recipe)
     _, _, header, rows = ladder_section(ladder, result)
     assert [len(cells) for cells in rows] == [len(header)] * (len(ladder.rows) + 1)
     winner = dict(zip(header, rows[-1], strict=True))
@@ -151,7 +152,6 @@ def test_every_row_of_the_ladder_table_has_a_cell_for_each_column(tmp_path: Path
 
 
 def test_the_recipe_section_is_the_searchs_recipe_and_software(tmp_path: Path) -> None:
-    from autofit.core.recipe import Recipe
     from autofit.core.software import Software
 
     result = _result(tmp_path)

@@ -34,8 +34,8 @@ from autofit.ds.apply import (
     shard_batch,
 )
 from autofit.machine.lifetime import die_with_parent, parent_from_env
-from autofit.probe import snapshot
 from autofit.probe.failure import classify_exception
+from autofit.probe.rank import memory_history
 from autofit.probe.rank.fake import run_fake
 from autofit.probe.rank.meter import Meter
 from autofit.probe.rank.steps import run_steps
@@ -118,7 +118,7 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path, p
     meter = _meter(torch, spec, rank, phases, out, prepaid_bytes)
     snapshot_path = spec.memory_snapshot if meter.cuda and rank == 0 else None
     if snapshot_path:
-        snapshot.start_recording(torch)
+        memory_history.start_recording(torch)
     t0 = time.time()
     model, n_ckpt = _build_model(workload, config, ds)
     phases["model_build_s"] = time.time() - t0
@@ -138,7 +138,7 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path, p
     if times.compile_s is not None:
         phases["compile_s"] = times.compile_s
     if snapshot_path:
-        snapshot.dump(torch, snapshot_path)
+        memory_history.dump(torch, snapshot_path)
     trains = math.isfinite(times.loss)
     return RankResult(
         rank=rank,
