@@ -11,6 +11,7 @@ from toy_facts import CONFIGS, CPU, FACTS, MIB, PRIOR
 from autofit.core.recipe import Recipe
 from autofit.cost_model import predict
 from autofit.cost_model.calibrate import Calibration
+from autofit.cost_model.facts import footprint_key
 from autofit.ds.emit import deepspeed_config
 from autofit.machine.software import detect_software
 from autofit.planning.ladder import Ladder, search_ladder
@@ -20,10 +21,13 @@ from autofit.report.folder import report_sections, write_report
 from autofit.tuner.records import SearchResult, TrialRecord
 from autofit.workload.types import Workload
 
-#: the toy facts as a CPU search holds them: Plan.make measures the kernel footprint of each traced dtype on a CPU
-#: device, so the ladder's plan (which reuses these facts) has nothing left to measure; without them it started a
-#: footprint process per dtype for the entry "toy.py:workload" that does not exist (~10 s each, to learn nothing)
-MEASURED = replace(FACTS, kernel_footprint_bytes={"fp32": 12 * MIB, "bf16": 20 * MIB})
+#: the toy facts as a CPU search holds them: Plan.make measures the kernel footprint of each traced dtype, plain and
+#: checkpointed, on a CPU device, so the ladder's plan (which reuses these facts, checkpointed rungs included) has
+#: nothing left to measure; without them it started a footprint process per dtype for the entry "toy.py:workload"
+#: that does not exist (~6 s each, to learn nothing)
+MEASURED = replace(FACTS, kernel_footprint_bytes={
+    footprint_key(dtype, checkpointed): size for dtype, size in (("fp32", 12 * MIB), ("bf16", 20 * MIB))
+    for checkpointed in (False, True)})
 
 
 def _result(tmp_path: Path) -> SearchResult:
