@@ -18,14 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autofit.core.config import Config
-from autofit.core.hardware import Hardware
-from autofit.cost_model.facts import ModelFacts
 from autofit.probe.run import run_probe
 from autofit.probe.spec import probe_spec
 
 if TYPE_CHECKING:
+    from autofit.core.config import Config
+    from autofit.core.hardware import Hardware
     from autofit.core.software import Software
+    from autofit.cost_model.facts import ModelFacts
     from autofit.probe.result import ProbeResult
 
 #: reserved-but-unused bytes at the peak, as a share of reserved, past which the allocator is fragmented

@@ -107,7 +107,6 @@ def test_sections_hold_every_probe_and_every_pruned_candidate(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_the_report_ends_with_the_ladder_and_the_winners_place_in_it(tmp_path: Path) -> None:
-
     result = _result(tmp_path)
     # the toy facts cover fp32 and bf16, checkpointed and not, footprints measured: the ladder reuses them (no trace)
     ladder = _search_ladder(result, default_recipe(CPU))
