@@ -17,7 +17,7 @@ from autofit.core.units import format_bytes
 from autofit.cost_model.coefficients import Coefficients
 from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.cost_model.host import host_peak_bytes
-from autofit.cost_model.memory import MemoryBreakdown, predict_memory
+from autofit.cost_model.memory import MemoryBreakdown, bounded_memory
 from autofit.cost_model.prediction import PredictionRecord
 from autofit.cost_model.time import predict_step_time
 
@@ -57,6 +57,9 @@ class Prediction:
     host_peak_bytes: int = 0
     """Most host (CPU RAM) bytes one node needs: its ranks' processes, builds and offloaded states
     (:mod:`autofit.cost_model.host`)."""
+    peak_is_lower_bound: bool = False
+    """``peak_bytes`` is only a lower bound: a GPU config already past :func:`predict`'s ``exact_within_bytes``
+    before the caching allocator's reserve, which was not replayed (it does not fit, and says so in ``reason``)."""
 
     def record(self) -> PredictionRecord:
         """What travels of it (JSON, a study, a probe's result): memory and time, not the verdict."""
@@ -81,12 +84,18 @@ def predict(
     hardware: Hardware,
     world_size: int = 1,
     coefficients: Coefficients | None = None,
+    *,
+    exact_within_bytes: int | None = None,
 ) -> Prediction:
     """Price ``config`` for ``facts`` on ``world_size`` ranks of ``hardware``, judging whether it fits by
     ``hardware.memory_bytes``: a plan gives it the device with its usable budget
-    (:func:`autofit.cost_model.budget.usable_hardware`, through :meth:`autofit.planning.plan.Plan.predict`)."""
+    (:func:`autofit.cost_model.budget.usable_hardware`, through :meth:`autofit.planning.plan.Plan.predict`).
+    ``exact_within_bytes``: past it, a GPU peak may be a lower bound (:func:`autofit.cost_model.memory.bounded_memory`;
+    None: every peak exact); it must be at least ``hardware.memory_bytes``, so that what fits is judged the same."""
     coefficients = coefficients or Coefficients.for_hardware(hardware)
-    memory = predict_memory(config, facts, hardware, world_size, coefficients)
+    memory, lower_bound = bounded_memory(config, facts, hardware, world_size, coefficients,
+                                         None if exact_within_bytes is None
+                                         else max(exact_within_bytes, hardware.memory_bytes))
     peak = memory.total
     time_parts = predict_step_time(config, facts, hardware, world_size, coefficients)
     step_time_s = sum(time_parts.values())
@@ -94,7 +103,7 @@ def predict(
     samples_per_s = samples / step_time_s if step_time_s > 0 else 0.0
     tokens_per_s = samples_per_s * facts.tokens_per_sample if facts.tokens_per_sample else None
     host_peak = host_peak_bytes(config, facts, hardware, world_size, peak)
-    reason = _not_fit_reason(peak, hardware, memory) if peak > hardware.memory_bytes else None
+    reason = _not_fit_reason(peak, hardware, memory, lower_bound) if peak > hardware.memory_bytes else None
     if reason is None and hardware.host_memory_bytes and host_peak > hardware.host_memory_bytes:
         reason = _host_reason(host_peak, hardware, world_size)
     if config.optimizer == "adam_mini" and facts.adam_mini_error:
@@ -110,15 +119,18 @@ def predict(
         reason=reason,
         time_breakdown=time_parts,
         host_peak_bytes=host_peak,
+        peak_is_lower_bound=lower_bound,
     )
 
 
-def _not_fit_reason(peak: int, hardware: Hardware, memory: MemoryBreakdown) -> str:
+def _not_fit_reason(peak: int, hardware: Hardware, memory: MemoryBreakdown, lower_bound: bool) -> str:
 
     parts = memory.to_dict()
     biggest = max(parts, key=lambda k: parts[k])
+    need = f"more than {format_bytes(peak)} (before the caching allocator's reserve)" if lower_bound \
+        else format_bytes(peak)
     return (
-        f"needs {format_bytes(peak)} but {format_bytes(hardware.memory_bytes)} is usable on {hardware.name} "
+        f"needs {need} but {format_bytes(hardware.memory_bytes)} is usable on {hardware.name} "
         f"(largest part: {biggest} {format_bytes(parts[biggest])})"
     )
 

@@ -22,6 +22,16 @@ from autofit.core.units import finite, format_bytes
 DEFAULT_MARGIN = 0.10
 #: the most ``--margin`` may be: a tenth of the device is the least a plan is priced against
 MAX_MARGIN = 0.9
+#: how far past the usable budget a plan prices every candidate's peak exactly
+#: (:meth:`autofit.planning.plan.Plan.price`): the search reads peaks up to its memory band past the budget
+#: (:attr:`autofit.tuner.settings.SearchSettings.memory_band_cap`, at most this), and past it a GPU peak may stop at
+#: what already rules the config out (:func:`autofit.cost_model.memory.bounded_memory`)
+EXACT_PAST_BUDGET = 0.25
+
+
+def exact_within_bytes(budget_bytes: int) -> int:
+    """The peak up to which a plan priced against ``budget_bytes`` prices every candidate exactly."""
+    return int(budget_bytes * (1.0 + EXACT_PAST_BUDGET))
 
 
 def check_margin(margin: object) -> float:

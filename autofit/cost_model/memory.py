@@ -126,14 +126,32 @@ def predict_memory(
     """The peak over the init, backward and step phases, split by what holds the bytes. On a GPU the caching
     allocator's reserve at its peak (:func:`autofit.cost_model.allocation_sequence.reserve_bytes`) is part of
     ``other``: NVML sees the allocator's reserved peak, the allocated peak plus what it holds cached there."""
+    return bounded_memory(config, facts, hardware, world_size, coefficients, None)[0]
+
+
+def bounded_memory(
+    config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, coefficients: Coefficients,
+    exact_within_bytes: int | None,
+) -> tuple[MemoryBreakdown, bool]:
+    """:func:`predict_memory`, and whether it is only a lower bound: on a GPU, a config whose peak without the
+    allocator's reserve is already past ``exact_within_bytes`` is not replayed (None: every config is), and its peak
+    is that one. The reserve is never negative (a reserved peak holds the allocated one) and the calibration's
+    scaling grows with the bytes it scales, so the true peak is past them too: a plan judges what fits exactly and
+    replays only the reserves of configs near its budget (docs/results/planning.md)."""
     peak = max(memory_phases(config, facts, hardware, world_size, coefficients).values(), key=lambda m: m.total)
-    if hardware.kind == "cuda":
-        reserve = reserve_bytes(config, facts, world_size, workspace=cublas_workspace_bytes(hardware))
-        peak = replace(peak, other=peak.other + reserve)
-    if coefficients.memory_scale == 1.0:
-        return peak
-    fixed = runtime_bytes(hardware, world_size, coefficients.outside_allocator_bytes)  # CUDA's offset; CPU: 0
-    return _scaled(peak, coefficients.memory_scale, fixed)
+
+    def scaled(breakdown: MemoryBreakdown) -> MemoryBreakdown:
+        if coefficients.memory_scale == 1.0:
+            return breakdown
+        fixed = runtime_bytes(hardware, world_size, coefficients.outside_allocator_bytes)  # CUDA's offset; CPU: 0
+        return _scaled(breakdown, coefficients.memory_scale, fixed)
+
+    if hardware.kind != "cuda":
+        return scaled(peak), False
+    if exact_within_bytes is not None and (bound := scaled(peak)).total > exact_within_bytes:
+        return bound, True
+    reserve = reserve_bytes(config, facts, world_size, workspace=cublas_workspace_bytes(hardware))
+    return scaled(replace(peak, other=peak.other + reserve)), False
 
 
 def kernel_footprint_bytes(config: Config, facts: ModelFacts, hardware: Hardware, coefficients: Coefficients) -> int:

@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from autofit.core.config import WORKING_BYTES, Config
@@ -25,8 +26,8 @@ from autofit.core.recipe import Recipe, narrow_space, recipe_for
 from autofit.core.software import Software
 from autofit.core.space import SearchSpace, enumerate_candidates
 from autofit.core.units import format_bytes
-from autofit.cost_model import Coefficients, ModelFacts, Prediction
-from autofit.cost_model.budget import DEFAULT_MARGIN, check_margin, usable_bytes, usable_hardware
+from autofit.cost_model import Coefficients, ModelFacts, Prediction, predict
+from autofit.cost_model.budget import DEFAULT_MARGIN, check_margin, exact_within_bytes, usable_bytes, usable_hardware
 from autofit.cost_model.calibrate import Calibration
 from autofit.cost_model.facts import footprint_key
 from autofit.cost_model.states import optimizer_state_bytes
@@ -211,12 +212,17 @@ class Plan:
         return (calibration or self.uncalibrated()).predict(config, facts or self.facts, budget, self.world_size)
 
     def price(self, calibration: Calibration | None = None) -> list[tuple[Config, Prediction]]:
-        """Every candidate priced with ``calibration`` (the prior when None), fastest predicted first."""
+        """Every candidate priced with ``calibration`` (the prior when None), fastest predicted first: each as
+        :meth:`predict` prices it, but that a GPU peak past :func:`~autofit.cost_model.budget.exact_within_bytes` of
+        the budget may be a lower bound (``Prediction.peak_is_lower_bound``; whether it fits is the same)."""
         calibration = calibration or self.uncalibrated()
         budget = usable_hardware(self.hardware, self.margin)  # what predict() judges against, made once
-        # a GPU's candidates replay the allocator's requests: those of a model planned before are read back
+        # a GPU's candidates replay the allocator's requests, but none far past the budget (a peak there is a lower
+        # bound: cost_model/memory.py bounded_memory); those of a model planned before are read back
+        bounded = partial(predict, exact_within_bytes=exact_within_bytes(budget.memory_bytes))
         with kept_reserves(self.facts) if self.hardware.kind == "cuda" else contextlib.nullcontext():
-            priced = [(c, calibration.predict(c, self.facts, budget, self.world_size)) for c in self.candidates]
+            priced = [(c, calibration.predict(c, self.facts, budget, self.world_size, bounded))
+                      for c in self.candidates]
         priced.sort(key=lambda cp: -cp[1].samples_per_s)
         return priced
 

@@ -35,7 +35,8 @@ def print_estimate(result: Any, max_rows: int = MAX_ROWS) -> None:
         p = candidate.prediction
         b = p.breakdown
         table.add_row(
-            str(i), candidate.config.label(), format_bytes(p.peak_bytes), format_bytes(b.params),
+            str(i), candidate.config.label(), (">" if p.peak_is_lower_bound else "") + format_bytes(p.peak_bytes),
+            format_bytes(b.params),
             format_bytes(b.grads), format_bytes(b.optimizer), format_bytes(b.activations), format_bytes(b.other),
             f"{p.step_time_s:.3g}", f"{p.samples_per_s:.3g}", "yes" if p.fits else f"no: {p.reason}",
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofit.core.errors import AutofitError
-from autofit.cost_model.budget import DEFAULT_MARGIN, check_margin
+from autofit.cost_model.budget import DEFAULT_MARGIN, EXACT_PAST_BUDGET, check_margin
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,8 @@ class SearchSettings:
                 f"memory_band_floor must be within [0, memory_band_cap={self.memory_band_cap}], "
                 f"but got {self.memory_band_floor!r}"
             )
+        if not self.memory_band_cap <= EXACT_PAST_BUDGET:  # past it a plan's peaks may be lower bounds
+            raise AutofitError(f"memory_band_cap must be at most {EXACT_PAST_BUDGET}, but got {self.memory_band_cap!r}")
         if isinstance(self.last_resort_probes, bool) or not isinstance(self.last_resort_probes, int) \
                 or self.last_resort_probes < 0:
             raise AutofitError(f"last_resort_probes must be an integer >= 0, but got {self.last_resort_probes!r}")
