@@ -8,6 +8,7 @@ formulas (:mod:`autofit.cost_model.memory`) and the time formulas
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,16 +87,20 @@ def predict(
     coefficients: Coefficients | None = None,
     *,
     exact_within_bytes: int | None = None,
+    reserve_representatives: Mapping[tuple[object, ...], Config] | None = None,
 ) -> Prediction:
     """Price ``config`` for ``facts`` on ``world_size`` ranks of ``hardware``, judging whether it fits by
     ``hardware.memory_bytes``: a plan gives it the device with its usable budget
     (:func:`autofit.cost_model.budget.usable_hardware`, through :meth:`autofit.planning.plan.Plan.predict`).
     ``exact_within_bytes``: past it, a GPU peak may be a lower bound (:func:`autofit.cost_model.memory.bounded_memory`;
-    None: every peak exact); it must be at least ``hardware.memory_bytes``, so that what fits is judged the same."""
+    None: every peak exact); it must be at least ``hardware.memory_bytes``, so that what fits is judged the same;
+    ``reserve_representatives``: the configs whose replay stands for each reserve key
+    (:func:`autofit.cost_model.allocation_sequence.reserve_bytes`)."""
     coefficients = coefficients or Coefficients.for_hardware(hardware)
     memory, lower_bound = bounded_memory(config, facts, hardware, world_size, coefficients,
                                          None if exact_within_bytes is None
-                                         else max(exact_within_bytes, hardware.memory_bytes))
+                                         else max(exact_within_bytes, hardware.memory_bytes),
+                                         reserve_representatives)
     peak = memory.total
     time_parts = predict_step_time(config, facts, hardware, world_size, coefficients)
     step_time_s = sum(time_parts.values())

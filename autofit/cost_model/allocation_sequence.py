@@ -51,6 +51,7 @@ priced for it. ``expandable_segments:True`` is priced by the same replay (:func:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -451,16 +452,21 @@ def reserve_key(config: Config, facts: ModelFacts, world_size: int, workspace: i
 
 
 def reserve_bytes(config: Config, facts: ModelFacts, world_size: int,
-                  settings: AllocatorSettings | None = None, workspace: int = 0) -> int:
+                  settings: AllocatorSettings | None = None, workspace: int = 0,
+                  representatives: Mapping[tuple[object, ...], Config] | None = None) -> int:
     """What the allocator holds cached at its reserved peak beyond the allocated peak, for this plan: the replay of
     :func:`synthesize`'s requests (reserved peak less allocated peak), with cuBLAS workspaces of ``workspace`` bytes;
     0 where nothing is synthesized.
 
-    Memoized on ``facts`` by :func:`reserve_key` and ``settings`` (:func:`reserve_memo`)."""
-    key = (*reserve_key(config, facts, world_size, workspace), settings)
+    Memoized on ``facts`` by :func:`reserve_key` and ``settings`` (:func:`reserve_memo`): the replay is of the
+    config that asks first, or of ``representatives``' config for the key (a plan's first candidate of each:
+    :meth:`autofit.planning.plan.Plan.price`, which asks of some candidates only)."""
+    short = reserve_key(config, facts, world_size, workspace)
+    key = (*short, settings)
     memo = reserve_memo(facts)
     if key not in memo:
-        allocator = replayed(config, facts, world_size, settings, workspace)
+        replayed_config = representatives.get(short, config) if representatives is not None else config
+        allocator = replayed(replayed_config, facts, world_size, settings, workspace)
         memo[key] = 0 if allocator is None else allocator.peak_reserved_bytes - allocator.peak_allocated_bytes
     return memo[key]
 

@@ -39,6 +39,7 @@ ZeRO-3 reduce phases against a probe.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from autofit.core.config import WORKING_BYTES, Config
@@ -131,13 +132,14 @@ def predict_memory(
 
 def bounded_memory(
     config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, coefficients: Coefficients,
-    exact_within_bytes: int | None,
+    exact_within_bytes: int | None, representatives: Mapping[tuple[object, ...], Config] | None = None,
 ) -> tuple[MemoryBreakdown, bool]:
     """:func:`predict_memory`, and whether it is only a lower bound: on a GPU, a config whose peak without the
     allocator's reserve is already past ``exact_within_bytes`` is not replayed (None: every config is), and its peak
     is that one. The reserve is never negative (a reserved peak holds the allocated one) and the calibration's
     scaling grows with the bytes it scales, so the true peak is past them too: a plan judges what fits exactly and
-    replays only the reserves of configs near its budget (docs/results/planning.md)."""
+    replays only the reserves of configs near its budget (docs/results/planning.md); ``representatives``:
+    :func:`~autofit.cost_model.allocation_sequence.reserve_bytes`'."""
     peak = max(memory_phases(config, facts, hardware, world_size, coefficients).values(), key=lambda m: m.total)
 
     def scaled(breakdown: MemoryBreakdown) -> MemoryBreakdown:
@@ -150,7 +152,8 @@ def bounded_memory(
         return scaled(peak), False
     if exact_within_bytes is not None and (bound := scaled(peak)).total > exact_within_bytes:
         return bound, True
-    reserve = reserve_bytes(config, facts, world_size, workspace=cublas_workspace_bytes(hardware))
+    reserve = reserve_bytes(config, facts, world_size, workspace=cublas_workspace_bytes(hardware),
+                            representatives=representatives)
     return scaled(replace(peak, other=peak.other + reserve)), False
 
 

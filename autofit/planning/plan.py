@@ -27,8 +27,10 @@ from autofit.core.software import Software
 from autofit.core.space import SearchSpace, enumerate_candidates
 from autofit.core.units import format_bytes
 from autofit.cost_model import Coefficients, ModelFacts, Prediction, predict
+from autofit.cost_model.allocation_sequence import reserve_key
 from autofit.cost_model.budget import DEFAULT_MARGIN, check_margin, exact_within_bytes, usable_bytes, usable_hardware
 from autofit.cost_model.calibrate import Calibration
+from autofit.cost_model.cuda_runtime import cublas_workspace_bytes
 from autofit.cost_model.facts import footprint_key
 from autofit.cost_model.states import optimizer_state_bytes
 from autofit.ds.emit import deepspeed_config
@@ -211,6 +213,17 @@ class Plan:
         budget = usable_hardware(self.hardware, self.margin)
         return (calibration or self.uncalibrated()).predict(config, facts or self.facts, budget, self.world_size)
 
+    def _first_of_each_reserve_key(self) -> dict[tuple[object, ...], Config] | None:
+        """On a GPU, each :func:`~autofit.cost_model.allocation_sequence.reserve_key`'s first candidate: the one whose
+        replay stands for the key's, whichever candidate asks first (None on a CPU: no reserve)."""
+        if self.hardware.kind != "cuda":
+            return None
+        workspace = cublas_workspace_bytes(self.hardware)
+        first: dict[tuple[object, ...], Config] = {}
+        for config in self.candidates:
+            first.setdefault(reserve_key(config, self.facts, self.world_size, workspace), config)
+        return first
+
     def price(self, calibration: Calibration | None = None) -> list[tuple[Config, Prediction]]:
         """Every candidate priced with ``calibration`` (the prior when None), fastest predicted first: each as
         :meth:`predict` prices it, but that a GPU peak past :func:`~autofit.cost_model.budget.exact_within_bytes` of
@@ -219,7 +232,8 @@ class Plan:
         budget = usable_hardware(self.hardware, self.margin)  # what predict() judges against, made once
         # a GPU's candidates replay the allocator's requests, but none far past the budget (a peak there is a lower
         # bound: cost_model/memory.py bounded_memory); those of a model planned before are read back
-        bounded = partial(predict, exact_within_bytes=exact_within_bytes(budget.memory_bytes))
+        bounded = partial(predict, exact_within_bytes=exact_within_bytes(budget.memory_bytes),
+                          reserve_representatives=self._first_of_each_reserve_key())
         with kept_reserves(self.facts) if self.hardware.kind == "cuda" else contextlib.nullcontext():
             priced = [(c, calibration.predict(c, self.facts, budget, self.world_size, bounded))
                       for c in self.candidates]

@@ -48,10 +48,12 @@ def test_past_the_exact_range_a_peak_is_a_lower_bound_and_what_fits_is_the_same(
             assert prediction.peak_bytes == alone.peak_bytes and prediction.reason == alone.reason
 
 
-def test_a_budget_that_holds_every_candidate_replays_every_reserve() -> None:
+def test_a_budget_that_holds_every_candidate_replays_every_reserve_and_an_exact_peak_is_the_budgets_alike() -> None:
     plan = _plan(8 * GIB)
     priced = plan.price()
     assert all(p.fits and not p.peak_is_lower_bound for _, p in priced)
     fewer = _plan(int(1.9 * GIB))
-    fewer.price()
+    bounded = fewer.price()
     assert 0 < len(reserve_memo(fewer.facts)) < len(reserve_memo(plan.facts))
+    whole = {c: p.peak_bytes for c, p in priced}
+    assert all(p.peak_bytes == whole[c] for c, p in bounded if not p.peak_is_lower_bound)
