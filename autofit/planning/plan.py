@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,7 @@ from autofit.ds.emit import deepspeed_config
 from autofit.ds.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 from autofit.machine.software import detect_software
 from autofit.planning.reserve_cache import kept_reserves
-from autofit.probe.footprint import footprints_for
+from autofit.probe.footprint import PendingFootprints, footprints_for
 from autofit.probe.spec import probe_spec
 from autofit.trace import REAL_TRACE_LIMIT_BYTES, trace_micro_batches, trace_workload
 from autofit.trace.source_cache import SourcePlannedWorkload
@@ -139,9 +140,13 @@ class Plan:
             sequence=workload.sequence,
         )
         configs = tuple(enumeration.candidates)
-        facts = completed_facts(workload, configs, hardware.kind, facts)
-        configs, no_room = within_nvme_room(configs, facts, hardware, world_size, software)
-        configs, untraced = traced_kernels_only(configs, facts)
+        with pending_footprints(entry, configs, hardware, facts) as pending:
+            facts = completed_facts(workload, configs, hardware.kind, facts,
+                                    before_tracing=pending.start if pending is not None else None)
+            configs, no_room = within_nvme_room(configs, facts, hardware, world_size, software)
+            configs, untraced = traced_kernels_only(configs, facts)
+            if hardware.kind == "cpu":
+                facts = with_kernel_footprints(facts, entry, configs, pending)
         return cls(
             entry=entry,
             name=workload.name or entry,
@@ -152,7 +157,7 @@ class Plan:
             fixed=fixed,
             candidates=configs,
             rejected=(*enumeration.rejected, *no_room, *untraced),
-            facts=with_kernel_footprints(facts, entry, configs) if hardware.kind == "cpu" else facts,
+            facts=facts,
             coefficients=coefficients or Coefficients.for_hardware(hardware),
             software=software,
             recipe=recipe,
@@ -326,24 +331,27 @@ def trace_request(configs: tuple[Config, ...] | list[Config], device_kind: str =
 
 
 def trace_for(workload: Workload | SourcePlannedWorkload, configs: tuple[Config, ...] | list[Config],
-              device_kind: str = "cpu") -> ModelFacts:
+              device_kind: str = "cpu", before_tracing: Callable[[int], None] | None = None) -> ModelFacts:
     """Trace ``workload`` at every precision class, attention kernel, checkpoint ratio and granularity the
     configs use (and count the states of the optimizers that need the model itself: Adam-mini); an entry's
-    :class:`~autofit.trace.source_cache.SourcePlannedWorkload` answers from its record where it has one."""
+    :class:`~autofit.trace.source_cache.SourcePlannedWorkload` answers from its record where it has one.
+    ``before_tracing``: :func:`autofit.trace.trace_workload`'s."""
 
     request = trace_request(configs, device_kind)
     if isinstance(workload, SourcePlannedWorkload):
         return workload.facts(request)
-    return trace_workload(workload, **request)
+    return trace_workload(workload, **request, before_tracing=before_tracing)
 
 
 def completed_facts(workload: Workload | SourcePlannedWorkload, configs: tuple[Config, ...] | list[Config],
-                    device_kind: str, facts: ModelFacts | None) -> ModelFacts:
+                    device_kind: str, facts: ModelFacts | None,
+                    before_tracing: Callable[[int], None] | None = None) -> ModelFacts:
     """``facts``, a trace made earlier (None: none), with what ``configs`` need that it lacks traced and added: the
     precisions and attention kernels it holds no profile of (:func:`traced_for`) are traced alone and their profiles
-    joined to its own (a search's trace covers its recipe's precision; the ladder after it adds the mixed one)."""
+    joined to its own (a search's trace covers its recipe's precision; the ladder after it adds the mixed one).
+    ``before_tracing``: called before a trace of none made earlier runs (:func:`autofit.trace.trace_workload`)."""
     if facts is None:
-        return trace_for(workload, configs, device_kind)
+        return trace_for(workload, configs, device_kind, before_tracing)
     missing = [c for c in configs if not traced_for(facts, c)]
     if not missing:
         return facts
@@ -370,23 +378,45 @@ def traced_for(facts: ModelFacts, config: Config) -> bool:
     return True
 
 
-def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config, ...] | list[Config]) -> ModelFacts:
+#: the most parameters a model whose kernel footprint is measured may have: its fp32 weights within the limit of a
+#: real trace (:data:`autofit.trace.REAL_TRACE_LIMIT_BYTES`)
+FOOTPRINT_MOST_PARAMS = REAL_TRACE_LIMIT_BYTES // 4
+
+
+def with_kernel_footprints(facts: ModelFacts, entry: str, configs: tuple[Config, ...] | list[Config],
+                           pending: PendingFootprints | None = None) -> ModelFacts:
     """``facts`` with the model's kernel footprint measured for every precision the configs compute in, plain and
     checkpointed (both in one process), on a CPU device (:mod:`autofit.probe.footprint`, a few seconds each; kept in
-    the trace cache under what the model traced to, so a model planned again is not measured again). A
-    model too large to run here, one whose measurement fails, or a :class:`Workload` object with no entry point
-    (:func:`autofit.workload.entry.is_loadable`: the measuring process cannot load it) keeps the cost model's
-    default."""
+    the trace cache under what the model traced to, so a model planned again is not measured again; ``pending``:
+    those started beside the trace, :func:`pending_footprints`). A model too large to run here, one whose
+    measurement fails, or a :class:`Workload` object with no entry point (:func:`autofit.workload.entry.is_loadable`:
+    the measuring process cannot load it) keeps the cost model's default."""
 
     needed = tuple(sorted({c.trace_dtype for c in configs
                            if footprint_key(c.trace_dtype, c.checkpointed_layers(facts.n_layers) > 0)
                            not in facts.kernel_footprint_bytes}))
-    if not needed or not is_loadable(entry) or 4 * facts.n_params > REAL_TRACE_LIMIT_BYTES:
+    if not needed or not is_loadable(entry) or facts.n_params > FOOTPRINT_MOST_PARAMS:
         return facts
-    attention = Counter(c.attention for c in configs).most_common(1)[0][0]
     traced = json.dumps(replace(facts, kernel_footprint_bytes={}, trace_seconds=0.0).to_dict(), sort_keys=True)
-    measured = footprints_for(entry, needed, attention, model_digest=hashlib.sha256(traced.encode()).hexdigest())
+    measured = footprints_for(entry, needed, footprint_attention(configs),
+                              model_digest=hashlib.sha256(traced.encode()).hexdigest(), pending=pending)
     return replace(facts, kernel_footprint_bytes={**facts.kernel_footprint_bytes, **measured}) if measured else facts
+
+
+def footprint_attention(configs: tuple[Config, ...] | list[Config]) -> str:
+    """The kernel a plan's footprints are measured with: its candidates' most common."""
+    return Counter(c.attention for c in configs).most_common(1)[0][0]
+
+
+def pending_footprints(entry: str, configs: tuple[Config, ...], hardware: Hardware, facts: ModelFacts | None
+                       ) -> contextlib.AbstractContextManager[PendingFootprints | None]:
+    """Where a CPU plan traces its model anew (no ``facts`` made earlier) and can measure its footprints, the
+    :class:`~autofit.probe.footprint.PendingFootprints` its trace starts (every precision of ``configs``): measured
+    beside the trace rather than after it, each a few seconds on a small model; else None."""
+    if hardware.kind != "cpu" or facts is not None or not configs or not is_loadable(entry):
+        return contextlib.nullcontext()
+    precisions = tuple(sorted({c.trace_dtype for c in configs}))
+    return PendingFootprints(entry, precisions, footprint_attention(configs), FOOTPRINT_MOST_PARAMS)
 
 
 def _checked_recipe(recipe: Recipe, fixed: dict[str, Any]) -> Recipe:

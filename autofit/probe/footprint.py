@@ -42,6 +42,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,22 +68,91 @@ def measured_footprints(entry: str, precision: str, attention: str) -> dict[str,
     beyond its imports and with the model freed: plainly, and then (where the workload has repeated layers)
     checkpointed too, keyed by :func:`autofit.cost_model.facts.footprint_key`; None when the measurement fails
     (the caller keeps its default)."""
-    env = rank_env(dict(os.environ), 0, 1, free_port(), "cpu")
     with tempfile.TemporaryDirectory(prefix="autofit-footprint-") as workdir:
         out = Path(workdir) / "footprint.json"
-        try:
-            subprocess.run([sys.executable, "-m", "autofit.probe.footprint", entry, precision, attention, str(out)],
-                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=FOOTPRINT_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            return None
-        if not out.exists():
-            return None
-        data = json.loads(out.read_text())
+        return _finished(_start(entry, precision, attention, out), out, precision)
+
+
+def _start(entry: str, precision: str, attention: str, out: Path, most_params: int | None = None) -> subprocess.Popen:
+    """The measuring process (``python -m autofit.probe.footprint``), writing to ``out``; with ``most_params`` it
+    measures nothing of a model of more parameters than that (counted on the meta device first)."""
+    env = rank_env(dict(os.environ), 0, 1, free_port(), "cpu")
+    limit = [] if most_params is None else ["--most-params", str(most_params)]
+    return subprocess.Popen([sys.executable, "-m", "autofit.probe.footprint", entry, precision, attention, str(out),
+                             *limit], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _finished(process: subprocess.Popen, out: Path, precision: str, timeout_s: float = FOOTPRINT_TIMEOUT_S
+              ) -> dict[str, int] | None:
+    """What ``process`` measured into ``out`` (:func:`measured_footprints`), once it ends; None where it wrote
+    nothing or ran past ``timeout_s`` (then it is killed)."""
+    try:
+        process.wait(timeout=max(0.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return None
+    if not out.exists():
+        return None
+    data = json.loads(out.read_text())
     found = {footprint_key(precision, False): int(data["bytes"])}
     if data.get("checkpointed_bytes") is not None:
         found[footprint_key(precision, True)] = int(data["checkpointed_bytes"])
     return found
+
+
+class PendingFootprints:
+    """A plan's kernel-footprint measurements started while its trace runs, one process a precision
+    (:meth:`start`, the trace's ``before_tracing``; the trace runs on fake tensors and the measurement reads resident
+    pages, so neither times anything the other slows), taken by :func:`footprints_for` where no cached one is read,
+    and every one still running killed by :meth:`close` (a plan that ends another way, or reads them from the cache,
+    leaves none behind). A model past ``most_params`` is not measured (the plan's own rule:
+    :func:`autofit.planning.plan.with_kernel_footprints`), and the process checks it too before it builds the model
+    for real."""
+
+    def __init__(self, entry: str, precisions: tuple[str, ...], attention: str, most_params: int) -> None:
+        self.entry, self.precisions, self.attention, self.most_params = entry, precisions, attention, most_params
+        self._workdir: tempfile.TemporaryDirectory[str] | None = None
+        self._running: dict[str, tuple[subprocess.Popen, Path, float]] = {}
+        self._started = False
+
+    def start(self, n_params: int) -> None:
+        """Start each precision's measurement (once), where the model (``n_params``) is within
+        :attr:`most_params`; one that cannot start is measured later, as without this."""
+        if self._started or n_params > self.most_params:
+            return
+        self._started = True
+        self._workdir = tempfile.TemporaryDirectory(prefix="autofit-footprints-")
+        for precision in self.precisions:
+            out = Path(self._workdir.name) / f"{precision}.json"
+            with contextlib.suppress(OSError):
+                process = _start(self.entry, precision, self.attention, out, self.most_params)
+                self._running[precision] = (process, out, time.monotonic())
+
+    def has(self, precision: str, attention: str) -> bool:
+        """Whether a measurement of ``precision`` with ``attention`` was started and not yet taken."""
+        return attention == self.attention and precision in self._running
+
+    def take(self, precision: str, attention: str) -> dict[str, int] | None:
+        """What the measurement of ``precision`` with ``attention`` (:meth:`has`) found, waited for; None where it
+        failed (the cost model's default stands, as for a failure of :func:`measured_footprints`)."""
+        process, out, started = self._running.pop(precision)
+        return _finished(process, out, precision, FOOTPRINT_TIMEOUT_S - (time.monotonic() - started))
+
+    def close(self) -> None:
+        for process, _, _ in self._running.values():
+            process.kill()
+            process.wait()
+        self._running.clear()
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+
+    def __enter__(self) -> PendingFootprints:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def measured_footprint_bytes(entry: str, precision: str, attention: str, checkpointed: bool = False) -> int | None:
@@ -142,21 +212,35 @@ def measure(entry: str, precision: str, attention: str) -> dict[str, int | None]
     return {"bytes": plain, "checkpointed_bytes": max(plain, settled_rss_bytes() - initialized)}
 
 
+def parameter_count(entry: str, attention: str) -> int:
+    """Parameters of ``entry``'s model, each shared tensor once, built on the meta device (no memory)."""
+    import torch
+
+    workload = import_workload(entry, attention, torch)
+    with torch.device("meta"):
+        model = workload.build_model(attention=attention)
+    return sum(p.numel() for p in model.parameters())
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 5:
-        print("usage: python -m autofit.probe.footprint ENTRY PRECISION ATTENTION OUT", file=sys.stderr)
+    if len(argv) not in (5, 7) or (len(argv) == 7 and argv[5] != "--most-params"):
+        print("usage: python -m autofit.probe.footprint ENTRY PRECISION ATTENTION OUT [--most-params N]",
+              file=sys.stderr)
         return 2
     entry, precision, attention, out = argv[1:5]
     die_with_parent(parent_from_env(os.getppid()))  # the user's model runs here: not on, past a SIGKILLed autofit
+    if len(argv) == 7 and parameter_count(entry, attention) > int(argv[6]):
+        return 3  # too large to build here: nothing measured
     write_json_atomic(Path(out), measure(entry, precision, attention))
     return 0
 
 
-def footprints_for(entry: str, precisions: tuple[str, ...], attention: str, model_digest: str | None = None
-                   ) -> dict[str, int]:
+def footprints_for(entry: str, precisions: tuple[str, ...], attention: str, model_digest: str | None = None,
+                   pending: PendingFootprints | None = None) -> dict[str, int]:
     """``{key: bytes}`` (:func:`autofit.cost_model.facts.footprint_key`) for the precisions measured, plain and
     checkpointed; those that failed are left out. With ``model_digest`` (what the model traced to), each precision's
-    measurement is kept in the trace cache (:func:`footprint_cache_name`) and read back instead of measured again."""
+    measurement is kept in the trace cache (:func:`footprint_cache_name`) and read back instead of measured again;
+    ``pending``: measurements already started (:class:`PendingFootprints`), taken before any is started here."""
     found: dict[str, int] = {}
     for precision in precisions:
         name = footprint_cache_name(entry, precision, attention, model_digest) if model_digest else None
@@ -165,7 +249,8 @@ def footprints_for(entry: str, precisions: tuple[str, ...], attention: str, mode
         if isinstance(kept, dict) and all(isinstance(v, int) for v in kept.values()):
             found |= {str(k): int(v) for k, v in kept.items()}
             continue
-        measured = measured_footprints(entry, precision, attention)
+        measured = pending.take(precision, attention) if pending is not None and pending.has(precision, attention) \
+            else measured_footprints(entry, precision, attention)
         if measured and name:
             write_entry(name, {"footprints": measured})
         found |= measured or {}

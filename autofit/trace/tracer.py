@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -48,6 +49,7 @@ def trace_workload(
     checkpoint_granularities: tuple[str, ...] = ("block",),
     micro_batches: tuple[int, ...] = TRACE_MICRO_BATCHES,
     sdpa_dispatch: str = "cpu",
+    before_tracing: Callable[[int], None] | None = None,
 ) -> ModelFacts:
     """Trace ``workload`` for each precision class and attention kernel, with and without checkpointing,
     at each of ``micro_batches`` (:func:`trace_micro_batches`; other sizes are interpolated between them).
@@ -64,6 +66,10 @@ def trace_workload(
 
     ``sdpa_dispatch``: the target's (``cuda``, ``cpu``): SDPA is traced as that device dispatches it
     (:mod:`autofit.trace.sdpa`: attention dropout where CUDA's fused kernels take it).
+
+    ``before_tracing``: called with the model's parameter count (each shared tensor once) where the trace is not
+    cached, before it runs: what the caller starts beside it (a CPU plan's kernel footprint,
+    :class:`autofit.probe.footprint.PendingFootprints`).
     """
     import torch
 
@@ -77,9 +83,14 @@ def trace_workload(
                "micro_batches": micro_batches, "sdpa_dispatch": sdpa_dispatch}
     if sdpa_dispatch not in DISPATCHES:
         raise AutofitError(f"sdpa_dispatch must be one of {', '.join(DISPATCHES)}, but got {sdpa_dispatch!r}")
-    facts = cached_trace(workload, model, request, lambda: _traced_at_length(
-        workload, _structure(workload, optimizers, model), precisions, attentions, checkpoint_ratios,
-        checkpoint_granularities, micro_batches, sdpa_dispatch))
+
+    def traced() -> ModelFacts:
+        if before_tracing is not None:
+            before_tracing(sum(p.numel() for p in model.parameters()))
+        return _traced_at_length(workload, _structure(workload, optimizers, model), precisions, attentions,
+                                 checkpoint_ratios, checkpoint_granularities, micro_batches, sdpa_dispatch)
+
+    facts = cached_trace(workload, model, request, traced)
     return replace(facts, trace_seconds=time.perf_counter() - started)
 
 

@@ -122,3 +122,38 @@ def test_a_footprint_is_kept_in_the_cache_and_read_back_for_the_same_model(tmp_p
     assert footprints_for(entry("tiny"), ("fp32",), "sdpa", model_digest="a") == kept["footprints"]
     assert footprints_for(entry("tiny"), ("fp32",), "sdpa", model_digest="b") != kept["footprints"]  # measured
     assert len(list((tmp_path / "traces").glob("footprint-*.json"))) == 2
+
+
+def test_a_plans_footprints_are_measured_while_its_trace_runs_and_none_outlives_the_plan() -> None:
+    """The trace starts the measurement (its ``before_tracing``) before its own steps: when it returns, the process
+    has been running beside it; what it measures is what a measurement after the trace finds (the same kernels), and
+    one never taken is killed when the plan ends."""
+    import psutil
+
+    from autofit.probe.footprint import PendingFootprints
+    from autofit.trace import trace_workload
+
+    workload = load_workload(entry("convnet"))
+    with PendingFootprints(entry("convnet"), ("fp32", "bf16"), "sdpa", most_params=10**9) as pending:
+        trace_workload(workload, before_tracing=pending.start)
+        assert pending.has("fp32", "sdpa") and pending.has("bf16", "sdpa") and not pending.has("fp32", "eager")
+        beside = pending.take("fp32", "sdpa")
+        assert len(psutil.Process().children()) == 1  # bf16's, not taken
+    assert psutil.Process().children() == []
+    after = measured_footprints(entry("convnet"), "fp32", "sdpa")
+    assert beside is not None and after is not None and beside.keys() == after.keys()
+    for key, value in after.items():
+        assert beside[key] == pytest.approx(value, abs=MIB)
+
+
+def test_a_model_past_the_footprints_parameter_limit_is_not_built_for_real() -> None:
+    """The measuring process counts the model's parameters on the meta device before it builds it: past the limit
+    it measures nothing (a plan started it before its trace knew the model's size)."""
+    from autofit.probe.footprint import PendingFootprints
+
+    with PendingFootprints(entry("convnet"), ("fp32",), "sdpa", most_params=10) as pending:
+        pending.start(n_params=1)  # what the caller said: within the limit; the process counts for itself
+        assert pending.has("fp32", "sdpa") and pending.take("fp32", "sdpa") is None
+    with PendingFootprints(entry("convnet"), ("fp32",), "sdpa", most_params=10) as pending:
+        pending.start(n_params=11)  # past it: nothing starts
+        assert not pending.has("fp32", "sdpa")
