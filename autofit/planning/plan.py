@@ -139,14 +139,8 @@ class Plan:
             checkpoints_attention=_checkpoints_attention(workload, space, fixed), software=software,
             sequence=workload.sequence,
         )
-        configs = tuple(enumeration.candidates)
-        with pending_footprints(entry, configs, hardware, facts) as pending:
-            facts = completed_facts(workload, configs, hardware.kind, facts,
-                                    before_tracing=pending.start if pending is not None else None)
-            configs, no_room = within_nvme_room(configs, facts, hardware, world_size, software)
-            configs, untraced = traced_kernels_only(configs, facts)
-            if hardware.kind == "cpu":
-                facts = with_kernel_footprints(facts, entry, configs, pending)
+        facts, configs, unplanned = traced_candidates(entry, workload, tuple(enumeration.candidates), hardware,
+                                                      world_size, software, facts)
         return cls(
             entry=entry,
             name=workload.name or entry,
@@ -156,7 +150,7 @@ class Plan:
             global_batch=global_batch,
             fixed=fixed,
             candidates=configs,
-            rejected=(*enumeration.rejected, *no_room, *untraced),
+            rejected=(*enumeration.rejected, *unplanned),
             facts=facts,
             coefficients=coefficients or Coefficients.for_hardware(hardware),
             software=software,
@@ -244,6 +238,22 @@ class Plan:
                       for c in self.candidates]
         priced.sort(key=lambda cp: -cp[1].samples_per_s)
         return priced
+
+
+def traced_candidates(entry: str, workload: Workload | SourcePlannedWorkload, configs: tuple[Config, ...],
+                      hardware: Hardware, world_size: int, software: Software, facts: ModelFacts | None
+                      ) -> tuple[ModelFacts, tuple[Config, ...], list[tuple[dict[str, Any], str]]]:
+    """The facts ``configs`` are priced from (``facts``, a trace made earlier, completed: :func:`completed_facts`; on
+    a CPU with the model's kernel footprints, measured beside the trace), the configs left, and why the others were:
+    past the NVMe room (:func:`within_nvme_room`) or of a kernel that could not be traced (:func:`traced_kernels_only`)."""
+    with pending_footprints(entry, configs, hardware, facts) as pending:
+        facts = completed_facts(workload, configs, hardware.kind, facts,
+                                before_tracing=pending.start if pending is not None else None)
+        configs, no_room = within_nvme_room(configs, facts, hardware, world_size, software)
+        configs, untraced = traced_kernels_only(configs, facts)
+        if hardware.kind == "cpu":
+            facts = with_kernel_footprints(facts, entry, configs, pending)
+    return facts, configs, [*no_room, *untraced]
 
 
 def traced_kernels_only(configs: tuple[Config, ...], facts: ModelFacts
