@@ -62,15 +62,26 @@ FOOTPRINT_STEPS = 2
 FOOTPRINT_TIMEOUT_S = 300.0
 
 
-@functools.cache
+#: what this process measured, by (entry, precision, attention): a model planned again here is not measured again
+_MEASURED: dict[tuple[str, str, str], dict[str, int] | None] = {}
+
+
 def measured_footprints(entry: str, precision: str, attention: str) -> dict[str, int] | None:
     """``{key: bytes}`` a fresh process holds after ``entry``'s model ran in ``precision`` (``fp32``, ``bf16``),
     beyond its imports and with the model freed: plainly, and then (where the workload has repeated layers)
     checkpointed too, keyed by :func:`autofit.cost_model.facts.footprint_key`; None when the measurement fails
-    (the caller keeps its default)."""
-    with tempfile.TemporaryDirectory(prefix="autofit-footprint-") as workdir:
-        out = Path(workdir) / "footprint.json"
-        return _finished(_start(entry, precision, attention, out), out, precision)
+    (the caller keeps its default). Once a process (:func:`forget_measured`)."""
+    key = (entry, precision, attention)
+    if key not in _MEASURED:
+        with tempfile.TemporaryDirectory(prefix="autofit-footprint-") as workdir:
+            out = Path(workdir) / "footprint.json"
+            _MEASURED[key] = _finished(_start(entry, precision, attention, out), out, precision)
+    return _MEASURED[key]
+
+
+def forget_measured() -> None:
+    """Forget what this process measured: the next ask measures again."""
+    _MEASURED.clear()
 
 
 def _start(entry: str, precision: str, attention: str, out: Path, most_params: int | None = None) -> subprocess.Popen:
@@ -124,6 +135,8 @@ class PendingFootprints:
         self._started = True
         self._workdir = tempfile.TemporaryDirectory(prefix="autofit-footprints-")
         for precision in self.precisions:
+            if (self.entry, precision, self.attention) in _MEASURED:  # measured here before: nothing to start
+                continue
             out = Path(self._workdir.name) / f"{precision}.json"
             with contextlib.suppress(OSError):
                 process = _start(self.entry, precision, self.attention, out, self.most_params)
@@ -137,7 +150,10 @@ class PendingFootprints:
         """What the measurement of ``precision`` with ``attention`` (:meth:`has`) found, waited for; None where it
         failed (the cost model's default stands, as for a failure of :func:`measured_footprints`)."""
         process, out, started = self._running.pop(precision)
-        return _finished(process, out, precision, FOOTPRINT_TIMEOUT_S - (time.monotonic() - started))
+        found = _finished(process, out, precision, FOOTPRINT_TIMEOUT_S - (time.monotonic() - started))
+        if found is not None:  # a failure, or a model past the limit, is not remembered
+            _MEASURED[(self.entry, precision, attention)] = found
+        return found
 
     def close(self) -> None:
         for process, _, _ in self._running.values():

@@ -68,8 +68,8 @@ def trace_workload(
     (:mod:`autofit.trace.sdpa`: attention dropout where CUDA's fused kernels take it).
 
     ``before_tracing``: called with the model's parameter count (each shared tensor once) where the trace is not
-    cached, before it runs: what the caller starts beside it (a CPU plan's kernel footprint,
-    :class:`autofit.probe.footprint.PendingFootprints`).
+    cached, before its fake-tensor steps (after the one timed step of :func:`check_scan_time`): what the caller
+    starts beside them (a CPU plan's kernel footprint, :class:`autofit.probe.footprint.PendingFootprints`).
     """
     import torch
 
@@ -84,28 +84,27 @@ def trace_workload(
     if sdpa_dispatch not in DISPATCHES:
         raise AutofitError(f"sdpa_dispatch must be one of {', '.join(DISPATCHES)}, but got {sdpa_dispatch!r}")
 
-    def traced() -> ModelFacts:
-        if before_tracing is not None:
-            before_tracing(sum(p.numel() for p in model.parameters()))
-        return _traced_at_length(workload, _structure(workload, optimizers, model), precisions, attentions,
-                                 checkpoint_ratios, checkpoint_granularities, micro_batches, sdpa_dispatch)
-
-    facts = cached_trace(workload, model, request, traced)
+    facts = cached_trace(workload, model, request, lambda: _traced_at_length(
+        workload, _structure(workload, optimizers, model), precisions, attentions, checkpoint_ratios,
+        checkpoint_granularities, micro_batches, sdpa_dispatch, before_tracing))
     return replace(facts, trace_seconds=time.perf_counter() - started)
 
 
 def _traced_at_length(workload: Workload, structure: ModelStructure, precisions: tuple[str, ...],
                       attentions: tuple[str, ...], checkpoint_ratios: tuple[float, ...],
                       checkpoint_granularities: tuple[str, ...], micro_batches: tuple[int, ...],
-                      sdpa_dispatch: str = "cpu") -> ModelFacts:
+                      sdpa_dispatch: str = "cpu", before_tracing: Callable[[int], None] | None = None) -> ModelFacts:
     """:func:`_trace_workload`, once a workload whose trace loops over its tokens (:attr:`Workload.at_length`) is
-    judged able to be traced in time (:func:`check_scan_time`, with the layers each step will run)."""
+    judged able to be traced in time (:func:`check_scan_time`, with the layers each step will run, timed: so
+    ``before_tracing`` is called after it, with the model's parameter count)."""
     n_layers, period = structure.n_layers, scale_period(structure)
     kinds = ("full", *(checkpoint_granularities if n_layers else ()))
     per_kind = [sum(cut_depth(structure, k) for k in cut_groups(kind, period)) if period else n_layers or 1
                 for kind in kinds]
     steps = len({trace_dtype_of(p) for p in precisions}) * len(micro_batches)
     check_scan_time(workload, structure, steps * sum(per_kind))
+    if before_tracing is not None:
+        before_tracing(structure.n_params)
     return _trace_workload(workload, structure, precisions, attentions, checkpoint_ratios, checkpoint_granularities,
                            micro_batches, sdpa_dispatch)
 

@@ -15,7 +15,7 @@ from autofit.cost_model import Coefficients, predict
 from autofit.cost_model.facts import footprint_key
 from autofit.machine.device import get_hardware
 from autofit.planning.plan import Plan, trace_for, with_kernel_footprints
-from autofit.probe.footprint import measured_footprint_bytes, measured_footprints
+from autofit.probe.footprint import forget_measured, measured_footprint_bytes, measured_footprints
 from autofit.probe.run import run_probe
 from autofit.probe.spec import probe_spec
 from autofit.workload.entry import load_workload
@@ -110,7 +110,7 @@ def test_a_footprint_is_kept_in_the_cache_and_read_back_for_the_same_model(tmp_p
 
     monkeypatch.setenv("AUTOFIT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("AUTOFIT_NO_CACHE", "0")  # the tests' default is off
-    measured_footprints.cache_clear()
+    forget_measured()
     first = footprints_for(entry("tiny"), ("fp32",), "sdpa", model_digest="a")
     entries = list((tmp_path / "traces").glob("footprint-*.json"))
     assert first and len(entries) == 1
@@ -118,7 +118,7 @@ def test_a_footprint_is_kept_in_the_cache_and_read_back_for_the_same_model(tmp_p
     assert kept["footprints"] == first
     kept["footprints"] = {key: value + 1 for key, value in first.items()}
     entries[0].write_text(json.dumps(kept))
-    measured_footprints.cache_clear()
+    forget_measured()
     assert footprints_for(entry("tiny"), ("fp32",), "sdpa", model_digest="a") == kept["footprints"]
     assert footprints_for(entry("tiny"), ("fp32",), "sdpa", model_digest="b") != kept["footprints"]  # measured
     assert len(list((tmp_path / "traces").glob("footprint-*.json"))) == 2
@@ -134,12 +134,17 @@ def test_a_plans_footprints_are_measured_while_its_trace_runs_and_none_outlives_
     from autofit.trace import trace_workload
 
     workload = load_workload(entry("convnet"))
+    forget_measured()  # what an earlier test measured in this process would not be measured again
     with PendingFootprints(entry("convnet"), ("fp32", "bf16"), "sdpa", most_params=10**9) as pending:
         trace_workload(workload, before_tracing=pending.start)
         assert pending.has("fp32", "sdpa") and pending.has("bf16", "sdpa") and not pending.has("fp32", "eager")
         beside = pending.take("fp32", "sdpa")
         assert len(psutil.Process().children()) == 1  # bf16's, not taken
     assert psutil.Process().children() == []
+    with PendingFootprints(entry("convnet"), ("fp32",), "sdpa", most_params=10**9) as again:
+        again.start(n_params=1)
+        assert not again.has("fp32", "sdpa")  # measured in this process already: nothing started
+    forget_measured()
     after = measured_footprints(entry("convnet"), "fp32", "sdpa")
     assert beside is not None and after is not None and beside.keys() == after.keys()
     for key, value in after.items():
@@ -151,6 +156,7 @@ def test_a_model_past_the_footprints_parameter_limit_is_not_built_for_real() -> 
     it measures nothing (a plan started it before its trace knew the model's size)."""
     from autofit.probe.footprint import PendingFootprints
 
+    forget_measured()  # what an earlier test measured in this process would not be measured again
     with PendingFootprints(entry("convnet"), ("fp32",), "sdpa", most_params=10) as pending:
         pending.start(n_params=1)  # what the caller said: within the limit; the process counts for itself
         assert pending.has("fp32", "sdpa") and pending.take("fp32", "sdpa") is None
