@@ -24,12 +24,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     other worker wait on torch's build lock; a test that kills its search mid-build ends that build with it
     (:func:`autofit.probe.ops.load_ops`), a later probe clears the lock it left as stale, and a waiting test then loads
     an ``.so`` that was never written. Built here, every later load finds the op up to date. One process: nothing to
-    race, nothing done."""
+    race, nothing done. A lock an earlier build left when it was killed is cleared first, as a probe's own
+    preparation clears it (:func:`autofit.probe.ops.prepare_ops`): left, the build here waits on it to its timeout."""
     import importlib.util
 
     if not session.config.pluginmanager.hasplugin("dsession") or importlib.util.find_spec("deepspeed") is None:
         return
-    from autofit.probe.ops import load_ops
+    from autofit.probe.ops import clear_stale_locks, load_ops
+
+    clear_stale_locks()
 
     failed = {op: state for op, state in load_ops(SUITE_OPS, "cpu", timeout_s=1800).items() if state != "ok"}
     if failed:  # the tests that need an op say so themselves; the rest run
