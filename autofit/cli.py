@@ -34,7 +34,7 @@ from autofit.core.bulk import paused_gc
 from autofit.core.errors import AutofitError
 from autofit.planning.longest import longest_sequence
 from autofit.planning.target import CLI_OPTION, Target, cli_fields
-from autofit.report.json_text import indented
+from autofit.report.json_text import document_text
 from autofit.report.outputs import emit_document, json_stdout
 from autofit.report.tables import print_estimate, print_ladder, print_probe
 from autofit.trace import cache as trace_cache
@@ -155,7 +155,7 @@ def estimate(shared: Shared) -> None:
         if answer.position_note:
             say(f"autofit: warning: {answer.position_note}")
         if shared.as_json:
-            emit_document(indented(answer.to_dict()))
+            emit_document(document_text(answer.to_dict()))
         else:
             click.echo(answer.text())
         return
@@ -164,7 +164,7 @@ def estimate(shared: Shared) -> None:
         say(f"autofit: warning: {warning}")
     if shared.as_json:
         with paused_gc():  # a document of thousands of candidates (autofit/core/bulk.py)
-            emit_document(indented(result.to_dict()))
+            emit_document(document_text(result.to_dict()))
     else:
         print_estimate(result)
 
@@ -183,7 +183,7 @@ def probe(shared: Shared, mode: str, steps: int, warmup: int, timeout_s: float, 
     answer = probe_command.probe_target(shared.target, mode=mode, steps=steps, warmup=warmup, timeout_s=timeout_s,
                                         snapshot_path=snapshot_path, say=say)
     if shared.as_json:
-        emit_document(indented(answer.to_dict()))
+        emit_document(document_text(answer.to_dict()))
     else:
         print_probe(answer.result())
     if not answer.ok:
@@ -200,7 +200,7 @@ def ladder(shared: Shared, measure: bool, steps: int, timeout_s: float) -> None:
     each priced (peak, fits, samples/s) and, with --measure, probed."""
     result = ladder_command.ladder_target(shared.target, measure=measure, steps=steps, timeout_s=timeout_s, say=say)
     if shared.as_json:
-        emit_document(indented(result.to_dict()))
+        emit_document(document_text(result.to_dict()))
     else:
         print_ladder(result)
 
@@ -224,7 +224,7 @@ def run(shared: Shared, trials: int, timeout_s: float | None, storage: str | Non
                                     report=report_dir, storage=storage, study_name=study_name, script=script,
                                     progress=progress_display, say=say)
     if shared.as_json:
-        emit_document(indented(result.to_dict()))
+        emit_document(document_text(result.to_dict()))
     else:
         say(f"wrote {out_path}")
 
@@ -286,7 +286,7 @@ def schedule_list(storage: str, as_json: bool, debug: bool) -> None:
     with json_stdout(as_json):  # --json: the document alone
         searches = schedule_command.list_searches(storage)
         if as_json:
-            emit_document(indented({"searches": searches}))
+            emit_document(document_text({"searches": searches}))
             return
     from autofit.schedule.status import print_searches  # sqlalchemy: autofit.commands.schedule
 
@@ -338,7 +338,7 @@ def results(storage: str, entry: str | None, prices: tuple[str, ...], report_dir
     with json_stdout(as_json):  # --json: the document alone
         rows = schedule_command.results(storage, prices=prices, entry=entry, report_dir=report_dir)
         if as_json:
-            emit_document(indented({"results": rows}))
+            emit_document(document_text({"results": rows}))
             return
     from autofit.schedule.results import print_results  # sqlalchemy: autofit.commands.schedule
 

@@ -60,8 +60,11 @@ def timed_estimate(plan: str, checkout: Path, cache_dir: Path, extra: tuple[str,
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{plan}: autofit estimate failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    document = json.loads(done.stdout)
+    # the document's digest, not its text's: a checkout that lays the same document out otherwise writes the same
+    canonical = json.dumps(document, sort_keys=True).encode()
     return {"wall_s": round(wall, 2), "load_1min": round(load, 2),
-            "output_sha256": hashlib.sha256(done.stdout.encode()).hexdigest(), **winner_of(json.loads(done.stdout))}
+            "output_sha256": hashlib.sha256(canonical).hexdigest(), **winner_of(document)}
 
 
 def winner_of(document: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""``indented``: the same text as ``json.dumps(document, indent=1)``, for every kind of value a document may hold."""
+"""``document_text``: text that parses back to the document, for every kind of value a document may hold, with a
+list of records one record a line."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from autofit.report.json_text import indented
+from autofit.report.json_text import document_text
 
 
 class Stage(enum.IntEnum):
@@ -31,11 +32,26 @@ EDGES: list[Any] = [
 ]
 
 
+def same(text: str, document: Any) -> bool:
+    """Whether ``text`` parses back to ``document`` as JSON holds it (NaN compared as text: it equals nothing)."""
+    return json.dumps(json.loads(text)) == json.dumps(document)
+
+
 @pytest.mark.parametrize("document", EDGES, ids=range(len(EDGES)))
-def test_every_kind_of_value_as_json_writes_it(document: Any) -> None:
-    assert indented(document) == json.dumps(document, indent=1)
-    assert indented({"wrapped": [document, {"again": document}]}) == json.dumps(
-        {"wrapped": [document, {"again": document}]}, indent=1)
+def test_every_kind_of_value_reads_back_as_json_holds_it(document: Any) -> None:
+    assert same(document_text(document), document)
+    wrapped = {"wrapped": [document, {"again": document}], "records": [{"value": document}, {"again": [document]}]}
+    assert same(document_text(wrapped), wrapped)
+
+
+def test_a_list_of_records_is_one_record_a_line_and_the_rest_indented() -> None:
+    records = [{"config": {"zero_stage": s, "label": f"z{s}"}, "peak": 1.5 * s, "fits": s < 3} for s in range(4)]
+    document = {"model": {"name": "m", "n_params": 7}, "candidates": records, "rejected": [], "note": None}
+    lines = document_text(document).splitlines()
+    for record in records:  # each record is the standard library's own compact text of it, on its line
+        assert "  " + json.dumps(record) + ("," if record is not records[-1] else "") in lines
+    assert ' "model": {' in lines and '  "name": "m",' in lines  # a member that is not a list of records: indented
+    assert same("\n".join(lines), document)
 
 
 def random_document(rng: random.Random, depth: int) -> Any:
@@ -49,16 +65,18 @@ def random_document(rng: random.Random, depth: int) -> Any:
             for i in range(rng.randint(0, 4))}
 
 
-def test_random_documents_as_json_writes_them() -> None:
+def test_random_documents_read_back_as_json_holds_them() -> None:
     rng = random.Random(49)
     for _ in range(300):
         document = random_document(rng, 5)
-        assert indented(document) == json.dumps(document, indent=1)
+        assert same(document_text(document), document)
+        records = {"records": [{"r": random_document(rng, 3)} for _ in range(rng.randint(1, 4))]}
+        assert same(document_text(records), records)
 
 
-@pytest.mark.parametrize("document", [{"a": {1, 2}}, [object()], {(1, 2): "tuple key"}])
+@pytest.mark.parametrize("document", [{"a": {1, 2}}, [object()], {(1, 2): "tuple key"}, {"r": [{"a": {1}}]}])
 def test_what_json_cannot_hold_is_a_type_error_as_there(document: Any) -> None:
     with pytest.raises(TypeError):
         json.dumps(document, indent=1)
     with pytest.raises(TypeError):
-        indented(document)
+        document_text(document)
