@@ -143,9 +143,13 @@ def test_a_connection_lost_inside_optunas_read_of_trials_is_transient_and_the_st
     def drop_connection(conn: Any, cursor: Any, statement: str, *args: Any) -> None:  # the server restarting, for one
         if statement.startswith("SELECT trials.") and not killed:
             killed.append(conn.connection.dbapi_connection.info.backend_pid)
-            with create_engine(pg_url).connect() as admin:
+            # each statement its own transaction: a transaction reads pg_stat_activity once and keeps that snapshot,
+            # so a backend still exiting at the first look would be seen alive for ever (a slow host's hang)
+            with create_engine(pg_url, isolation_level="AUTOCOMMIT").connect() as admin:
                 admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": killed[0]})
+                deadline = time.monotonic() + 60
                 while admin.execute(text("SELECT 1 FROM pg_stat_activity WHERE pid = :pid"), {"pid": killed[0]}).first():
+                    assert time.monotonic() < deadline, f"backend {killed[0]} still alive 60 s after its termination"
                     time.sleep(0.05)
 
     event.listen(mine.engine, "before_cursor_execute", drop_connection)
