@@ -1,7 +1,7 @@
 """The prior against published GPU training throughput: what ``autofit estimate`` predicts (no probe) for the
 configuration a published run used, beside the throughput that run measured.
 
-    python -m benchmarks.accuracy.published_gpu                       # every row; writes published_gpu.json (and .md)
+    python -m benchmarks.accuracy.published_gpu                       # every row; writes published_gpu_rows.json
     python -m benchmarks.accuracy.published_gpu --label before --out /tmp/before.json   # one column only
     python -m benchmarks.accuracy.published_gpu --merge before.json after.json        # both columns into the results
 
@@ -294,7 +294,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=cc.ROOT).stdout.strip()
     data = {"label": args.label, "commit": commit, "rows": predicted, **summary(predicted)}
-    out = args.out or cc.RESULTS / f"published_gpu_{args.label}.json"
+    out = args.out or cc.RESULTS / "published_gpu_rows.json"
     out.write_text(json.dumps(data, indent=1) + "\n")
     for r in predicted:
         print(f"{r['id']:28s} published {r['published_tokens_per_gpu']:8.0f} predicted "
