@@ -30,7 +30,7 @@ from autofit.commands import probe as probe_command
 from autofit.commands import run as run_command
 from autofit.commands import schedule as schedule_command
 from autofit.commands.numbers import DURATION, SECONDS, FiniteFloat
-from autofit.core.bulk import paused_gc
+from autofit.core.bulk import frozen_at_exit, paused_gc
 from autofit.core.errors import AutofitError
 from autofit.planning.longest import longest_sequence
 from autofit.planning.target import CLI_OPTION, Target, cli_fields
@@ -144,6 +144,7 @@ def say(line: str) -> None:
 @click.version_option(package_name="autofit")
 def main() -> None:
     """Find the fastest training configuration that fits a device."""
+    frozen_at_exit()  # a plan's heap is not walked once more by the exit's collections
 
 
 @main.command()

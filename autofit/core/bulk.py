@@ -7,10 +7,15 @@ makes a few dozen containers a candidate and keeps them all (the ranked list, th
 passes find nothing to free and walk a heap that grows as they go. For Llama-3.1-8B on 8 H100 (93,024 candidates) a
 warm plan's pricing takes 18 s with the collector and 8 s without (one run each on a shared 2-core machine). Reference
 counting frees what it always frees; a cycle made meanwhile waits for the next pass after :func:`paused_gc` ends.
+
+The same heap costs again at the interpreter's exit: its last collections walk everything still alive (torch's and a
+model's objects and a plan's; docs/results/planning.md has what it cost); :func:`frozen_at_exit` skips that walk for a
+command that is done.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,3 +31,12 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def frozen_at_exit() -> None:
+    """At this process's exit, after the exit handlers registered later, the heap frozen (:func:`gc.freeze`): the
+    interpreter's last collections skip what the command left alive instead of walking it to free it a moment
+    before the process ends. Reference counting still frees at exit what it frees; what only the collector would free
+    (objects in cycles) is left to the process's end, as its memory is: nothing of autofit's waits on a collection
+    to be written (files are closed where they are written, stdout and stderr are flushed by the interpreter)."""
+    atexit.register(gc.freeze)
