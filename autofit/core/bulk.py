@@ -38,5 +38,7 @@ def frozen_at_exit() -> None:
     interpreter's last collections skip what the command left alive instead of walking it to free it a moment
     before the process ends. Reference counting still frees at exit what it frees; what only the collector would free
     (objects in cycles) is left to the process's end, as its memory is: nothing of autofit's waits on a collection
-    to be written (files are closed where they are written, stdout and stderr are flushed by the interpreter)."""
+    to be written (files are closed where they are written, stdout and stderr are flushed by the interpreter). Once a
+    process however often it is called (a test's runner invokes the command line many times)."""
+    atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
