@@ -186,9 +186,10 @@ def test_no_comment_or_docstring_narrates_history() -> None:
 
 
 #: the sections of a DeepSpeed JSON that only autofit/ds/ writes or reads (docs/design.md: "Where is each DeepSpeed
-#: key written?")
+#: key written?"); AutoTP's by its degree's key, ``autotp_size``: its section's name, ``tensor_parallel``, is also the
+#: config key's (docs/design.md, "Config keys")
 DEEPSPEED_SECTIONS = frozenset({"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu",
-                                "gradient_accumulation_steps", "tensor_parallel", "zero_allow_untested_optimizer"})
+                                "gradient_accumulation_steps", "autotp_size", "zero_allow_untested_optimizer"})
 
 
 def test_deepspeed_keys_are_written_in_ds_alone() -> None:

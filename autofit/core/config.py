@@ -76,6 +76,11 @@ class Config:
     """Multiple of the model-derived ZeRO bucket sizes (reduce and all-gather buckets ``hidden^2``, ZeRO-3's
     prefetch ``0.9 hidden^2``: the Hugging Face integration's ``auto`` values; :mod:`autofit.ds.buckets`).
     Larger buckets mean fewer, larger collectives for more memory."""
+    tensor_parallel: int = 1
+    """DeepSpeed AutoTP's degree ``tp`` (``tensor_parallel.autotp_size``; 1: off): each group of ``tp`` consecutive
+    ranks of a node holds one copy of the model with the Linear layers its Hugging Face ``tp_plan`` names split
+    between them (``deepspeed/runtime/engine.py``, ``_configure_tensor_parallel``), every rank of the group
+    training on the same micro-batch. Data-parallel size is ``world / (tp x sp)``."""
     sequence_parallel: int = 1
     """Ulysses sequence-parallel degree ``sp`` (DeepSpeed's ``sequence_parallel_size``; 1: off): each group of ``sp``
     ranks trains one sequence, each rank ``seq/sp`` of its tokens (all of them for ``heads/sp`` heads inside
@@ -107,6 +112,7 @@ class Config:
         _check_bool("overlap_comm", self.overlap_comm)
         _check_bool("contiguous_gradients", self.contiguous_gradients)
         _check_choice("bucket_scale", self.bucket_scale, BUCKET_SCALES)
+        _check_int("tensor_parallel", self.tensor_parallel)
         _check_int("sequence_parallel", self.sequence_parallel)
         _check_bool("tiled_mlp", self.tiled_mlp)
         _check_bool("tiled_loss", self.tiled_loss)
@@ -132,8 +138,9 @@ class Config:
         return int(round(self.checkpoint_ratio * n_layers))
 
     def data_parallel(self, world_size: int) -> int:
-        """Data-parallel ranks of ``world_size``: ``world / sequence_parallel`` (each SP group trains one micro-batch)."""
-        return max(1, world_size // self.sequence_parallel)
+        """Data-parallel ranks of ``world_size``: ``world / (tensor_parallel x sequence_parallel)`` (each TP group holds
+        one copy of the model, each SP group trains one micro-batch)."""
+        return max(1, world_size // (self.tensor_parallel * self.sequence_parallel))
 
     def samples_per_step(self, world_size: int) -> int:
         """Samples of one optimizer step over ``world_size`` ranks: micro x accumulation x data-parallel ranks."""
@@ -170,6 +177,8 @@ class Config:
             parts.append(f"opt>{self.offload_optimizer}")
         if self.offload_params != "none":
             parts.append(f"par>{self.offload_params}")
+        if self.tensor_parallel > 1:
+            parts.append(f"tp{self.tensor_parallel}")
         return " ".join(parts + self.long_context_labels())
 
     def long_context_labels(self) -> list[str]:
@@ -186,7 +195,7 @@ def trace_dtype_of(precision: str) -> TraceDtype:
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Config))
-_INT_KEYS = {"micro_batch_size", "grad_accum_steps", "zero_stage", "bucket_scale", "sequence_parallel"}
+_INT_KEYS = {"micro_batch_size", "grad_accum_steps", "zero_stage", "bucket_scale", "tensor_parallel", "sequence_parallel"}
 _BOOL_KEYS = {"overlap_comm", "contiguous_gradients", "tiled_mlp", "tiled_loss"}
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 

@@ -11,7 +11,7 @@ sequence over the sequence-parallel ranks (``deepspeed/runtime/sequence_parallel
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from autofit.core.errors import AutofitError
@@ -33,10 +33,24 @@ class SequenceShape:
     causal_lm: bool = True
     """A Hugging Face causal LM: DeepSpeed's ``UlyssesSPAttentionHF`` can wrap its attention, TiledMLP its MLP
     and ``sequence_tiled_compute`` its logits and loss."""
+    intermediate_size: int = 0
+    """The MLP's intermediate width (``intermediate_size``), which AutoTP splits; 0: not known."""
+    vocab_size: int = 0
+    """The vocabulary (``vocab_size``), which AutoTP splits the untied head's outputs by; 0: not known."""
+    tp_styles: tuple[str, ...] = ()
+    """The partition styles of the model's Hugging Face ``tp_plan`` (the config's ``base_model_tp_plan`` and the
+    class's ``_tp_plan``, which DeepSpeed merges and shards by: ``_get_hf_tp_plan``,
+    ``deepspeed/runtime/tensor_parallel/config.py``), sorted; empty: the model states none."""
+    tied_head: bool = False
+    """The head shares the embedding's weight (``tie_word_embeddings``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.hidden_size, bool) or not isinstance(self.hidden_size, int) or self.hidden_size < 0:
             raise AutofitError(f"SequenceShape.hidden_size must be an integer >= 0, but got {self.hidden_size!r}")
+        for name in ("intermediate_size", "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise AutofitError(f"SequenceShape.{name} must be an integer >= 0, but got {value!r}")
         for name in ("seq_len", "n_heads", "n_kv_heads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -47,12 +61,11 @@ class SequenceShape:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SequenceShape:
-        return cls(**data)
+        return cls(**{**data, "tp_styles": tuple(data.get("tp_styles", ()))})
 
     def with_length(self, seq_len: int) -> SequenceShape:
         """The same model at another sequence length (``--seq-len max``'s bisection)."""
-        return SequenceShape(seq_len=seq_len, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
-                             hidden_size=self.hidden_size, causal_lm=self.causal_lm)
+        return replace(self, seq_len=seq_len)
 
     def mlp_tiles(self, sequence_parallel: int) -> int:
         """DeepSpeed's TiledMLP tile count for a rank's ``seq/sp`` tokens (:func:`mlp_tiles`)."""

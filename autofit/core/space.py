@@ -1,11 +1,9 @@
 """Search spaces: a YAML file -> a validated :class:`SearchSpace` -> runnable candidates.
 
-A space lists, for every config key, the values worth trying. Enumeration takes the
-Cartesian product, replaces a dimension by the value fixed with ``--set``, derives
-the gradient accumulation from the global batch and prunes what cannot run with a
-few small, pure rules (:data:`autofit.core.rules.RULES`). Pruned combinations are reported once per
-rule and partial assignment (``{"precision": "fp8"}: "cpu has no fp8"``), not once
-per config. Nothing here imports torch.
+A space lists, for every config key, the values worth trying. Enumeration takes the Cartesian product, replaces a
+dimension by the value fixed with ``--set``, derives the gradient accumulation from the global batch and prunes what
+cannot run with a few small, pure rules (:data:`autofit.core.rules.RULES`). Pruned combinations are reported once per
+rule and partial assignment (``{"precision": "fp8"}: "cpu has no fp8"``), not once per config. No torch here.
 
 A space file looks like::
 
@@ -384,10 +382,20 @@ def dimensions(
         dims["attention"] = tuple(k for k in dims["attention"] if k in attention_kernels) or attention_kernels[:1]
     if ctx.sequence is None or not ctx.sequence.causal_lm:
         dims.update(_long_context_off(fixed))
+    if ctx.sequence is None or not ctx.sequence.tp_styles:
+        dims.update(_tensor_parallel_off(fixed))
     if "grad_accum_steps" in fixed and ctx.global_batch is not None:
-        dims["micro_batch_size"] = micro_batches_for_accumulation(fixed, ctx.global_batch, ctx.world_size,
-                                                                  dims["sequence_parallel"])
+        dims["micro_batch_size"] = micro_batches_for_accumulation(fixed, ctx.global_batch, ctx.world_size, tuple(sorted(
+            {tp * sp for tp in dims["tensor_parallel"] for sp in dims["sequence_parallel"]})))
     return dims
+
+
+def _tensor_parallel_off(fixed: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """``tensor_parallel`` at 1 for a model with no Hugging Face ``tp_plan`` (AutoTP's); a ``--set`` degree is an error."""
+    if fixed.get("tensor_parallel", 1) != 1:
+        raise AutofitError(f"--set tensor_parallel={fixed['tensor_parallel']} cannot run: it needs an hf: causal LM whose "
+                           "class states a tp_plan (the layers DeepSpeed's AutoTP splits); the workload states none")
+    return {"tensor_parallel": (1,)}
 
 
 def _long_context_off(fixed: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
@@ -402,10 +410,10 @@ def _long_context_off(fixed: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
 
 
 def micro_batches_for_accumulation(fixed: dict[str, Any], global_batch: int, world_size: int,
-                                   sequence_parallel: tuple[int, ...]) -> tuple[int, ...]:
-    """The micro-batch a fixed accumulation and global batch allow for each sequence-parallel degree that divides
-    the world (data-parallel size ``world / sp``); one error line where none does."""
-    degrees = [sp for sp in sequence_parallel if world_size % sp == 0] or [1]
+                                   model_parallel: tuple[int, ...]) -> tuple[int, ...]:
+    """The micro-batch a fixed accumulation and global batch allow for each model-parallel degree (``tp x sp``) that
+    divides the world (data-parallel size ``world / (tp x sp)``); one error line where none does."""
+    degrees = [sp for sp in model_parallel if world_size % sp == 0] or [1]
     micros: list[int] = []
     errors: list[AutofitError] = []
     for sp in degrees:
@@ -437,9 +445,9 @@ def micro_batch_for_accumulation(fixed: dict[str, Any], global_batch: int, world
 
 
 def accumulation(point: dict[str, Any], ctx: Context, fixed: dict[str, Any]) -> int:
-    """``grad_accum_steps`` of one point: ``global / (micro x world / sp)``, else the fixed value, else 1."""
+    """``grad_accum_steps`` of one point: ``global / (micro x world / (tp x sp))``, else the fixed value, else 1."""
     if ctx.global_batch is not None:
-        data_parallel = max(1, ctx.world_size // point.get("sequence_parallel", 1))
+        data_parallel = max(1, ctx.world_size // (point.get("tensor_parallel", 1) * point.get("sequence_parallel", 1)))
         return ctx.global_batch // (point["micro_batch_size"] * data_parallel)
     return int(fixed.get("grad_accum_steps", 1))
 

@@ -20,6 +20,7 @@ from autofit.cost_model.facts import ActivationProfile, ModelFacts, PeakPoint
 from autofit.cost_model.host import host_peak_bytes
 from autofit.cost_model.memory import MemoryBreakdown, bounded_memory
 from autofit.cost_model.prediction import PredictionRecord
+from autofit.cost_model.tensor_parallel import as_rank, tensor_parallel_s
 from autofit.cost_model.time import predict_step_time
 
 __all__ = [
@@ -95,19 +96,26 @@ def predict(
     ``exact_within_bytes``: past it, a GPU peak may be a lower bound (:func:`autofit.cost_model.memory.bounded_memory`;
     None: every peak exact); it must be at least ``hardware.memory_bytes``, so that what fits is judged the same;
     ``reserve_representatives``: the configs whose replay stands for each reserve key
-    (:func:`autofit.cost_model.allocation_sequence.reserve_bytes`)."""
+    (:func:`autofit.cost_model.allocation_sequence.reserve_bytes`).
+
+    A config with AutoTP (``tensor_parallel`` > 1) is priced as one of its ranks, from the rank's traced facts on the
+    data-parallel ranks, plus the TP group's collectives (:mod:`autofit.cost_model.tensor_parallel`)."""
     coefficients = coefficients or Coefficients.for_hardware(hardware)
-    memory, lower_bound = bounded_memory(config, facts, hardware, world_size, coefficients,
+    rank_config, rank_facts, rank_hardware, data_parallel = as_rank(config, facts, hardware, world_size)
+    memory, lower_bound = bounded_memory(rank_config, rank_facts, rank_hardware, data_parallel, coefficients,
                                          None if exact_within_bytes is None
                                          else max(exact_within_bytes, hardware.memory_bytes),
                                          reserve_representatives)
     peak = memory.total
-    time_parts = predict_step_time(config, facts, hardware, world_size, coefficients)
+    time_parts = predict_step_time(rank_config, rank_facts, rank_hardware, data_parallel, coefficients)
+    if config.tensor_parallel > 1:
+        time_parts["tensor_parallel"] = tensor_parallel_s(config, rank_facts, hardware, coefficients.collective_latency_s,
+                                                          coefficients.comm_efficiency)
     step_time_s = sum(time_parts.values())
     samples = config.samples_per_step(world_size)
     samples_per_s = samples / step_time_s if step_time_s > 0 else 0.0
     tokens_per_s = samples_per_s * facts.tokens_per_sample if facts.tokens_per_sample else None
-    host_peak = host_peak_bytes(config, facts, hardware, world_size, peak)
+    host_peak = host_peak_bytes(rank_config, facts, hardware, world_size, peak)
     reason = _not_fit_reason(peak, hardware, memory, lower_bound) if peak > hardware.memory_bytes else None
     if reason is None and hardware.host_memory_bytes and host_peak > hardware.host_memory_bytes:
         reason = _host_reason(host_peak, hardware, world_size)

@@ -176,6 +176,18 @@ class ModelFacts:
     """``h x i`` matrices of one MLP (3 gated, 2 otherwise): its forward is ``2 t h i`` FLOPs each."""
     profiles: dict[str, ActivationProfile] = field(default_factory=dict)
     """Traced activation profiles by :meth:`ActivationProfile.key`."""
+    tensor_parallel: int = 1
+    """The AutoTP degree these facts are of: above 1, one rank's model, its Linear layers split as the model's
+    ``tp_plan`` says (:mod:`autofit.trace.tensor_parallel`); 1: the whole model."""
+    tp_column_linears: int = 0
+    """Of a rank's facts: the column-split Linears (each all-reduces its input's gradient in backward)."""
+    tp_row_linears: int = 0
+    """Of a rank's facts: the row-split Linears (each all-reduces its output in forward)."""
+    tp_gathered_features: int = 0
+    """Of a rank's facts: the output features gathered whole again after a column split (the head's vocabulary)."""
+    tensor_parallel_ranks: dict[str, ModelFacts] = field(default_factory=dict)
+    """Of the whole model's facts: one AutoTP rank's facts by its degree (``"2"``, ``"4"``), traced for the candidates
+    that split the model (:func:`autofit.planning.plan.completed_facts`)."""
     attention_traces: dict[str, str] = field(default_factory=dict)
     """How a searched kernel was traced where not as itself: ``{"flash": "flash-attn" | "sdpa flash backend"}``."""
     untraced_kernels: dict[str, str] = field(default_factory=dict)
@@ -192,6 +204,15 @@ class ModelFacts:
     on CPU tensors)."""
     trace_seconds: float = 0.0
     """How long tracing took."""
+
+    def rank(self, tensor_parallel: int) -> ModelFacts:
+        """The facts one rank prices from at AutoTP degree ``tensor_parallel``: these at 1, else the traced rank's
+        (:attr:`tensor_parallel_ranks`); a ``KeyError`` where that degree was not traced."""
+        if tensor_parallel == 1:
+            return self
+        if str(tensor_parallel) not in self.tensor_parallel_ranks:
+            raise KeyError(f"no trace at tensor_parallel {tensor_parallel}; traced: {sorted(self.tensor_parallel_ranks)}")
+        return self.tensor_parallel_ranks[str(tensor_parallel)]
 
     def profile(self, dtype: str, attention: str, checkpointed: bool, granularity: str = "block") -> ActivationProfile:
         key = ActivationProfile.key(dtype, attention, checkpointed, granularity)
@@ -260,7 +281,9 @@ class ModelFacts:
             )
             for key, p in data.get("profiles", {}).items()
         }
-        values = {k: v for k, v in data.items() if k != "profiles"}
+        values = {k: v for k, v in data.items() if k not in ("profiles", "tensor_parallel_ranks")}
+        values["tensor_parallel_ranks"] = {degree: cls.from_dict(rank)
+                                           for degree, rank in data.get("tensor_parallel_ranks", {}).items()}
         values["layer_params"] = tuple(values.get("layer_params", ()))
         values["fp8_largest_linear"] = tuple(values.get("fp8_largest_linear", (0, 0)))
         return cls(**values, profiles=profiles)
@@ -309,6 +332,11 @@ def check_facts(data: Any) -> None:
                     _typed(f"{key}[{name!r}]", item, str)
                 else:
                     _count(f"{key}[{name!r}]", item)
+    _typed("tensor_parallel_ranks", data.get("tensor_parallel_ranks", {}), dict)
+    for degree, rank in data.get("tensor_parallel_ranks", {}).items():
+        if not (isinstance(degree, str) and degree.isdigit() and int(degree) > 1):
+            raise InvalidFacts(f"tensor_parallel_ranks has the degree {degree!r}, not an integer > 1")
+        check_facts(rank)
     _typed("profiles", data.get("profiles", {}), dict)
     for key, profile in data.get("profiles", {}).items():
         _check_profile(f"profiles[{key!r}]", profile)

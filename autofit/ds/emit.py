@@ -23,6 +23,7 @@ from autofit.core.software import Software, uses_torch_adam
 from autofit.ds.buckets import zero_buckets
 from autofit.ds.fp8 import FP8_RECIPE
 from autofit.ds.swap_buffers import PARAM_SWAP_BUFFER_COUNT, param_swap_buffer_elements
+from autofit.ds.tensor_parallel import with_tensor_parallel
 from autofit.machine.software import detect_software
 
 #: optimizer key -> DeepSpeed "optimizer.type"; DeepSpeed falls back to ``getattr(torch.optim, type)``
@@ -88,16 +89,25 @@ def deepspeed_config(
         ds["optimizer"] = {"type": DEEPSPEED_OPTIMIZER_TYPE[config.optimizer], "params": params}
     if config.zero_stage > 0 or client or config.optimizer not in ("adamw", "lion"):
         ds["zero_allow_untested_optimizer"] = True
+    ds = with_model_parallel(ds, config)
+    ds["autofit"] = autofit_section(config, client, recipe, software)
+    if not has_attention:  # a model with no attention (a state-space model): no kernel to name
+        ds["autofit"].pop("attention")
+        ds["autofit"]["config"].pop("attention")
+    return ds
+
+
+def with_model_parallel(ds: dict[str, Any], config: Config) -> dict[str, Any]:
+    """``ds`` with ``config``'s AutoTP (:func:`autofit.ds.tensor_parallel.with_tensor_parallel`) and Ulysses SP degrees,
+    where they are above 1."""
+    if config.tensor_parallel > 1:
+        ds = with_tensor_parallel(ds, config.tensor_parallel)
     if config.sequence_parallel > 1:
         # DeepSpeed derives the data-parallel size from it where no mpu is given (runtime/config.py); bf16 all-to-alls
         # as the ALST recipes run them
         ds["sequence_parallel_size"] = config.sequence_parallel
         if config.precision in ("bf16", "fp8"):
             ds["seq_parallel_communication_data_type"] = "bf16"
-    ds["autofit"] = autofit_section(config, client, recipe, software)
-    if not has_attention:  # a model with no attention (a state-space model): no kernel to name
-        ds["autofit"].pop("attention")
-        ds["autofit"]["config"].pop("attention")
     return ds
 
 
@@ -225,7 +235,8 @@ def check_with_deepspeed(ds: dict[str, Any]) -> None:
     :class:`AutofitError` for a value JSON cannot hold, a NaN or an infinity).
 
     Outside a distributed run DeepSpeedConfig assumes one rank, so a multi-rank
-    config is checked with ``train_batch_size`` left for DeepSpeed to derive.
+    config is checked with ``train_batch_size`` left for DeepSpeed to derive (as a TP config leaves it:
+    :func:`with_tensor_parallel`).
     """
     from deepspeed.runtime.config import DeepSpeedConfig
 
@@ -235,7 +246,7 @@ def check_with_deepspeed(ds: dict[str, Any]) -> None:
         raise AutofitError(f"the DeepSpeed JSON has a value that is not a finite number ({exc})") from exc
     checked = dict(ds)
     per_rank = ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
-    if ds["train_batch_size"] != per_rank:
+    if ds.get("train_batch_size", per_rank) != per_rank:
         # DeepSpeed would check train = micro x accum x world; with world unknown here, check divisibility
         if ds["train_batch_size"] % per_rank:
             raise AutofitError(

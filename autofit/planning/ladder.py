@@ -140,6 +140,7 @@ def ladder_space(ladder: tuple[Rung, ...], micro_batch_size: int) -> SearchSpace
     values["attention"] = [DEFAULT_ATTENTION]
     values["checkpoint_granularity"] = ["block"]  # the seed's rung checkpoints whole blocks
     values["compile"] = ["off"]  # the ladder's rungs run eager
+    values["tensor_parallel"] = [1]  # no rung splits the model's layers
     # DeepSpeed's communication as every JSON had it before these were searched: the seed's ladder has no rung for them
     values["overlap_comm"], values["contiguous_gradients"], values["bucket_scale"] = [False], [True], [1]
     for config in rung_configs(Config(), ladder):

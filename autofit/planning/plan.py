@@ -341,13 +341,17 @@ def trace_request(configs: tuple[Config, ...] | list[Config], device_kind: str =
 
 
 def trace_for(workload: Workload | SourcePlannedWorkload, configs: tuple[Config, ...] | list[Config],
-              device_kind: str = "cpu", before_tracing: Callable[[int], None] | None = None) -> ModelFacts:
+              device_kind: str = "cpu", before_tracing: Callable[[int], None] | None = None,
+              tensor_parallel: int = 1) -> ModelFacts:
     """Trace ``workload`` at every precision class, attention kernel, checkpoint ratio and granularity the
     configs use (and count the states of the optimizers that need the model itself: Adam-mini); an entry's
     :class:`~autofit.trace.source_cache.SourcePlannedWorkload` answers from its record where it has one.
-    ``before_tracing``: :func:`autofit.trace.trace_workload`'s."""
+    ``before_tracing``: :func:`autofit.trace.trace_workload`'s; ``tensor_parallel``: above 1, one AutoTP rank's
+    model is traced (:mod:`autofit.trace.tensor_parallel`)."""
 
     request = trace_request(configs, device_kind)
+    if tensor_parallel > 1:
+        request["tensor_parallel"] = tensor_parallel
     if isinstance(workload, SourcePlannedWorkload):
         return workload.facts(request)
     return trace_workload(workload, **request, before_tracing=before_tracing)
@@ -358,14 +362,30 @@ def completed_facts(workload: Workload | SourcePlannedWorkload, configs: tuple[C
                     before_tracing: Callable[[int], None] | None = None) -> ModelFacts:
     """``facts``, a trace made earlier (None: none), with what ``configs`` need that it lacks traced and added: the
     precisions and attention kernels it holds no profile of (:func:`traced_for`) are traced alone and their profiles
-    joined to its own (a search's trace covers its recipe's precision; the ladder after it adds the mixed one).
+    joined to its own (a search's trace covers its recipe's precision; the ladder after it adds the mixed one), and
+    for the configs that split the model with AutoTP, one rank's model at each of their degrees
+    (:attr:`~autofit.cost_model.facts.ModelFacts.tensor_parallel_ranks`; the whole model is traced for the others,
+    or for the first alone where every config splits it: its parameters are what the plan reports).
     ``before_tracing``: called before a trace of none made earlier runs (:func:`autofit.trace.trace_workload`)."""
+    whole = [c for c in configs if c.tensor_parallel == 1] or [c.with_(tensor_parallel=1) for c in configs[:1]]
+    facts = _completed(workload, whole, device_kind, facts, before_tracing)
+    ranks = dict(facts.tensor_parallel_ranks)
+    for degree in sorted({c.tensor_parallel for c in configs} - {1}):
+        split = [c.with_(tensor_parallel=1) for c in configs if c.tensor_parallel == degree]
+        ranks[str(degree)] = _completed(workload, split, device_kind, ranks.get(str(degree)), tensor_parallel=degree)
+    return replace(facts, tensor_parallel_ranks=ranks) if ranks != facts.tensor_parallel_ranks else facts
+
+
+def _completed(workload: Workload | SourcePlannedWorkload, configs: list[Config], device_kind: str,
+               facts: ModelFacts | None, before_tracing: Callable[[int], None] | None = None,
+               tensor_parallel: int = 1) -> ModelFacts:
+    """:func:`completed_facts` of one model: the whole one, or one AutoTP rank's at ``tensor_parallel``."""
     if facts is None:
-        return trace_for(workload, configs, device_kind, before_tracing)
+        return trace_for(workload, configs, device_kind, before_tracing, tensor_parallel)
     missing = [c for c in configs if not traced_for(facts, c)]
     if not missing:
         return facts
-    extra = trace_for(workload, missing, device_kind)
+    extra = trace_for(workload, missing, device_kind, tensor_parallel=tensor_parallel)
     profiles = {**facts.profiles, **extra.profiles}
     kernels = {profile.attention for profile in profiles.values()}
     untraced = {k: why for k, why in {**facts.untraced_kernels, **extra.untraced_kernels}.items() if k not in kernels}
@@ -377,6 +397,10 @@ def traced_for(facts: ModelFacts, config: Config) -> bool:
     """Whether ``facts`` holds the profiles ``config`` is priced from: its precision class and kernel, and where it
     checkpoints, the same checkpointed at its granularity (or what stands in for them,
     :meth:`~autofit.cost_model.facts.ModelFacts.profile`); a kernel the trace could not run counts as traced."""
+    try:
+        facts = facts.rank(config.tensor_parallel)
+    except KeyError:
+        return False
     if config.attention in facts.untraced_kernels:
         return True
     try:

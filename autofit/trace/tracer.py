@@ -21,9 +21,8 @@ from autofit.trace.parallel import trace_in_parallel, trace_workers_setting
 from autofit.trace.scaling import CUT_LAYERS, CannotScale, CutTrace, cut_groups, fit_kind, grouped_segments, scaled_point
 from autofit.trace.sdpa import DISPATCHES
 from autofit.trace.structure import ModelStructure, model_structure
-from autofit.trace.tensors import (
-    first_line,
-)
+from autofit.trace.tensor_parallel import split_linears, tensor_parallel_workload
+from autofit.trace.tensors import first_line
 from autofit.workload.types import Workload
 
 #: the micro-batches every profile is traced at; a space with larger ones adds its largest
@@ -50,6 +49,7 @@ def trace_workload(
     micro_batches: tuple[int, ...] = TRACE_MICRO_BATCHES,
     sdpa_dispatch: str = "cpu",
     before_tracing: Callable[[int], None] | None = None,
+    tensor_parallel: int = 1,
 ) -> ModelFacts:
     """Trace ``workload`` for each precision class and attention kernel, with and without checkpointing,
     at each of ``micro_batches`` (:func:`trace_micro_batches`; other sizes are interpolated between them).
@@ -70,23 +70,32 @@ def trace_workload(
     ``before_tracing``: called with the model's parameter count (each shared tensor once) where the trace is not
     cached, before its fake-tensor steps (after the one timed step of :func:`check_scan_time`): what the caller
     starts beside them (a CPU plan's kernel footprint, :class:`autofit.probe.footprint.PendingFootprints`).
+
+    ``tensor_parallel``: above 1, the facts are of one rank of DeepSpeed's AutoTP at that degree, its model split as
+    the model's ``tp_plan`` says (:mod:`autofit.trace.tensor_parallel`), with what was split counted.
     """
     import torch
-
 
     trace_workers_setting()  # a bad setting is an error whether or not this trace forks (or is cached)
     started = time.perf_counter()
     with torch.device("meta"):
         model = workload.build_model()
-    request = {"precisions": precisions, "attentions": attentions, "checkpoint_ratios": checkpoint_ratios,
+    request: dict[str, Any] = {"precisions": precisions, "attentions": attentions, "checkpoint_ratios": checkpoint_ratios,
                "optimizers": optimizers, "checkpoint_granularities": checkpoint_granularities,
                "micro_batches": micro_batches, "sdpa_dispatch": sdpa_dispatch}
+    split = None
+    if tensor_parallel > 1:  # one rank's model (its key differs by the request and by the split model's shapes)
+        split = split_linears(model, tensor_parallel)
+        workload, request = tensor_parallel_workload(workload, tensor_parallel), {**request, "tensor_parallel": tensor_parallel}
     if sdpa_dispatch not in DISPATCHES:
         raise AutofitError(f"sdpa_dispatch must be one of {', '.join(DISPATCHES)}, but got {sdpa_dispatch!r}")
 
     facts = cached_trace(workload, model, request, lambda: _traced_at_length(
         workload, _structure(workload, optimizers, model), precisions, attentions, checkpoint_ratios,
         checkpoint_granularities, micro_batches, sdpa_dispatch, before_tracing))
+    if split is not None:
+        facts = replace(facts, tensor_parallel=split.degree, tp_column_linears=split.column, tp_row_linears=split.row,
+                        tp_gathered_features=split.gathered_features)
     return replace(facts, trace_seconds=time.perf_counter() - started)
 
 

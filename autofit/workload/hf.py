@@ -197,14 +197,15 @@ def hf_workload(name_or_path: str, *, seq_len: int | None, target_len: int | Non
     check_task(config, task, name_or_path)
     lengths = sequence_lengths(config, task, options.seq_len, options.target_len, name_or_path)
     # the kernels the class can be built with, read from transformers' flags before anything is built or traced
-    kernels, note = kernels_of(model_class_for(config, task, name_or_path, trust_remote_code), config)
+    model_class = model_class_for(config, task, name_or_path, trust_remote_code)
+    kernels, note = kernels_of(model_class, config)
     return Workload(
         model=model_builder(config, task, options.attention, trust_remote_code),
         batch=batch_maker(config, task, lengths),
         layers=layers_of(task),
         tokens_per_sample=sum(lengths) if lengths and task in TOKEN_TASKS else None,
         name=display_name(name_or_path),
-        sequence=sequence_shape(config, lengths[0]) if task == "causal-lm" else None,
+        sequence=sequence_shape(config, lengths[0], model_class) if task == "causal-lm" else None,
         attention_kernels=kernels,
         kernel_note=note,
         flash_stand_in=flash_stand_in(kernels),
@@ -223,16 +224,29 @@ def _at_length(name_or_path: str, options: HfOptions, task: str) -> Callable[[in
     return at
 
 
-def sequence_shape(config: Any, seq_len: int) -> SequenceShape | None:
+def sequence_shape(config: Any, seq_len: int, model_class: Any = None) -> SequenceShape | None:
     """A causal LM's sequence, attention heads and hidden size, from its text config (``num_attention_heads``,
-    ``num_key_value_heads``: what DeepSpeed's ``register_with_transformers`` reads); None for a model without
-    attention heads (a state-space model: nothing for sequence parallelism to split)."""
+    ``num_key_value_heads``: what DeepSpeed's ``register_with_transformers`` reads), and what AutoTP shards it by:
+    its widths and the styles of its ``tp_plan`` (:func:`tp_plan_styles`); None for a model without attention heads
+    (a state-space model: nothing for sequence parallelism to split)."""
     text = config.get_text_config()
     if not getattr(text, "num_attention_heads", None):
         return None
     heads = int(text.num_attention_heads)
     return SequenceShape(seq_len=seq_len, n_heads=heads, n_kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
-                         hidden_size=int(getattr(text, "hidden_size", 0) or 0))
+                         hidden_size=int(getattr(text, "hidden_size", 0) or 0),
+                         intermediate_size=int(getattr(text, "intermediate_size", 0) or 0),
+                         vocab_size=int(getattr(text, "vocab_size", 0) or 0),
+                         tp_styles=tp_plan_styles(config, model_class),
+                         tied_head=bool(getattr(config, "tie_word_embeddings", False)))
+
+
+def tp_plan_styles(config: Any, model_class: Any) -> tuple[str, ...]:
+    """The partition styles of the plan DeepSpeed's AutoTP shards the model by: the text config's
+    ``base_model_tp_plan`` merged with the model class's ``_tp_plan`` (the head's), as ``_get_hf_tp_plan`` merges
+    them (``deepspeed/runtime/tensor_parallel/config.py``); sorted, empty where the model states no plan."""
+    plans = (getattr(config.get_text_config(), "base_model_tp_plan", None), getattr(model_class, "_tp_plan", None))
+    return tuple(sorted({str(style).lower() for plan in plans if isinstance(plan, dict) for style in plan.values()}))
 
 
 def load_config(name_or_path: str, *, trust_remote_code: bool = False) -> Any:

@@ -55,7 +55,7 @@ LR = 1e-3
 RUN_TIMEOUT_S = 300
 
 
-def ds_config(tp: int, stage: int, dp: int, batch_over: str = "omit") -> dict[str, Any]:
+def ds_config(tp: int, stage: int, dp: int, batch_over: str = "omit", offload: str = "none") -> dict[str, Any]:
     """The JSON ``deepspeed.initialize`` takes: fp32, torch's AdamW, ``tensor_parallel.autotp_size`` where tp > 1.
 
     ``train_batch_size`` (``batch_over``): ``"omit"`` leaves it out (micro-batch and accumulation only), the one
@@ -79,6 +79,11 @@ def ds_config(tp: int, stage: int, dp: int, batch_over: str = "omit") -> dict[st
         config["train_batch_size"] = MICRO * (tp * dp if batch_over == "world" else dp)
     if tp > 1:
         config["tensor_parallel"] = {"autotp_size": tp}
+    if offload in ("optimizer", "both"):  # torch's AdamW on the host (the CPU has no DeepSpeedCPUAdam to prefer)
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        config["zero_force_ds_cpu_optimizer"] = False
+    if offload in ("params", "both"):
+        config["zero_optimization"]["offload_param"] = {"device": "cpu"}
     return config
 
 
@@ -189,7 +194,8 @@ def rank_main(spec: dict[str, Any], out: Path) -> None:
         phase = "initialize"
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=ds_config(spec["tp"], spec["stage"], spec["dp"],
-                                                                spec.get("batch_over", "omit")))
+                                                                spec.get("batch_over", "omit"),
+                                                                spec.get("offload", "none")))
         result["initialize_peak_bytes"] = meter.peak_bytes(final=False)
         result["held_after_initialize_bytes"] = memory.settled_rss_bytes() - meter.baseline_bytes
         result["params"] = _split_params(engine.module)
@@ -297,12 +303,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_combination(tp: int, stage: int, ckpt: bool, dp: int, steps: int, batch_over: str = "omit") -> dict[str, Any]:
+def run_combination(tp: int, stage: int, ckpt: bool, dp: int, steps: int, batch_over: str = "omit",
+                    offload: str = "none") -> dict[str, Any]:
     """Start the ``tp x dp`` ranks of one combination, wait for them, and gather their JSON."""
     from autofit.probe.launch import available_cores, training_env
 
     world = tp * dp
-    spec = {"tp": tp, "stage": stage, "ckpt": ckpt, "dp": dp, "steps": steps, "batch_over": batch_over}
+    spec = {"tp": tp, "stage": stage, "ckpt": ckpt, "dp": dp, "steps": steps, "batch_over": batch_over,
+            "offload": offload}
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="autotp_cpu_") as tmp:
         procs = []
@@ -346,8 +354,10 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         if row["tp"] == 1:
             continue
-        ref = next((r for r in rows if r["tp"] == 1 and r["stage"] == row["stage"] and r["ckpt"] == row["ckpt"]), None)
-        entry: dict[str, Any] = {"stage": row["stage"], "ckpt": row["ckpt"], "tp": row["tp"], "dp": row["dp"]}
+        ref = next((r for r in rows if r["tp"] == 1 and r["stage"] == row["stage"] and r["ckpt"] == row["ckpt"]
+                    and r.get("offload", "none") == row.get("offload", "none")), None)
+        entry: dict[str, Any] = {"stage": row["stage"], "ckpt": row["ckpt"], "tp": row["tp"], "dp": row["dp"],
+                                 "offload": row.get("offload", "none")}
         ok = all(r.get("status") == "ok" for r in row["ranks"])
         entry["runs"] = ok
         if not ok:
@@ -389,8 +399,27 @@ def main() -> None:
     parser.add_argument("--trainer", action="store_true",
                         help="only the HF Trainer's runs (ZeRO 3 with train_batch_size auto and absent, ZeRO 0 with "
                              "auto), written into --out's 'trainer' beside what it holds")
+    parser.add_argument("--offload", action="store_true",
+                        help="only ZeRO's CPU offloads beside TP (optimizer at ZeRO 1-3, parameters at ZeRO 3), written "
+                             "into --out's 'offload' beside what it holds")
     args = parser.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if args.offload:
+        offload_rows = []
+        for stage, offload in ((1, "optimizer"), (2, "optimizer"), (3, "optimizer"), (3, "params"), (3, "both")):
+            for tp in (1, args.tp):
+                row = run_combination(tp, stage, False, args.dp, args.steps, offload=offload)
+                print(f"stage {stage} offload {offload} tp {tp}: "
+                      + ",".join(r.get("status", "?") + (f" {r.get('error')}" if r.get("error") else "")
+                                 for r in row["ranks"]), flush=True)
+                offload_rows.append(row)
+        existing = json.loads(args.out.read_text()) if args.out.exists() else {}
+        existing["offload"] = {"command": "python -m benchmarks.parallel.autotp_cpu --offload",
+                               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                               "rows": offload_rows, "comparison": compare(offload_rows)}
+        args.out.write_text(json.dumps(existing, indent=1) + "\n")
+        print(f"wrote {args.out}")
+        return
     if args.trainer:
         trainer_rows = []
         for stage, batch_key in ((3, "auto"), (3, "absent"), (0, "auto")):

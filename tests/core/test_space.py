@@ -263,7 +263,7 @@ def test_nvme_only_on_cuda(hardware, device, ok):
 def test_micro_batch_must_divide_the_global_batch(micro, world_size, global_batch):
     ok = global_batch is None or global_batch % (micro * world_size) == 0
     reason = check("micro_batch_divides", world_size=world_size, global_batch=global_batch, micro_batch_size=micro,
-                   sequence_parallel=1)
+                   sequence_parallel=1, tensor_parallel=1)
     assert (reason is None) == ok
     if not ok:
         assert str(micro) in reason and str(global_batch) in reason

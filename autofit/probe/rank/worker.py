@@ -33,6 +33,7 @@ from autofit.ds.apply import (
     sequence_parallel_mpu,
     shard_batch,
 )
+from autofit.ds.tensor_parallel import tp_degree
 from autofit.machine.lifetime import die_with_parent, parent_from_env
 from autofit.probe.failure import classify_exception
 from autofit.probe.rank import memory_history
@@ -130,6 +131,8 @@ def _run_real(spec: ProbeSpec, rank: int, phases: dict[str, float], out: Path, p
     initialize_peak_bytes = meter.peak_bytes(final=False)
 
     dtype = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+    if tp_degree(ds) > 1:  # a TP group trains on one micro-batch (the engine asserts it at the first forward, engine.py)
+        torch.manual_seed(rank // tp_degree(ds))
     batch = to_device(workload.batch(config.micro_batch_size), meter.device, dtype)
     t_steps = time.time()
     times = run_steps(engine, loss_of(workload, engine, batch, ds, mpu), config.grad_accum_steps, meter, ds,
