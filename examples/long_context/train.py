@@ -19,6 +19,10 @@ Two ways, the same JSON:
   ``sequence_parallel_mpu`` before ``deepspeed.initialize(mpu=...)``, ``shard_batch`` and ``causal_lm_loss`` each
   step, forward and backward inside ``activation_offload_context``.
 
+A JSON with DeepSpeed's AutoTP (``--set tensor_parallel=2``: ``tensor_parallel.autotp_size``) runs either way too:
+``deepspeed.initialize`` (or the Trainer through it) splits the model's Linear layers, and every rank of a TP group
+takes the same batches (the samples are seeded).
+
 Each rank prints one ``RESULT {json}`` line and writes the same JSON to ``<output-dir>/result-rank<N>.json``: its
 losses (and grad norms), so that runs at different SP degrees can be compared (every SP group sees the same batches:
 data-parallel size is world / sp). Read the files: the ranks share one stdout, where two lines can interleave.

@@ -1,6 +1,7 @@
 """examples/long_context: Ulysses SP = 2 on two CPU ranks (gloo) from the JSON autofit emits, TiledMLP and the tiled
 loss on: a script of its own through ``autofit.apply`` trains the losses of one rank without SP, and the Hugging
-Face Trainer trains 3 steps with the ``parallelism_config`` the launchers hand it."""
+Face Trainer trains 3 steps with the ``parallelism_config`` the launchers hand it. The same script with DeepSpeed's
+AutoTP (``tensor_parallel`` 2) from the emitted JSON: the losses of one rank without TP, and the Trainer's 3 steps."""
 
 from __future__ import annotations
 
@@ -62,3 +63,21 @@ def test_the_trainer_trains_three_steps_with_sp2_from_the_emitted_json(tmp_path:
     assert [r["global_step"] for r in results] == [3, 3]
     assert results[0]["losses"] == results[1]["losses"] and len(results[0]["losses"]) == 3
     assert all(5.0 < loss < 7.0 for loss in results[0]["losses"])  # ln(512) = 6.24 at random weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [0, 3])
+def test_tp2_from_the_emitted_json_trains_the_losses_of_one_rank(tmp_path: Path, stage: int) -> None:
+    one = _run(tmp_path, f"tp1-z{stage}", 1, "deepspeed", zero_stage=stage)[0]
+    both = _run(tmp_path, f"tp2-z{stage}", 2, "deepspeed", zero_stage=stage, tensor_parallel=2)
+    worst = max(abs(a - b) / abs(b) for rank in both for a, b in zip(rank["losses"], one["losses"], strict=True))
+    print(f"ZeRO-{stage}: losses {one['losses']} at TP 1; worst relative difference at TP 2 {worst:.1e}")
+    for rank in both:
+        assert rank["losses"] == pytest.approx(one["losses"], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_the_trainer_trains_three_steps_with_tp2_from_the_emitted_json(tmp_path: Path) -> None:
+    results = _run(tmp_path, "trainer-tp2", 2, "trainer", zero_stage=3, tensor_parallel=2)
+    assert [r["global_step"] for r in results] == [3, 3]
+    assert results[0]["losses"] == results[1]["losses"] and len(results[0]["losses"]) == 3
