@@ -22,7 +22,7 @@ ALL_FIXED = [
     "--set", "offload_params=none", "--set", "attention=sdpa", "--set", "checkpoint_granularity=block",
     "--set", "compile=off",
     "--set", "overlap_comm=off", "--set", "contiguous_gradients=true", "--set", "bucket_scale=1",
-    "--set", "tensor_parallel=1",
+    "--set", "hpz_partition_size=1", "--set", "tensor_parallel=1",
 ]
 
 
@@ -42,8 +42,8 @@ def test_estimate_with_every_dimension_fixed_returns_exactly_that_candidate() ->
         "micro_batch_size": 2, "grad_accum_steps": 4, "checkpoint_ratio": 0.5, "precision": "fp32",
         "optimizer": "adamw", "zero_stage": 1, "offload_optimizer": "none", "offload_params": "none",
         "attention": "sdpa", "checkpoint_granularity": "block", "compile": "off", "overlap_comm": False,
-        "contiguous_gradients": True, "bucket_scale": 1, "tensor_parallel": 1, "sequence_parallel": 1, "tiled_mlp": False,
-        "tiled_loss": False, "offload_activations": "none",
+        "contiguous_gradients": True, "bucket_scale": 1, "hpz_partition_size": 1, "tensor_parallel": 1,
+        "sequence_parallel": 1, "tiled_mlp": False, "tiled_loss": False, "offload_activations": "none",
     }
     predicted = candidate["predicted"]
     assert set(predicted["breakdown"]) == {"params", "grads", "optimizer", "activations", "other"}

@@ -76,6 +76,12 @@ class Config:
     """Multiple of the model-derived ZeRO bucket sizes (reduce and all-gather buckets ``hidden^2``, ZeRO-3's
     prefetch ``0.9 hidden^2``: the Hugging Face integration's ``auto`` values; :mod:`autofit.ds.buckets`).
     Larger buckets mean fewer, larger collectives for more memory."""
+    hpz_partition_size: int = 1
+    """ZeRO++'s hierarchical partitioning (hpZ; ``zero_optimization.zero_hpz_partition_size``, ZeRO-3; 1: off): each
+    rank also keeps a secondary partition of the parameters, ``1 / hpz`` of them, over the ``hpz`` consecutive ranks of
+    its node, made as forward releases each module (``partition_parameters.py``, ``_partition_param_sec``) and dropped
+    after the optimizer step (``stage3.py``, ``invalidate_secondary_tensor``). Every gather of a step but the first
+    forward's reads it on the node's links instead of the network (ZeRO++, Wang et al. 2023, sec. 3.2)."""
     tensor_parallel: int = 1
     """DeepSpeed AutoTP's degree ``tp`` (``tensor_parallel.autotp_size``; 1: off): each group of ``tp`` consecutive
     ranks of a node holds one copy of the model with the Linear layers its Hugging Face ``tp_plan`` names split
@@ -112,6 +118,7 @@ class Config:
         _check_bool("overlap_comm", self.overlap_comm)
         _check_bool("contiguous_gradients", self.contiguous_gradients)
         _check_choice("bucket_scale", self.bucket_scale, BUCKET_SCALES)
+        _check_int("hpz_partition_size", self.hpz_partition_size)
         _check_int("tensor_parallel", self.tensor_parallel)
         _check_int("sequence_parallel", self.sequence_parallel)
         _check_bool("tiled_mlp", self.tiled_mlp)
@@ -177,6 +184,8 @@ class Config:
             parts.append(f"opt>{self.offload_optimizer}")
         if self.offload_params != "none":
             parts.append(f"par>{self.offload_params}")
+        if self.hpz_partition_size > 1:
+            parts.append(f"hpz{self.hpz_partition_size}")
         if self.tensor_parallel > 1:
             parts.append(f"tp{self.tensor_parallel}")
         return " ".join(parts + self.long_context_labels())
@@ -195,7 +204,8 @@ def trace_dtype_of(precision: str) -> TraceDtype:
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Config))
-_INT_KEYS = {"micro_batch_size", "grad_accum_steps", "zero_stage", "bucket_scale", "tensor_parallel", "sequence_parallel"}
+_INT_KEYS = {"micro_batch_size", "grad_accum_steps", "zero_stage", "bucket_scale", "hpz_partition_size", "tensor_parallel",
+             "sequence_parallel"}
 _BOOL_KEYS = {"overlap_comm", "contiguous_gradients", "tiled_mlp", "tiled_loss"}
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 

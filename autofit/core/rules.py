@@ -11,6 +11,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autofit.core.hardware import Hardware
+from autofit.core.parallel_rules import (
+    hpz_is_a_node,
+    hpz_needs_zero3,
+    hpz_without_model_parallel,
+    hpz_without_param_offload,
+    tp_divides_widths,
+    tp_divides_world,
+    tp_needs_a_plan,
+    tp_needs_an_untied_head,
+    tp_not_compiled,
+    tp_within_a_node,
+    tp_without_long_context,
+)
 from autofit.core.sequence import SequenceShape
 from autofit.core.software import Software, optimizer_op
 
@@ -299,94 +312,6 @@ def sp_needs_zero3(ctx: Context, sequence_parallel: int, zero_stage: int) -> str
             "sums every rank's copy; only ZeRO-3's reduce divides it back): ZeRO-3 only")
 
 
-_TP_SOURCE = "deepspeed/runtime/engine.py, _configure_tensor_parallel"
-#: the tp_plan styles DeepSpeed converts (``SUPPORTED_STYLES``, ``deepspeed/module_inject/tp_plan_converter.py``), less
-#: ``embedding_rowwise``: a vocabulary-parallel embedding, head and loss, which autofit does not plan
-TP_STYLES = frozenset({"colwise", "colwise_rep", "colwise_gather_output", "rowwise", "replicated_with_grad_allreduce"})
-
-
-def tp_within_a_node(ctx: Context, tensor_parallel: int) -> str | None:
-    # AutoTP's groups are tp consecutive ranks (deepspeed/utils/groups.py, _init_tp_mesh_device: mesh (dp, tp)); every
-    # layer all-reduces in each of them twice in forward and once a column Linear in backward, which autofit keeps on
-    # a node's links
-    if tensor_parallel == 1:
-        return None
-    per_node = ctx.hardware.ranks_on_a_node(ctx.world_size)
-    if per_node == 1:
-        return "tensor parallelism splits each layer over ranks; on one rank a node there is nothing to split it with"
-    if per_node % tensor_parallel:
-        return (f"tensor_parallel {tensor_parallel} does not divide the {per_node} ranks of a node (a TP group's "
-                "all-reduces, several a layer, stay on a node's links)")
-    return None
-
-
-def tp_divides_world(ctx: Context, tensor_parallel: int, sequence_parallel: int) -> str | None:
-    if tensor_parallel == 1 or ctx.world_size % (tensor_parallel * sequence_parallel) == 0:
-        return None
-    return (f"tensor_parallel {tensor_parallel} x sequence_parallel {sequence_parallel} does not divide the world size "
-            f"{ctx.world_size}")
-
-
-def tp_needs_a_plan(ctx: Context, tensor_parallel: int) -> str | None:
-    # the engine shards by a JSON partition_config, else the model's HF tp_plan, else AutoTP's name heuristic
-    # (engine.py, _configure_tensor_parallel); autofit traces the plan's split (autofit/trace/tensor_parallel.py)
-    shape = ctx.sequence
-    if tensor_parallel == 1:
-        return None
-    if shape is None or not shape.tp_styles:
-        return "tensor parallelism needs an hf: causal LM whose class states a tp_plan (the Linear layers AutoTP splits)"
-    unconverted = sorted(set(shape.tp_styles) - TP_STYLES - {"embedding_rowwise"})
-    if unconverted:
-        return (f"the model's tp_plan has the partition style {unconverted[0]!r}, which DeepSpeed's AutoTP does not "
-                "convert: it refuses the whole plan (deepspeed/module_inject/tp_plan_converter.py, SUPPORTED_STYLES)")
-    if "embedding_rowwise" in shape.tp_styles:
-        return ("the model's tp_plan shards its embedding by vocabulary (embedding_rowwise), with a vocabulary-parallel "
-                "loss autofit does not plan")
-    return None
-
-
-def tp_needs_an_untied_head(ctx: Context, tensor_parallel: int) -> str | None:
-    # a head tied to the embedding is vocabulary-sharded jointly with it and trains with a vocabulary-parallel loss
-    # (engine.py, the tied-head branch of _configure_tensor_parallel), which autofit has not traced or run
-    if tensor_parallel == 1 or ctx.sequence is None or not ctx.sequence.tied_head:
-        return None
-    return ("the model's head is tied to its embedding: AutoTP shards them jointly with a vocabulary-parallel loss, "
-            "which autofit does not plan")
-
-
-def tp_divides_widths(ctx: Context, tensor_parallel: int) -> str | None:
-    # each column Linear's outputs and each row Linear's inputs split in tp equal shards: whole heads and kv heads a
-    # rank (more ranks than kv heads leave ranks without attention: engine.py's warning), the MLP's width, the head's
-    # vocabulary
-    shape = ctx.sequence
-    if tensor_parallel == 1 or shape is None:
-        return None
-    widths = {"attention heads": shape.n_heads, "key/value heads": shape.n_kv_heads,
-              "MLP intermediate width": shape.intermediate_size, "vocabulary": shape.vocab_size}
-    for what, width in widths.items():
-        if width and width % tensor_parallel:
-            return f"tensor_parallel {tensor_parallel} does not divide the model's {width} {what} ({_TP_SOURCE})"
-    return None
-
-
-def tp_without_long_context(ctx: Context, tensor_parallel: int, sequence_parallel: int, tiled_mlp: bool,
-                            tiled_loss: bool, offload_activations: str) -> str | None:
-    # Ulysses SP, TiledMLP, the tiled loss and the checkpoint offload each wrap modules AutoTP replaces (the attention,
-    # the MLP, the gathered head) or the checkpointed inputs beside its collectives: not run together here
-    if tensor_parallel == 1 or (sequence_parallel == 1 and not tiled_mlp and not tiled_loss
-                                and offload_activations == "none"):
-        return None
-    return ("AutoTP beside the long-context keys (sequence_parallel, tiled_mlp, tiled_loss, offload_activations) is not "
-            "planned by autofit: tensor parallelism alone, or them without it")
-
-
-def tp_not_compiled(ctx: Context, tensor_parallel: int, compile: str) -> str | None:
-    if tensor_parallel == 1 or compile == "off":
-        return None
-    return ("torch.compile over AutoTP's layers (DeepSpeed's engine.compile() of LinearLayer and LinearAllreduce) is "
-            "not run by autofit: compile off")
-
-
 def tiling_needs_hf_causal_lm(ctx: Context, tiled_mlp: bool, tiled_loss: bool) -> str | None:
     if not (tiled_mlp or tiled_loss) or (ctx.sequence is not None and ctx.sequence.causal_lm):
         return None
@@ -416,7 +341,7 @@ def offload_activations_on_a_cpu_device(ctx: Context, offload_activations: str) 
     return "the device is the CPU: offloading activations to the host moves nothing off it"
 
 
-#: every rule, in the order reasons are reported
+#: every rule, in the order reasons are reported (the parallelism ones from :mod:`autofit.core.parallel_rules`)
 RULES: tuple[Rule, ...] = (
     Rule("micro_batch_divides", ("micro_batch_size", "sequence_parallel", "tensor_parallel"), micro_batch_divides),
     Rule("precision_supported", ("precision",), precision_supported),
@@ -456,6 +381,11 @@ RULES: tuple[Rule, ...] = (
     Rule("tp_without_long_context", ("tensor_parallel", "sequence_parallel", "tiled_mlp", "tiled_loss",
                                      "offload_activations"), tp_without_long_context),
     Rule("tp_not_compiled", ("tensor_parallel", "compile"), tp_not_compiled),
+    Rule("hpz_needs_zero3", ("hpz_partition_size", "zero_stage"), hpz_needs_zero3),
+    Rule("hpz_is_a_node", ("hpz_partition_size",), hpz_is_a_node),
+    Rule("hpz_without_model_parallel", ("hpz_partition_size", "tensor_parallel", "sequence_parallel"),
+         hpz_without_model_parallel),
+    Rule("hpz_without_param_offload", ("hpz_partition_size", "offload_params"), hpz_without_param_offload),
     Rule("tiling_needs_hf_causal_lm", ("tiled_mlp", "tiled_loss"), tiling_needs_hf_causal_lm),
     Rule("tiled_mlp_needs_two_tiles", ("tiled_mlp", "sequence_parallel"), tiled_mlp_needs_two_tiles),
     Rule("offload_activations_needs_checkpointing", ("offload_activations", "checkpoint_ratio"),

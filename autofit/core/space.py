@@ -32,6 +32,7 @@ import yaml
 from autofit.core.config import CONFIG_KEYS, LONG_CONTEXT_KEYS, Config, coerce_value
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
+from autofit.core.parallel_rules import HPZ_ON_ONE_NODE, NO_TP_PLAN
 from autofit.core.rules import RULES, Context
 from autofit.core.sequence import SequenceShape
 from autofit.core.software import Software
@@ -42,8 +43,6 @@ SPACE_KEYS: tuple[str, ...] = tuple(key for key in CONFIG_KEYS if key != "grad_a
 _META_KEYS = ("description", "global_batch_size", "grad_accum_steps")
 #: where attention collapses to when the workload's model does not take an ``attention`` keyword
 DEFAULT_ATTENTION = "sdpa"
-
-
 #: the most candidates that can run a space may enumerate (with ``--set`` applied): Llama-3.1-8B at 65,536 tokens on
 #: 8 H100 in the default space, every long-context key searched, has 52,632; each is priced, so a space much larger
 #: would not plan in minutes
@@ -258,8 +257,8 @@ def enumerate_candidates(
     dims = dimensions(space, fixed, ctx, searches_attention=searches_attention, checkpoints_attention=checkpoints_attention,
                       attention_kernels=attention_kernels)
     check_fixed(fixed, dims, ctx)
-    check_size(space, dims)
     bad, rejected = pruned_assignments(dims, ctx)
+    check_size(space, dims, bad)
     check_runnable(space, dims, bad)
 
     candidates: dict[Config, None] = {}
@@ -275,12 +274,12 @@ def enumerate_candidates(
     return Enumeration(candidates=candidates_list, rejected=rejected)
 
 
-def check_size(space: SearchSpace, dims: dict[str, tuple[Any, ...]]) -> None:
-    """An :class:`AutofitError` before enumerating where the dimensions (``--set`` applied) multiply to more
-    than :data:`MAX_PRODUCT`: walking them alone would hang. (The rules prune most of a long-context space, so the
-    bound on what is searched, :data:`MAX_CANDIDATES`, is counted on the candidates that can run:
-    :func:`count_surviving`, also before enumerating.)"""
-    size = math.prod(len(values) for values in dims.values())
+def check_size(space: SearchSpace, dims: dict[str, tuple[Any, ...]], bad: dict[str, set[tuple[Any, ...]]]) -> None:
+    """An :class:`AutofitError` before enumerating where the dimensions (``--set`` applied, less the values a rule of
+    that key alone refuses: never walked) multiply to more than :data:`MAX_PRODUCT`: walking them would hang. (What is
+    searched, :data:`MAX_CANDIDATES`, is bounded on the candidates that can run: :func:`count_surviving`.)"""
+    refused = {(rule.keys[0], combo[0]) for rule in RULES if len(rule.keys) == 1 for combo in bad.get(rule.name, ())}
+    size = math.prod(max(1, sum((key, v) not in refused for v in values)) for key, values in dims.items())
     if size > MAX_PRODUCT:
         raise AutofitError(f"search space {space.name!r} has {size:.3g} candidates (more than {MAX_PRODUCT:.0e}): "
                            "fix dimensions with --set or shorten its lists")
@@ -383,19 +382,20 @@ def dimensions(
     if ctx.sequence is None or not ctx.sequence.causal_lm:
         dims.update(_long_context_off(fixed))
     if ctx.sequence is None or not ctx.sequence.tp_styles:
-        dims.update(_tensor_parallel_off(fixed))
+        dims.update(_off(fixed, "tensor_parallel", NO_TP_PLAN))
+    if ctx.hardware.n_nodes(ctx.world_size) == 1:
+        dims.update(_off(fixed, "hpz_partition_size", HPZ_ON_ONE_NODE))
     if "grad_accum_steps" in fixed and ctx.global_batch is not None:
         dims["micro_batch_size"] = micro_batches_for_accumulation(fixed, ctx.global_batch, ctx.world_size, tuple(sorted(
             {tp * sp for tp in dims["tensor_parallel"] for sp in dims["sequence_parallel"]})))
     return dims
 
 
-def _tensor_parallel_off(fixed: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
-    """``tensor_parallel`` at 1 for a model with no Hugging Face ``tp_plan`` (AutoTP's); a ``--set`` degree is an error."""
-    if fixed.get("tensor_parallel", 1) != 1:
-        raise AutofitError(f"--set tensor_parallel={fixed['tensor_parallel']} cannot run: it needs an hf: causal LM whose "
-                           "class states a tp_plan (the layers DeepSpeed's AutoTP splits); the workload states none")
-    return {"tensor_parallel": (1,)}
+def _off(fixed: dict[str, Any], key: str, why: str) -> dict[str, tuple[Any, ...]]:
+    """``key`` at 1 where nothing else runs (TP without a ``tp_plan``, hpZ on one node); a ``--set`` value: ``why``."""
+    if fixed.get(key, 1) != 1:
+        raise AutofitError(f"--set {key}={fixed[key]} cannot run: {why}")
+    return {key: (1,)}
 
 
 def _long_context_off(fixed: dict[str, Any]) -> dict[str, tuple[Any, ...]]:

@@ -280,7 +280,8 @@ def _write(seq: _Sequence, config: Config, facts: ModelFacts, world_size: int, w
     shape = _step_shape(config, facts)
     for step in range(2):
         _step(seq, config.zero_stage, shape, params, w, world_size, fp32, first=step == 0,
-              workspace=workspace if step == 0 else 0)
+              workspace=workspace if step == 0 else 0, secondary_share=1 / config.hpz_partition_size
+              if config.hpz_partition_size > 1 else 0.0)
     return True
 
 
@@ -365,18 +366,23 @@ def _reduced(seq: _Sequence, stage: int, w: int, tensors: tuple[int, ...]) -> li
 
 
 def _step(seq: _Sequence, stage: int, shape: _Step, params: Parameters, w: int, world_size: int, fp32: int,
-          first: bool, workspace: int) -> None:
+          first: bool, workspace: int, secondary_share: float = 0.0) -> None:
     """One training step: forward, the loss, backward, the optimizer's temporaries (module docstring); ``workspace``:
-    the bytes of the cuBLAS workspaces its first matmuls make, forward's and backward's (the first step's; 0: none)."""
+    the bytes of the cuBLAS workspaces its first matmuls make, forward's and backward's (the first step's; 0: none).
+    ``secondary_share``: hpZ's ``1 / hpz``: as forward releases a layer, each of its tensors gets its secondary
+    partition before the gathered buffer is freed (partition_parameters.py ``_partition``), all kept until the step
+    is over (stage3.py ``invalidate_secondary_tensor``)."""
     sizes = [shape.unit_mlp] * shape.mlp_tensors + [shape.unit_hidden]
     if workspace:
         seq.alloc(workspace)  # the forward's, at its first matmul: kept
     saved: list[list[int]] = []
+    secondary: list[int] = []
     for index, layer in enumerate(params.layers):
         gathered = seq.alloc(w * sum(layer)) if stage == 3 else 0
         per_layer = shape.layers_ckpt if index < shape.n_ckpt else shape.layers_full
         saved.append([seq.alloc(size) for size in _chunks(per_layer, sizes)])
         if gathered:
+            secondary += [seq.alloc(w * t * secondary_share) for t in layer] if secondary_share else []
             seq.free(gathered)
     logits_grad = _loss(seq, shape.logits)
     # the backward's workspace, on autograd's thread, kept: at the head's first matmul, which ZeRO-3's linear
@@ -402,6 +408,7 @@ def _step(seq: _Sequence, stage: int, shape: _Step, params: Parameters, w: int, 
     if params.head and params.embedding:
         grads += _reduced(seq, stage, w, (params.embedding,))
     _optimizer(seq, stage, w, params, grads, world_size, fp32, first)
+    seq.free(*secondary)
 
 
 def _optimizer(seq: _Sequence, stage: int, w: int, params: Parameters, grads: list[int], world_size: int,
@@ -448,7 +455,7 @@ def reserve_key(config: Config, facts: ModelFacts, world_size: int, workspace: i
     (the first priced), which keeps a plan of 66,000 candidates to a few hundred replays."""
     return (config.micro_batch_size, config.checkpointed_layers(facts.n_layers), config.zero_stage,
             config.precision == "fp32", config.offload_optimizer != "none", config.offload_params != "none",
-            config.sequence_parallel, config.tiled_loss, world_size, workspace)
+            config.sequence_parallel, config.tiled_loss, config.hpz_partition_size, world_size, workspace)
 
 
 def reserve_bytes(config: Config, facts: ModelFacts, world_size: int,

@@ -18,6 +18,12 @@ then one over the N nodes of the S / g bytes each rank holds on its own network 
 all-gather mirrors it. So one S-collective over g x N ranks costs
 ``(g - 1) / g x S / B_intra + (N - 1) / N x S / g / B_inter``; on one node the second term is 0
 and the first is the flat ring.
+
+ZeRO++'s hierarchical partitioning (hpZ, Wang et al. 2023, sec. 3.2; ``hpz_partition_size`` h) keeps a secondary
+partition over the h ranks of a node: each rank holds S / h, and a gather from it is a ring over those h ranks on the
+intra-node links, ``(h - 1) / h x S / B_intra``. DeepSpeed makes the secondary as forward releases each module and
+drops it after the step, so of a step's 2a gathers the first forward's reads the primary partition over every rank
+and the other 2a - 1 the secondary; the reduce-scatter of the gradients still runs over every rank.
 """
 
 from __future__ import annotations
@@ -53,6 +59,16 @@ def collective_seconds(n_bytes: float, hardware: Hardware, world_size: int, effi
     if n_nodes > 1 and hardware.inter_node_bytes_per_s > 0:
         seconds += (n_nodes - 1) / n_nodes * n_bytes / g / (hardware.inter_node_bytes_per_s * efficiency)
     return seconds
+
+
+def secondary_gather_seconds(n_bytes: float, hardware: Hardware, hpz_partition_size: int,
+                             efficiency: float = 1.0) -> float:
+    """Seconds of one all-gather of ``n_bytes`` from hpZ's secondary partition: a ring over ``hpz_partition_size``
+    ranks of one node (module docstring)."""
+    h = hpz_partition_size
+    if h <= 1 or efficiency <= 0 or hardware.intra_node_bytes_per_s <= 0:
+        return 0.0
+    return (h - 1) / h * n_bytes / (hardware.intra_node_bytes_per_s * efficiency)
 
 
 def communication_seconds(config: Config, facts: ModelFacts, hardware: Hardware, world_size: int, efficiency: float) -> float:
@@ -91,7 +107,9 @@ def communication_phases(config: Config, facts: ModelFacts, hardware: Hardware, 
     ZeRO 1: the gradients are reduce-scattered once a step, bucket by bucket in the last micro-batch's backward
     (stage_1_and_2.py reduces at the accumulation boundary), and the updated partitions all-gathered after the step.
     ZeRO 2: reduce-scattered in every micro-batch's backward, all-gathered after the step.
-    ZeRO 3: all-gathered in forward and in backward, reduce-scattered in backward, every micro-batch.
+    ZeRO 3: all-gathered in forward and in backward, reduce-scattered in backward, every micro-batch; with hpZ the
+    backward's gathers and the later micro-batches' forward ones read the secondary partition (module docstring), so
+    ``forward_gather`` is the micro-batches' mean.
     Each reduce pass is ``ceil(Psi / reduce_bucket_size)`` collectives, each paying ``latency_s``; its last bucket
     (``reduce_bucket_size / Psi`` of it) is the tail."""
     one = collective_seconds(float(facts.n_trainable_params * WORKING_BYTES[config.precision]), hardware, world_size,
@@ -108,4 +126,9 @@ def communication_phases(config: Config, facts: ModelFacts, hardware: Hardware, 
     if config.zero_stage in (1, 2):
         return CommPhases(reduce=reduce, reduce_micro_batches=1 if config.zero_stage == 1 else a, tail=tail,
                           after_step=one)
-    return CommPhases(forward_gather=one, backward_gather=one, reduce=reduce, reduce_micro_batches=a, tail=tail)
+    if config.hpz_partition_size == 1:
+        return CommPhases(forward_gather=one, backward_gather=one, reduce=reduce, reduce_micro_batches=a, tail=tail)
+    secondary = secondary_gather_seconds(float(facts.n_trainable_params * WORKING_BYTES[config.precision]), hardware,
+                                         config.hpz_partition_size, efficiency)
+    return CommPhases(forward_gather=(one + (a - 1) * secondary) / a, backward_gather=secondary, reduce=reduce,
+                      reduce_micro_batches=a, tail=tail)

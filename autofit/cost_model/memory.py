@@ -234,7 +234,7 @@ def memory_phases(
             params=int(states.built), grads=0, optimizer=int(states.init_extra), activations=0, other=runtime_at_init
         ),
         "backward": MemoryBreakdown(
-            params=int(states.params + states.gathered_params),
+            params=int(states.params + states.secondary_params + states.gathered_params),
             grads=int(states.grads_resident + held_grads),
             optimizer=int(states.master + states.optimizer),
             activations=int(activations + fp8_cast_bytes(config, facts)),
@@ -245,14 +245,14 @@ def memory_phases(
         # parameters, each module's after its own backward (parameter_offload.py post_sub_module_backward_function),
         # but the last module's (states.gathered_at_reduce)
         "reduce": MemoryBreakdown(
-            params=int(states.params + states.gathered_at_reduce),
+            params=int(states.params + states.secondary_params + states.gathered_at_reduce),
             grads=int(states.grads_resident + held_grads + states.reduce_scratch),
             optimizer=int(states.master + states.optimizer),
             activations=0,
             other=runtime,
         ),
         "step": MemoryBreakdown(
-            params=int(states.params),
+            params=int(states.params + states.secondary_params),
             grads=int(states.grads_resident + states.grads_step),
             optimizer=int(states.master + states.optimizer + states.step_scratch),
             activations=0,

@@ -38,7 +38,7 @@ from autofit.core.config import Config
 
 #: the keys whose values select different memory terms: a config's memory "family"
 FAMILY_KEYS = ("precision", "optimizer", "zero_stage", "offload_optimizer", "offload_params", "attention", "compile",
-               "tensor_parallel")
+               "tensor_parallel", "hpz_partition_size")
 #: weight of a measured family per family key on which it differs from the config being corrected
 DECAY = 0.1
 #: weight of the global median ratio, against the config's own family's

@@ -116,6 +116,11 @@ class ModelStates:
     of backward (:func:`stage3_reduce_scratch_bytes`)."""
     built: float = 0.0
     """Device bytes of the model as built, before ``deepspeed.initialize`` (see the module docstring)."""
+    secondary_params: float = 0.0
+    """ZeRO-3 with hpZ: the secondary partition, ``1 / hpz`` of the partitioned parameters in the working precision
+    (partition_parameters.py ``_partition_param_sec``: ``aligned numel // hpz`` a parameter, made as forward releases
+    each module), alive from the first forward to the end of the optimizer step (stage3.py ``_post_step``,
+    ``invalidate_secondary_tensor``)."""
     gathered_at_reduce: float = 0.0
     """ZeRO-3: parameters still gathered when the last gradient bucket is reduced at the end of backward: the
     module whose backward runs last (the first in forward: an embedding), released only after the epilogue.
@@ -293,6 +298,7 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
         reduce_scratch=stage3_reduce_scratch_bytes(psi, w, device_kind, buckets.reduce_bucket_size),
         built=built,
         gathered_at_reduce=w * float(facts.largest_module_params) if gathers else 0.0,
+        secondary_params=w * partitioned / config.hpz_partition_size if config.hpz_partition_size > 1 else 0.0,
     )
 
 

@@ -148,6 +148,12 @@ def build_context(ds: dict[str, Any]) -> Any:
     if hf_config_class is not None:
         hf_config = hf_config_class(ds)
         stack.callback(lambda: hf_config)  # transformers keeps only a weak reference: hold it while building
+        if ds["zero_optimization"].get("zero_hpz_partition_size", 1) > 1:
+            # from_config enters zero.Init itself, and a zero.Init inside another makes hpZ's group again and fails
+            # (partition_parameters.py, Init.__init__: it asks only its own argument whether the group exists, and
+            # groups.py _create_zero_param_parallel_group asserts): under hpZ the model is built in transformers'
+            # Init alone, as the Trainer's from_pretrained builds it
+            return stack
     stack.enter_context(deepspeed.zero.Init(config_dict_or_path=ds))
     return stack
 

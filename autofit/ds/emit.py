@@ -201,6 +201,8 @@ def _zero_section(config: Config, software: Software, hidden_size: int = 0) -> d
             "stage3_param_persistence_threshold": buckets.stage3_param_persistence_threshold,
             "stage3_gather_16bit_weights_on_model_save": True,
         }
+        if config.hpz_partition_size > 1:  # ZeRO++'s hpZ (runtime/zero/config.py, zero_hpz_partition_size)
+            zero["zero_hpz_partition_size"] = config.hpz_partition_size
     if config.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload(config.offload_optimizer, software)
     if config.offload_params != "none":

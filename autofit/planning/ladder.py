@@ -13,6 +13,10 @@ and adds one technique at a time, recording what each buys. :func:`rungs` are th
    optimizers (``autofit.core.rules.OFFLOADABLE_OPTIMIZERS``), so this rung goes back to AdamW, run by
    DeepSpeed's CPU Adam on the host.
 
+A causal LM with a sequence goes on with the long-context rungs (:func:`long_context_rungs`); then, where they apply,
+the rungs past ZeRO (:func:`parallel_rungs`): hpZ on more than one node, AutoTP over a node's ranks for a model that
+states a ``tp_plan``, each in place of what it cannot run beside.
+
 The rungs step through the optimizer and the precision, which are the user's recipe elsewhere
 (:mod:`autofit.core.recipe`): the ladder keeps its rungs and labels each row with what it changes of the
 recipe (``differs``), a substitute (8-bit states, mixed precision for an fp32 recipe) marked as such.
@@ -66,6 +70,8 @@ BASELINE: dict[str, Any] = {
     "tiled_mlp": False,
     "tiled_loss": False,
     "offload_activations": "none",
+    "hpz_partition_size": 1,
+    "tensor_parallel": 1,
 }
 LADDER_KEYS = tuple(BASELINE)
 
@@ -87,10 +93,32 @@ def mixed_precision(hardware: Hardware) -> str:
     return "bf16" if hardware.supports_precision("bf16") else "fp16"
 
 
-def rungs(mixed: str, world_size: int, long_context: bool = False) -> tuple[Rung, ...]:
+def rungs(mixed: str, world_size: int, long_context: bool = False, per_node: int | None = None,
+          tensor_parallel_plan: bool = False) -> tuple[Rung, ...]:
     """The six rungs in order, with ``mixed`` as the mixed precision and ZeRO over ``world_size`` ranks; for a causal
-    LM with a sequence (``long_context``) the long-context rungs after them (:func:`long_context_rungs`)."""
-    return _memory_rungs(mixed, world_size) + (long_context_rungs(world_size) if long_context else ())
+    LM with a sequence (``long_context``) the long-context rungs after them (:func:`long_context_rungs`); then the
+    parallelism rungs where they can apply (:func:`parallel_rungs`: ``per_node`` ranks a node, None: one node)."""
+    per_node = per_node or world_size
+    return (_memory_rungs(mixed, world_size) + (long_context_rungs(world_size) if long_context else ())
+            + parallel_rungs(world_size, per_node, tensor_parallel_plan))
+
+
+def parallel_rungs(world_size: int, per_node: int, tensor_parallel_plan: bool) -> tuple[Rung, ...]:
+    """Past ZeRO, each in place of what it cannot run beside (:mod:`autofit.core.parallel_rules`): hpZ where the job
+    spans nodes (ZeRO-3's gathers but the first kept inside the node, the parameters back on the device, SP off), and
+    AutoTP over a node's ranks where the model states a ``tp_plan`` (hpZ and the long-context keys off)."""
+    ladder: tuple[Rung, ...] = ()
+    if world_size > per_node:
+        ladder += (Rung("+ hpZ", f"ZeRO++'s secondary partition over each node's {per_node} ranks: every gather of a "
+                        "step but the first on the node's links (parameters back on the device, SP off)",
+                        {"zero_stage": 3, "offload_params": "none", "sequence_parallel": 1,
+                         "hpz_partition_size": per_node}),)
+    if tensor_parallel_plan and per_node > 1:
+        ladder += (Rung("+ tensor parallelism", f"AutoTP over each node's {per_node} ranks: the tp_plan's Linear "
+                        "layers split between them (hpZ and the long-context keys off)",
+                        {"tensor_parallel": per_node, "hpz_partition_size": 1, "sequence_parallel": 1,
+                         "tiled_mlp": False, "tiled_loss": False, "offload_activations": "none"}),)
+    return ladder
 
 
 def long_context_rungs(world_size: int) -> tuple[Rung, ...]:
@@ -140,7 +168,6 @@ def ladder_space(ladder: tuple[Rung, ...], micro_batch_size: int) -> SearchSpace
     values["attention"] = [DEFAULT_ATTENTION]
     values["checkpoint_granularity"] = ["block"]  # the seed's rung checkpoints whole blocks
     values["compile"] = ["off"]  # the ladder's rungs run eager
-    values["tensor_parallel"] = [1]  # no rung splits the model's layers
     # DeepSpeed's communication as every JSON had it before these were searched: the seed's ladder has no rung for them
     values["overlap_comm"], values["contiguous_gradients"], values["bucket_scale"] = [False], [True], [1]
     for config in rung_configs(Config(), ladder):
@@ -187,7 +214,9 @@ def ladder_plan(entry: str, workload: Workload | SourcePlannedWorkload, hardware
     ``margin``: the share of the device memory a rung must leave free to fit."""
     fixed = dict(fixed or {})
     check_fixed(fixed)
-    ladder = rungs(mixed_precision(hardware), world_size, workload.sequence is not None)
+    sequence = workload.sequence
+    ladder = rungs(mixed_precision(hardware), world_size, sequence is not None, hardware.ranks_on_a_node(world_size),
+                   bool(sequence is not None and sequence.tp_styles))
     space = ladder_space(ladder, max(1, global_batch // world_size))
     plan = Plan.make(entry, workload, hardware, space, world_size=world_size, global_batch=global_batch,
                      fixed=fixed, facts=facts,
@@ -289,7 +318,9 @@ class Ladder:
 
 def price_ladder(plan: Plan, calibration: Calibration | None = None) -> Ladder:
     """Every rung of ``plan`` (from :func:`ladder_plan`) priced with ``calibration`` (the prior when None)."""
-    ladder = rungs(mixed_precision(plan.hardware), plan.world_size, plan.facts.seq_len > 0)
+    # the rungs the plan was made of (ladder_plan): its space holds each rung's values
+    ladder = rungs(mixed_precision(plan.hardware), plan.world_size, plan.facts.seq_len > 0,
+                   plan.hardware.ranks_on_a_node(plan.world_size), max(plan.space.values["tensor_parallel"]) > 1)
     first = plan.candidates[0]  # every candidate shares the micro-batch, accumulation and attention
     base = first.with_(**BASELINE)
     recipe = plan.stated_recipe

@@ -22,12 +22,12 @@ from autofit.cost_model.facts import ModelFacts
 from autofit.trace.cache import cache_dir, read_entry, sources_digest, write_entry
 
 #: version of the entry layout; bumped when what is stored changes meaning
-FORMAT = 2
+FORMAT = 3
 #: autofit's source files a replay runs (relative to the package): a change to any of them may change a reserve
 REPLAY_SOURCES = ("cost_model/allocation_sequence.py", "cost_model/allocator.py", "cost_model/long_context.py",
                   "cost_model/facts.py", "core/config.py")
 #: the number of values in a :func:`~autofit.cost_model.allocation_sequence.reserve_key`
-_KEY_LENGTH = 10
+_KEY_LENGTH = 11
 
 
 def entry_name(facts: ModelFacts) -> str:

@@ -38,6 +38,7 @@ def test_config_keys_are_the_design_table():
         "overlap_comm",
         "contiguous_gradients",
         "bucket_scale",
+        "hpz_partition_size",
         "tensor_parallel",
         "sequence_parallel",
         "tiled_mlp",

@@ -15,7 +15,15 @@ from autofit.core.boundary import STATUSES
 from autofit.core.config import Config
 from autofit.cost_model.budget import memory_for
 from autofit.machine.device import get_hardware
-from autofit.planning.ladder import BASELINE, ladder_plan, measure_ladder, price_ladder, rung_configs, rungs
+from autofit.planning.ladder import (
+    BASELINE,
+    ladder_plan,
+    measure_ladder,
+    parallel_rungs,
+    price_ladder,
+    rung_configs,
+    rungs,
+)
 from autofit.planning.plan import Plan
 from autofit.workload.entry import load_workload
 
@@ -160,3 +168,13 @@ def test_a_ladder_after_a_search_traces_only_what_the_searchs_trace_lacks() -> N
     assert all(joined.facts.profiles[key] is profile for key, profile in searched.profiles.items())
     assert joined.facts.profiles == whole.facts.profiles
     assert [row.prediction for row in price_ladder(joined).rows] == [row.prediction for row in price_ladder(whole).rows]
+
+
+def test_the_rungs_past_zero_come_where_they_apply_each_in_place_of_what_it_cannot_run_beside() -> None:
+    assert [r.name for r in parallel_rungs(8, 8, tensor_parallel_plan=False)] == []
+    assert [r.name for r in parallel_rungs(16, 8, tensor_parallel_plan=True)] == ["+ hpZ", "+ tensor parallelism"]
+    ladder = rungs("bf16", 16, long_context=True, per_node=8, tensor_parallel_plan=True)
+    hpz, tp = rung_configs(Config(micro_batch_size=1), ladder)[-2:]
+    assert (hpz.zero_stage, hpz.hpz_partition_size, hpz.offload_params, hpz.sequence_parallel) == (3, 8, "none", 1)
+    assert (tp.tensor_parallel, tp.hpz_partition_size, tp.tiled_loss, tp.offload_activations) == (8, 1, False, "none")
+    assert [r.name for r in rungs("bf16", 2)] == [r.name for r in rungs("bf16", 2, per_node=2)]  # one node: none

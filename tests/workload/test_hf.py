@@ -256,7 +256,8 @@ ESTIMATED = _memory_accuracy().HF_TWINS
 FIXED = {"micro_batch_size": 4, "checkpoint_ratio": 0.5, "checkpoint_granularity": "block", "precision": "bf16",
          "optimizer": "adamw", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none",
          "attention": "sdpa", "compile": "off", "overlap_comm": False, "contiguous_gradients": True, "bucket_scale": 1,
-         "tensor_parallel": 1, "sequence_parallel": 1, "tiled_mlp": False, "tiled_loss": False, "offload_activations": "none"}
+         "hpz_partition_size": 1, "tensor_parallel": 1, "sequence_parallel": 1, "tiled_mlp": False, "tiled_loss": False,
+         "offload_activations": "none"}
 
 
 def _estimated_peak(entry: str, hardware: str = "h100-80gb", attention: str = "sdpa") -> tuple[int, int]:
