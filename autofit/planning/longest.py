@@ -16,7 +16,9 @@ micro-batch 1 (unless ``--set``), ``compile`` off, no ``overlap_comm``, buckets 
 divides it, TiledMLP has two tiles) is predicted to fit device and host (:func:`autofit.cost_model.predict`). The
 longest is found by doubling then bisecting over multiples of the SP degrees' least common multiple; the answer's
 config is the fastest fitting one there. The ladder repeats it with the techniques added one at a time: none, the
-tiled loss, TiledMLP, activation offload, sequence parallelism.
+tiled loss, TiledMLP, activation offload, sequence parallelism; then, for a model that states a ``tp_plan`` on ranks
+that share a node, AutoTP over a node's ranks in place of them (the split model traced at the same two lengths). The
+answer is the longest rung's.
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ class Longest:
         if self.config is not None and self.prediction is not None:
             lines.append(f"  with {self.config.label()}: {format_bytes(self.prediction.peak_bytes)} a device, "
                          f"{self.prediction.step_time_s:.3g} s a step")
-        lines.append("  what each technique buys (cumulative):")
+        lines.append("  what each technique buys (cumulative; tensor parallelism in place of the others):")
         lines += [f"    {r.name:<28} {r.seq_len:>12,}  {r.config.label() if r.config else '-'}" for r in self.rungs]
         lines.append(f"  (traced at {self.traced_lengths[0]} and {self.traced_lengths[1]} tokens, extrapolated: "
                      "memory linear in the length, FLOPs a s + c s^2)")
@@ -155,16 +157,19 @@ def longest_sequence(target: Target) -> Longest:
     s2 = min(TRACE_LENGTH, cap) if cap else TRACE_LENGTH
     s1 = s2 // 2
     fixed_micro = () if any(v.startswith("micro_batch_size=") for v in target.set_values) else ("micro_batch_size=1",)
-    plans = [prepare(replace(target, seq_len=s, set_values=(*target.set_values, *fixed_micro))).plan()
-             for s in (s1, s2)]
+    setups = [prepare(replace(target, seq_len=s, set_values=(*target.set_values, *fixed_micro))) for s in (s1, s2)]
+    plans = [setup.plan() for setup in setups]
     plan = plans[1]
     if plan.facts.seq_len == 0:
         raise AutofitError(f"--seq-len max needs a causal LM; {plan.name} states no sequence")
+    shape = getattr(setups[1].workload, "sequence", None)
+    ceiling = cap if table else None
     rungs: list[LongestRung] = []
     for name, keys in RUNGS:  # a technique the rules refuse here keeps the rung before (no shorter multiple of sp)
-        rung = _rung(plan, plans[0].facts, name, keys, ceiling=cap if table else None)
+        rung = _rung(plan, plans[0].facts, name, keys, ceiling, shape)
         rungs.append(rung if not rungs or rung.seq_len >= rungs[-1].seq_len else replace(rungs[-1], name=name))
-    best = rungs[-1]
+    rungs += _tensor_parallel_rung(target, (s1, s2), (*target.set_values, *fixed_micro), plan, shape, ceiling)
+    best = max(rungs, key=lambda r: r.seq_len)  # the first longest: SP's before TP's at a tie
     prediction = None
     if best.config is not None:
         prediction = predict(best.config, facts_at_length(plans[0].facts, plan.facts, best.seq_len), plan.hardware,
@@ -185,10 +190,28 @@ def _max_positions(target: Target) -> tuple[int | None, bool]:
     return (limit, positions_are_a_table(config)) if isinstance(limit, int) and limit > 0 else (None, False)
 
 
-def _rung(plan: Plan, short: ModelFacts, name: str, keys: tuple[str, ...], ceiling: int | None) -> LongestRung:
+def _tensor_parallel_rung(target: Target, lengths: tuple[int, int], set_values: tuple[str, ...], plan: Plan,
+                          shape: SequenceShape | None, ceiling: int | None) -> list[LongestRung]:
+    """AutoTP over a node's ranks, in place of the long-context keys (AutoTP runs beside none of them:
+    :mod:`autofit.core.parallel_rules`), where the model states a ``tp_plan``: the split model traced at both lengths
+    (``--set tensor_parallel``), its longest. None where it cannot apply; 0 where the rules refuse the degree."""
+    degree = plan.hardware.ranks_on_a_node(plan.world_size)
+    if shape is None or not shape.tp_styles or degree == 1 or "tensor_parallel" in plan.fixed:
+        return []
+    name = f"+ tensor parallelism (tp {degree})"
+    try:
+        short, long = (prepare(replace(target, seq_len=s, set_values=(*set_values, f"tensor_parallel={degree}"))).plan()
+                       for s in lengths)
+    except AutofitError:  # a rule refuses this model at that degree (a tied head, widths it does not divide)
+        return [LongestRung(name=name, seq_len=0, config=None)]
+    return [_rung(long, short.facts, name, (), ceiling, shape)]
+
+
+def _rung(plan: Plan, short: ModelFacts, name: str, keys: tuple[str, ...], ceiling: int | None,
+          shape: SequenceShape | None = None) -> LongestRung:
     space = lean_space(plan, keys)
     unit = math.lcm(*space.values["sequence_parallel"])
-    fits = _fitting(plan, short, space, ceiling)
+    fits = _fitting(plan, short, space, ceiling, shape)
     n, config = _bisect(fits, unit)
     return LongestRung(name=name, seq_len=n * unit, config=config)
 
@@ -214,14 +237,18 @@ def _bisect(fits: Any, unit: int) -> tuple[int, Config | None]:
     return lo, lo_config
 
 
-def _fitting(plan: Plan, short: ModelFacts, space: SearchSpace, ceiling: int | None) -> Any:
+def _fitting(plan: Plan, short: ModelFacts, space: SearchSpace, ceiling: int | None,
+             shape: SequenceShape | None = None) -> Any:
     """``fits(s)``: the fastest config of ``space`` predicted to fit at length ``s``, or None (also past ``ceiling``,
-    a table of positions' last row)."""
+    a table of positions' last row); ``shape``: the workload's, for what AutoTP's rules read of it."""
     def fits(seq_len: int) -> Config | None:
         if ceiling is not None and seq_len > ceiling:
             return None
         facts = facts_at_length(short, plan.facts, seq_len)
         sequence = _sequence_of(plan, seq_len)
+        if shape is not None:
+            sequence = replace(sequence, tp_styles=shape.tp_styles, intermediate_size=shape.intermediate_size,
+                               vocab_size=shape.vocab_size, tied_head=shape.tied_head)
         try:
             configs = enumerate_candidates(space, hardware=plan.hardware, world_size=plan.world_size,
                                            global_batch=plan.global_batch, fixed={}, searches_attention=True,
@@ -274,7 +301,9 @@ def facts_at_length(short: ModelFacts, long: ModelFacts, seq_len: int) -> ModelF
         points = tuple(_point_at(p1, p2, s1, s2, seq_len) for p1, p2 in zip(other.points, profile.points, strict=True))
         profiles[key] = replace(profile, points=points)
     tokens = seq_len if long.tokens_per_sample else None
-    return replace(long, profiles=profiles, seq_len=seq_len, tokens_per_sample=tokens)
+    ranks = {degree: facts_at_length(short.tensor_parallel_ranks[degree], rank, seq_len)
+             for degree, rank in long.tensor_parallel_ranks.items() if degree in short.tensor_parallel_ranks}
+    return replace(long, profiles=profiles, seq_len=seq_len, tokens_per_sample=tokens, tensor_parallel_ranks=ranks)
 
 
 def _point_at(p1: PeakPoint, p2: PeakPoint, s1: int, s2: int, s: int) -> PeakPoint:
