@@ -112,8 +112,8 @@ def communication_phases(config: Config, facts: ModelFacts, hardware: Hardware, 
     ``forward_gather`` is the micro-batches' mean.
     Each reduce pass is ``ceil(Psi / reduce_bucket_size)`` collectives, each paying ``latency_s``; its last bucket
     (``reduce_bucket_size / Psi`` of it) is the tail."""
-    one = collective_seconds(float(facts.n_trainable_params * WORKING_BYTES[config.precision]), hardware, world_size,
-                             efficiency)
+    model_bytes = float(facts.n_trainable_params * WORKING_BYTES[config.precision])
+    one = collective_seconds(model_bytes, hardware, world_size, efficiency)
     if one <= 0:
         return CommPhases()
     psi = max(1, facts.n_trainable_params)
@@ -128,7 +128,6 @@ def communication_phases(config: Config, facts: ModelFacts, hardware: Hardware, 
                           after_step=one)
     if config.hpz_partition_size == 1:
         return CommPhases(forward_gather=one, backward_gather=one, reduce=reduce, reduce_micro_batches=a, tail=tail)
-    secondary = secondary_gather_seconds(float(facts.n_trainable_params * WORKING_BYTES[config.precision]), hardware,
-                                         config.hpz_partition_size, efficiency)
+    secondary = secondary_gather_seconds(model_bytes, hardware, config.hpz_partition_size, efficiency)
     return CommPhases(forward_gather=(one + (a - 1) * secondary) / a, backward_gather=secondary, reduce=reduce,
                       reduce_micro_batches=a, tail=tail)
