@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofit.core.config import WORKING_BYTES, Config
-from autofit.cost_model.allocator import K_MIN_LARGE_ALLOC, AllocatorSettings, CachingAllocator
+from autofit.cost_model.allocator import K_MIN_LARGE_ALLOC, K_SMALL_SIZE, AllocatorSettings, CachingAllocator
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.long_context import long_context_activation_bytes
 
@@ -179,7 +179,9 @@ def _chunks(total: float, sizes: list[int]) -> list[int]:
     """``total`` bytes as tensors of ``sizes`` in turn (the last one repeated), the remainder one more; those of
     ``kMinLargeAlloc`` (10 MiB) or more as one request. Such a request gets a segment of its own size where no free
     block fits it, so made together and freed together they reserve what one request of their sum does; the
-    1-10 MiB ones, which share 20 MiB segments, stay apart. This keeps a replay to a few thousand requests."""
+    1-10 MiB ones, which share 20 MiB segments, stay apart. Those of ``kSmallSize`` (1 MiB) or less, which the small
+    pool packs into 2 MiB segments end to end, are made as requests of up to 1 MiB each (a few tokens' hidden states,
+    8 KiB, would otherwise be thousands a layer). This keeps a replay to a few thousand requests at any length."""
     left = int(total)
     pieces: list[int] = []
     for size in sizes[:-1]:
@@ -190,7 +192,9 @@ def _chunks(total: float, sizes: list[int]) -> list[int]:
     last = sizes[-1] if sizes else 0
     if left > 0 and last > 0:
         repeats, remainder = divmod(left, last)
-        pieces += [last] * repeats if last < K_MIN_LARGE_ALLOC else [last * repeats]
+        together = max(1, repeats if last >= K_MIN_LARGE_ALLOC else K_SMALL_SIZE // last)  # 1: 1-10 MiB, apart
+        whole, rest = divmod(repeats, together)
+        pieces += [last * together] * whole + ([last * rest] if rest else [])
         pieces += [remainder] if remainder else []
     return _coalesced([float(piece) for piece in pieces])
 

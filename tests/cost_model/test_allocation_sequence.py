@@ -87,6 +87,22 @@ def test_a_model_without_widths_saves_each_layer_as_one_request() -> None:
         replay_requests(with_widths).peak_allocated_bytes, rel=0.05)
 
 
+def test_a_few_tokens_make_no_more_requests_than_many() -> None:
+    """At a few tokens a hidden state is a few KiB, while a layer's saved bytes keep what does not shrink with the
+    length: its chunks stay requests of up to 1 MiB (the small pool packs them end to end), not thousands a layer
+    (``--seq-len max`` bisects down to such lengths), and the allocated peak is the same bytes either way."""
+    from dataclasses import replace
+
+    config = Config(precision="bf16", micro_batch_size=1)
+    few = replace(DECODER, seq_len=4, tokens_per_sample=4)  # the same saved bytes, 2 KiB hidden states
+    many, short = synthesize(config, DECODER, 1), synthesize(config, few, 1)
+    assert many is not None and short is not None
+    assert len(short) < 2 * len(many)  # a request a hidden state: 73,660
+    peak = replay_requests(short).peak_allocated_bytes
+    assert sum(r.size for r in short if r.action == "alloc" and r.size < MIB) > peak / 2  # the small pool's, merged
+    assert peak == pytest.approx(replay_requests(many).peak_allocated_bytes, rel=1e-3)
+
+
 def test_offload_takes_the_fp32_buffers_off_the_device() -> None:
     """Optimizer offload keeps the fp32 master and its states on the host: the device's peak falls by at least the
     master's fp32 partition."""
