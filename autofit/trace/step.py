@@ -19,6 +19,7 @@ from autofit.cost_model.facts import PeakPoint
 from autofit.ds.apply import apply_checkpointing
 from autofit.trace.attention import SDPA_FLASH, flash_alike_calls, flash_attn_installed, flash_trace_plan, kernel_context
 from autofit.trace.layers import SegmentMarks
+from autofit.trace.masks import causal_mask_as_eager
 from autofit.trace.scaling import part_peaks
 from autofit.trace.sdpa import sdpa_as_dispatched
 from autofit.trace.structure import fp8_linear_flops
@@ -207,7 +208,8 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
             hooks = [p.register_post_accumulate_grad_hook(grad_hook(counter)) for p in params]
             flops = flop_counter()
             marking = counter.marks.tracking() if counter.marks else contextlib.nullcontext()
-            with flops, make_tracker(counter), marking, sdpa_as_dispatched(sdpa_dispatch):
+            with flops, make_tracker(counter), marking, sdpa_as_dispatched(sdpa_dispatch), \
+                    causal_mask_as_eager(batch):
                 loss = workload.compute_loss(model, batch)
                 activation_bytes_at_loss = counter.live
                 if counter.marks:
