@@ -60,8 +60,9 @@ class Prediction:
     """Most host (CPU RAM) bytes one node needs: its ranks' processes, builds and offloaded states
     (:mod:`autofit.cost_model.host`)."""
     peak_is_lower_bound: bool = False
-    """``peak_bytes`` is only a lower bound: a GPU config already past :func:`predict`'s ``exact_within_bytes``
-    before the caching allocator's reserve, which was not replayed (it does not fit, and says so in ``reason``)."""
+    """``peak_bytes`` is only a lower bound: the caching allocator's reserve was not replayed, for a GPU config already
+    past :func:`predict`'s ``exact_within_bytes`` before it (it does not fit, and says so in ``reason``), or for every
+    GPU config with ``lower_bound_only`` (a screen: ``fits`` is then optimistic)."""
 
     def record(self) -> PredictionRecord:
         """What travels of it (JSON, a study, a probe's result): memory and time, not the verdict."""
@@ -89,6 +90,7 @@ def predict(
     *,
     exact_within_bytes: int | None = None,
     reserve_representatives: Mapping[tuple[object, ...], Config] | None = None,
+    lower_bound_only: bool = False,
 ) -> Prediction:
     """Price ``config`` for ``facts`` on ``world_size`` ranks of ``hardware``, judging whether it fits by
     ``hardware.memory_bytes``: a plan gives it the device with its usable budget
@@ -96,16 +98,18 @@ def predict(
     ``exact_within_bytes``: past it, a GPU peak may be a lower bound (:func:`autofit.cost_model.memory.bounded_memory`;
     None: every peak exact); it must be at least ``hardware.memory_bytes``, so that what fits is judged the same;
     ``reserve_representatives``: the configs whose replay stands for each reserve key
-    (:func:`autofit.cost_model.allocation_sequence.reserve_bytes`).
+    (:func:`autofit.cost_model.allocation_sequence.reserve_bytes`). ``lower_bound_only``: no GPU config's allocator
+    is replayed; each peak is the lower bound before the reserve and its ``fits`` optimistic, a screen whose survivors
+    are priced again exactly (the time does not depend on it: :mod:`autofit.planning.longest`).
 
     A config with AutoTP (``tensor_parallel`` > 1) is priced as one of its ranks, from the rank's traced facts on the
     data-parallel ranks, plus the TP group's collectives (:mod:`autofit.cost_model.tensor_parallel`)."""
     coefficients = coefficients or Coefficients.for_hardware(hardware)
     rank_config, rank_facts, rank_hardware, data_parallel = as_rank(config, facts, hardware, world_size)
+    exact_within = 0 if lower_bound_only else None if exact_within_bytes is None \
+        else max(exact_within_bytes, hardware.memory_bytes)
     memory, lower_bound = bounded_memory(rank_config, rank_facts, rank_hardware, data_parallel, coefficients,
-                                         None if exact_within_bytes is None
-                                         else max(exact_within_bytes, hardware.memory_bytes),
-                                         reserve_representatives)
+                                         exact_within, reserve_representatives)
     peak = memory.total
     time_parts = predict_step_time(rank_config, rank_facts, rank_hardware, data_parallel, coefficients)
     if config.tensor_parallel > 1:

@@ -25,17 +25,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from autofit.core.config import LONG_CONTEXT_KEYS, Config
 from autofit.core.errors import AutofitError
+from autofit.core.hardware import Hardware
 from autofit.core.sequence import SequenceShape
 from autofit.core.space import SearchSpace, enumerate_candidates
 from autofit.core.units import format_bytes
 from autofit.cost_model import ModelFacts, Prediction, predict
+from autofit.cost_model.allocation_sequence import reserve_key
+from autofit.cost_model.budget import usable_hardware
+from autofit.cost_model.cuda_runtime import cublas_workspace_bytes
 from autofit.cost_model.facts import PeakPoint
-from autofit.planning.plan import Plan
+from autofit.planning.plan import Plan, completed_facts
 from autofit.planning.target import Target, prepare
 from autofit.workload.hf import HfEntry, load_config
 from autofit.workload.hf_positions import past_positions_note, positions_are_a_table
@@ -69,6 +74,10 @@ class LongestRung:
     """The longest length that fits with it (0: none)."""
     config: Config | None
     """The fastest config that fits at that length."""
+    prediction: Prediction | None = None
+    """Its prediction there."""
+    traced_length: int | None = None
+    """The length its line was traced at beside the longer short trace (None: the two short traces alone)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,12 @@ class Longest:
     int32_tokens: int | None = None
     """Tokens a rank past which its hidden states ``[1, s / sp, h]`` have more than 2^31 elements
     (:data:`INT32_ELEMENTS`), None where the hidden size is unknown."""
+    answer_traced_length: int | None = None
+    """The length the answer's rung was traced at again (:attr:`LongestRung.traced_length`; None: the answer is within
+    :attr:`traced_lengths`). A peak over the length is the larger of moments that grow at different rates (a layer's
+    recompute, the gradients kept), so the line through two short traces can miss the one that leads at length: 5.8%
+    of the checkpointed body's peak for Llama-3.1-8B at 4.6 M tokens, 7x the activations' slope for the tiny Llama
+    whose 128 positions allow traces at 64 and 128 tokens only."""
 
     @property
     def tokens_per_rank(self) -> int:
@@ -122,8 +137,9 @@ class Longest:
                 "label": self.config.label() if self.config else None,
                 "predicted": self.prediction.to_dict() if self.prediction else None,
                 "ladder": [{"rung": r.name, "seq_len": r.seq_len,
-                            "config": r.config.label() if r.config else None} for r in self.rungs],
-                "traced_lengths": list(self.traced_lengths),
+                            "config": r.config.label() if r.config else None, "traced_length": r.traced_length}
+                           for r in self.rungs],
+                "traced_lengths": list(self.traced_lengths), "answer_traced_length": self.answer_traced_length,
                 "max_position_embeddings": self.max_position_embeddings, "position_note": self.position_note,
                 "int32_tokens_per_rank": self.int32_tokens, "past_int32": self.past_int32}
 
@@ -138,7 +154,9 @@ class Longest:
         lines.append("  what each technique buys (cumulative; tensor parallelism in place of the others):")
         lines += [f"    {r.name:<28} {r.seq_len:>12,}  {r.config.label() if r.config else '-'}" for r in self.rungs]
         lines.append(f"  (traced at {self.traced_lengths[0]} and {self.traced_lengths[1]} tokens, extrapolated: "
-                     "memory linear in the length, FLOPs a s + c s^2)")
+                     "memory linear in the length, FLOPs a s + c s^2"
+                     + (f"; each rung past them through {self.traced_lengths[1]} and a trace at its own length, "
+                        f"the answer's {self.answer_traced_length:,})" if self.answer_traced_length else ")"))
         if self.position_note:
             lines.append(f"  note: {self.position_note}")
         if self.past_int32:
@@ -164,20 +182,44 @@ def longest_sequence(target: Target) -> Longest:
         raise AutofitError(f"--seq-len max needs a causal LM; {plan.name} states no sequence")
     shape = getattr(setups[1].workload, "sequence", None)
     ceiling = cap if table else None
+    values = (*target.set_values, *fixed_micro)
+    traces: dict[tuple[int, tuple[str, ...]], ModelFacts] = {}
     rungs: list[LongestRung] = []
     for name, keys in RUNGS:  # a technique the rules refuse here keeps the rung before (no shorter multiple of sp)
-        rung = _rung(plan, plans[0].facts, name, keys, ceiling, shape)
+        rung = _traced_at_its_length(target, values, plan, _rung(plan, plans[0].facts, name, keys, ceiling, shape),
+                                     keys, ceiling, shape, traces)
         rungs.append(rung if not rungs or rung.seq_len >= rungs[-1].seq_len else replace(rungs[-1], name=name))
-    rungs += _tensor_parallel_rung(target, (s1, s2), (*target.set_values, *fixed_micro), plan, shape, ceiling)
+    rungs += _tensor_parallel_rung(target, (s1, s2), values, plan, shape, ceiling, traces)
     best = max(rungs, key=lambda r: r.seq_len)  # the first longest: SP's before TP's at a tie
-    prediction = None
-    if best.config is not None:
-        prediction = predict(best.config, facts_at_length(plans[0].facts, plan.facts, best.seq_len), plan.hardware,
-                             plan.world_size, plan.coefficients)
     return Longest(name=plan.name, hardware=plan.hardware.name, world_size=plan.world_size, seq_len=best.seq_len,
-                   config=best.config, prediction=prediction, rungs=tuple(rungs), traced_lengths=(s1, s2),
-                   max_position_embeddings=cap,
+                   config=best.config, prediction=best.prediction, rungs=tuple(rungs), traced_lengths=(s1, s2),
+                   answer_traced_length=best.traced_length, max_position_embeddings=cap,
                    int32_tokens=INT32_ELEMENTS // plan.facts.hidden_size if plan.facts.hidden_size else None)
+
+
+def _traced_at_its_length(target: Target, set_values: tuple[str, ...], plan: Plan, rung: LongestRung,
+                          keys: tuple[str, ...], ceiling: int | None, shape: SequenceShape | None,
+                          traces: dict[tuple[int, tuple[str, ...]], ModelFacts]) -> LongestRung:
+    """``rung``, where it is past ``plan``'s trace, bisected again on the line through that trace and one of
+    ``set_values`` at the rung's own length (:attr:`LongestRung.traced_length`), and again at its new length where
+    that is longer, at most three times: the line through two short traces can be far off (a peak is the larger of
+    moments that grow at different rates). ``traces``: the traces made so far, one a length and ``set_values``."""
+    for _ in range(3):
+        if rung.seq_len <= max(plan.facts.seq_len, rung.traced_length or 0):
+            break
+        length = rung.seq_len
+        if (length, set_values) not in traces:
+            workload = prepare(replace(target, seq_len=length, set_values=set_values)).planning_workload
+            # the profiles any rung's configs are priced from (every lean config's), no others
+            values = lean_space(plan, LONG_CONTEXT_KEYS).values
+            lean = [c for c in plan.candidates if all(getattr(c, k) in v for k, v in values.items())]
+            # the trace alone: what a CPU's kernels hold does not grow with the length, and measuring it runs steps
+            traces[length, set_values] = replace(
+                completed_facts(workload, lean or plan.candidates, plan.hardware.kind, None),
+                kernel_footprint_bytes=plan.facts.kernel_footprint_bytes)
+        rung = replace(_rung(replace(plan, facts=traces[length, set_values]), plan.facts, rung.name, keys, ceiling,
+                             shape), traced_length=length)
+    return rung
 
 
 def _max_positions(target: Target) -> tuple[int | None, bool]:
@@ -191,20 +233,23 @@ def _max_positions(target: Target) -> tuple[int | None, bool]:
 
 
 def _tensor_parallel_rung(target: Target, lengths: tuple[int, int], set_values: tuple[str, ...], plan: Plan,
-                          shape: SequenceShape | None, ceiling: int | None) -> list[LongestRung]:
+                          shape: SequenceShape | None, ceiling: int | None,
+                          traces: dict[tuple[int, tuple[str, ...]], ModelFacts]) -> list[LongestRung]:
     """AutoTP over a node's ranks, in place of the long-context keys (AutoTP runs beside none of them:
     :mod:`autofit.core.parallel_rules`), where the model states a ``tp_plan``: the split model traced at both lengths
-    (``--set tensor_parallel``), its longest. None where it cannot apply; 0 where the rules refuse the degree."""
+    (``--set tensor_parallel``) and at its longest (:func:`_traced_at_its_length`), its longest. None where it cannot
+    apply; 0 where the rules refuse the degree."""
     degree = plan.hardware.ranks_on_a_node(plan.world_size)
     if shape is None or not shape.tp_styles or degree == 1 or "tensor_parallel" in plan.fixed:
         return []
     name = f"+ tensor parallelism (tp {degree})"
+    values = (*set_values, f"tensor_parallel={degree}")
     try:
-        short, long = (prepare(replace(target, seq_len=s, set_values=(*set_values, f"tensor_parallel={degree}"))).plan()
-                       for s in lengths)
+        short, long = (prepare(replace(target, seq_len=s, set_values=values)).plan() for s in lengths)
     except AutofitError:  # a rule refuses this model at that degree (a tied head, widths it does not divide)
         return [LongestRung(name=name, seq_len=0, config=None)]
-    return [_rung(long, short.facts, name, (), ceiling, shape)]
+    return [_traced_at_its_length(target, values, long, _rung(long, short.facts, name, (), ceiling, shape), (), ceiling,
+                                  shape, traces)]
 
 
 def _rung(plan: Plan, short: ModelFacts, name: str, keys: tuple[str, ...], ceiling: int | None,
@@ -212,12 +257,14 @@ def _rung(plan: Plan, short: ModelFacts, name: str, keys: tuple[str, ...], ceili
     space = lean_space(plan, keys)
     unit = math.lcm(*space.values["sequence_parallel"])
     fits = _fitting(plan, short, space, ceiling, shape)
-    n, config = _bisect(fits, unit)
-    return LongestRung(name=name, seq_len=n * unit, config=config)
+    n, found = _bisect(fits, unit)
+    config, prediction = found if found is not None else (None, None)
+    return LongestRung(name=name, seq_len=n * unit, config=config, prediction=prediction)
 
 
-def _bisect(fits: Any, unit: int) -> tuple[int, Config | None]:
-    """The most multiples ``n`` of ``unit`` for which ``fits(n * unit)`` gives a config: doubling, then bisection."""
+def _bisect(fits: Any, unit: int) -> tuple[int, Any]:
+    """The most multiples ``n`` of ``unit`` for which ``fits(n * unit)`` gives something (not None), and what it
+    gave there: doubling, then bisection."""
     lo, lo_config = 0, None
     hi = 1
     while hi * unit <= LONGEST_TRIED:
@@ -239,9 +286,12 @@ def _bisect(fits: Any, unit: int) -> tuple[int, Config | None]:
 
 def _fitting(plan: Plan, short: ModelFacts, space: SearchSpace, ceiling: int | None,
              shape: SequenceShape | None = None) -> Any:
-    """``fits(s)``: the fastest config of ``space`` predicted to fit at length ``s``, or None (also past ``ceiling``,
-    a table of positions' last row); ``shape``: the workload's, for what AutoTP's rules read of it."""
-    def fits(seq_len: int) -> Config | None:
+    """``fits(s)``: the fastest config of ``space`` and its prediction, where it is predicted to fit the usable budget
+    (the margin's, as every command judges: :mod:`autofit.cost_model.budget`) at length ``s``; None where none does
+    (also past ``ceiling``, a table of positions' last row). ``shape``: the workload's, for what AutoTP's rules read."""
+    budget = usable_hardware(plan.hardware, plan.margin)
+
+    def fits(seq_len: int) -> tuple[Config, Prediction] | None:
         if ceiling is not None and seq_len > ceiling:
             return None
         facts = facts_at_length(short, plan.facts, seq_len)
@@ -255,11 +305,32 @@ def _fitting(plan: Plan, short: ModelFacts, space: SearchSpace, ceiling: int | N
                                            software=plan.software, sequence=sequence).candidates
         except AutofitError:
             return None
-        priced = [(c, predict(c, facts, plan.hardware, plan.world_size, plan.coefficients)) for c in configs]
-        fitting = [(c, p) for c, p in priced if p.fits]
-        return max(fitting, key=lambda cp: cp[1].samples_per_s)[0] if fitting else None
+        return fastest_fitting(configs, facts, budget, plan)
 
     return fits
+
+
+def fastest_fitting(configs: Sequence[Config], facts: ModelFacts, budget: Hardware, plan: Plan
+                    ) -> tuple[Config, Prediction] | None:
+    """The fastest of ``configs`` predicted to fit ``budget`` and its prediction, as if every one were priced exactly,
+    with the caching allocator replayed for as few as can decide it. The time does not depend on the reserve, and a
+    peak before the reserve is a lower bound (:func:`autofit.cost_model.predict`'s ``lower_bound_only``): the configs
+    that fit by it are priced exactly fastest first, and the first that still fits is the answer. Each reserve key's
+    replay is of its first config in ``configs`` (:func:`~autofit.cost_model.allocation_sequence.reserve_bytes`'
+    representatives), whichever asks first, so the answer is the one pricing them all would give (on a CPU nothing is
+    replayed)."""
+    workspace = cublas_workspace_bytes(plan.hardware)
+    representatives: dict[tuple[object, ...], Config] = {}
+    for config in configs:
+        representatives.setdefault(reserve_key(config, facts, plan.world_size, workspace), config)
+    screened = [(c, predict(c, facts, budget, plan.world_size, plan.coefficients, lower_bound_only=True))
+                for c in configs]
+    for config, _ in sorted((cp for cp in screened if cp[1].fits), key=lambda cp: -cp[1].samples_per_s):
+        exact = predict(config, facts, budget, plan.world_size, plan.coefficients,
+                        reserve_representatives=representatives)
+        if exact.fits:
+            return config, exact
+    return None
 
 
 def _sequence_of(plan: Plan, seq_len: int) -> SequenceShape:

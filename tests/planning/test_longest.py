@@ -77,3 +77,27 @@ def test_an_answer_past_int32_hidden_states_says_so() -> None:
     assert past.past_int32 and "more than 2^31 elements" in past.text() and past.to_dict()["past_int32"]
     assert not answer(500_000, 1).past_int32  # 2.05e9: under
     assert not answer(4_000_000, 8).past_int32  # 500,000 tokens a rank
+
+
+@pytest.mark.slow
+def test_the_fastest_fitting_config_is_the_one_pricing_every_candidate_gives() -> None:
+    """:func:`fastest_fitting` replays the caching allocator for the fastest configs only, until one fits; its answer
+    and prediction are those of pricing every candidate exactly, at a budget that half of them fit."""
+    from dataclasses import replace as copied
+
+    from autofit.cost_model import predict
+    from autofit.cost_model.allocation_sequence import reserve_memo
+    from autofit.planning.longest import fastest_fitting
+
+    plan = prepare(Target(entry=LLAMA, hardware="h100-80gb", gpus=2, seq_len="1024",
+                          set_values=("micro_batch_size=1", "attention=sdpa", "compile=off", "overlap_comm=false",
+                                      "bucket_scale=1"))).plan()
+    configs = plan.candidates
+    priced = [predict(c, copied(plan.facts), plan.hardware, plan.world_size, plan.coefficients) for c in configs]
+    budget = copied(plan.hardware, memory_bytes=sorted(p.peak_bytes for p in priced)[len(priced) // 2])
+    every, fast = copied(plan.facts), copied(plan.facts)  # each with its own memo of replays
+    exhaustive = [(c, predict(c, every, budget, plan.world_size, plan.coefficients)) for c in configs]
+    config, prediction = max(((c, p) for c, p in exhaustive if p.fits), key=lambda cp: cp[1].samples_per_s)
+    found = fastest_fitting(configs, fast, budget, plan)
+    assert found is not None and found[0] == config and found[1].peak_bytes == prediction.peak_bytes
+    assert len(reserve_memo(fast)) < len(reserve_memo(every))
