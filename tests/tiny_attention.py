@@ -21,9 +21,14 @@ VOCAB, SEQ, D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS = 64, 16, 32, 4, 2, 3
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int = D_MODEL, n_heads: int = N_HEADS, n_kv_heads: int = N_KV_HEADS) -> None:
+    """``broadcast``: the key/value heads passed to SDPA as they are, for it to broadcast (one head only: multi-query
+    attention as Falcon's called it up to transformers 5.24), instead of repeated to the query's."""
+
+    def __init__(self, d_model: int = D_MODEL, n_heads: int = N_HEADS, n_kv_heads: int = N_KV_HEADS,
+                 broadcast: bool = False) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.repeat = 1 if broadcast else n_heads // n_kv_heads
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
@@ -33,16 +38,16 @@ class Attention(nn.Module):
         b, s, d = x.shape
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k, v = (p(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2) for p in (self.k_proj, self.v_proj))
-        repeat = self.n_heads // self.n_kv_heads
-        y = F.scaled_dot_product_attention(q, k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1), is_causal=True)
+        k, v = k.repeat_interleave(self.repeat, 1), v.repeat_interleave(self.repeat, 1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(b, s, d))
 
 
 class Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, n_kv_heads: int = N_KV_HEADS, broadcast: bool = False) -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(D_MODEL), nn.LayerNorm(D_MODEL)
-        self.self_attn = Attention()
+        self.self_attn = Attention(n_kv_heads=n_kv_heads, broadcast=broadcast)
         self.mlp = nn.Sequential(nn.Linear(D_MODEL, 4 * D_MODEL), nn.GELU(), nn.Linear(4 * D_MODEL, D_MODEL))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -51,10 +56,10 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, n_kv_heads: int = N_KV_HEADS, broadcast: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, D_MODEL)
-        self.layers = nn.ModuleList(Block() for _ in range(N_LAYERS))
+        self.layers = nn.ModuleList(Block(n_kv_heads, broadcast) for _ in range(N_LAYERS))
         self.norm = nn.LayerNorm(D_MODEL)
         self.lm_head = nn.Linear(D_MODEL, VOCAB, bias=False)
 
@@ -73,6 +78,18 @@ def make_batch(n: int) -> dict[str, torch.Tensor]:
 
 def workload() -> autofit.Workload:
     return autofit.Workload(model=TinyLM, batch=make_batch, tokens_per_sample=SEQ, name="tiny-attention")
+
+
+def broadcast_mqa(attention: str = "sdpa") -> TinyLM:
+    """One key/value head SDPA broadcasts over the query's four, without ``enable_gqa``: SDPA's math path on CUDA too.
+    Only ``sdpa`` is built: the workload takes ``attention`` so that the trace labels how SDPA runs it."""
+    if attention != "sdpa":
+        raise ValueError(f"this model calls SDPA only, not {attention}")
+    return TinyLM(n_kv_heads=1, broadcast=True)
+
+
+def broadcast_mqa_workload() -> autofit.Workload:
+    return autofit.Workload(model=broadcast_mqa, batch=make_batch, tokens_per_sample=SEQ, name="tiny-broadcast-mqa")
 
 
 def train_adam_mini(out: str, steps: int = 3) -> None:

@@ -11,10 +11,11 @@ cases differ from CUDA's choice (``sdp_utils.cpp``):
   memory-efficient kernels take dropout and save only the output, the log-sum-exp and the Philox seed and offset,
   as without it. For a CUDA target such a call is traced without its dropout; for a CPU target as it is.
 - **Broadcast heads.** A call whose key/value have fewer heads than the query, without ``enable_gqa`` (Falcon's
-  multi-query attention, one key head for 71 query heads, ``modeling_falcon.py``), is refused by every fused
-  kernel on CUDA too: ``check_batch_size_and_num_heads_dense`` requires equal heads unless ``enable_gqa`` is set
-  (``sdp_utils_cpp.h``). It runs the math path there as here, fp32 upcast included, so its trace stands as it is
-  (more than eager's, which keeps 16-bit probabilities): :data:`MATH_BROADCAST` labels it.
+  multi-query attention up to transformers 5.24, one key head for 71 query heads, ``modeling_falcon.py``; from 5.25
+  the shared SDPA function repeats them to the query's where a mask is passed, and Falcon always passes one), is
+  refused by every fused kernel on CUDA too: ``check_batch_size_and_num_heads_dense`` requires equal heads unless
+  ``enable_gqa`` is set (``sdp_utils_cpp.h``). It runs the math path there as here, fp32 upcast included, so its
+  trace stands as it is (more than eager's, which keeps 16-bit probabilities): :data:`MATH_BROADCAST` labels it.
 """
 
 from __future__ import annotations

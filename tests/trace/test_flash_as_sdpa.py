@@ -47,20 +47,18 @@ def test_flash_takes_sdpas_profiles_where_they_are_the_ones_its_own_trace_makes(
 
 
 def test_flash_is_traced_itself_where_the_stand_in_runs_a_call_otherwise(tmp_path: Path) -> None:
-    """Falcon's one key head broadcast without ``enable_gqa`` (SDPA's math path; the stand-in takes it grouped),
+    """One key head broadcast without ``enable_gqa`` (SDPA's math path; the stand-in takes it grouped),
     DeepSeek-V2's values narrower than its queries (the math path; the stand-in pads them), and attention dropout on
     a CPU target (the CPU's flash kernel takes none; a CUDA target's trace drops it, so there it is the same)."""
-    from transformers import DeepseekV2Config, FalconConfig
+    from tiny_attention import broadcast_mqa_workload
+    from transformers import DeepseekV2Config
 
-    falcon = _saved(tmp_path / "falcon", FalconConfig(
-        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
-        new_decoder_architecture=False, architectures=["FalconForCausalLM"]))
     deepseek = _saved(tmp_path / "deepseek", DeepseekV2Config(
         hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2, first_k_dense_replace=2,
         num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=16,
         qk_rope_head_dim=8, v_head_dim=16, vocab_size=128, max_position_embeddings=64,
         architectures=["DeepseekV2ForCausalLM"]))
-    assert not flash_traces_as_sdpa(hf_workload(falcon, seq_len=32), "bf16", "cuda")
+    assert not flash_traces_as_sdpa(broadcast_mqa_workload(), "bf16", "cuda")
     assert not flash_traces_as_sdpa(hf_workload(deepseek, seq_len=32), "bf16", "cuda")
     with_dropout = hf_workload(_llama(tmp_path, 2, kv_heads=2, dropout=0.1), seq_len=32)
     assert not flash_traces_as_sdpa(with_dropout, "fp32", "cpu")

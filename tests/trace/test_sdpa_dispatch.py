@@ -1,5 +1,5 @@
 """SDPA priced as the target dispatches it: with attention dropout a CUDA target's fused kernels hold no more than
-eager (MHA, GQA, MQA); a CPU target's math path is kept; Falcon's broadcast heads are labelled as the math path."""
+eager (MHA, GQA, MQA); a CPU target's math path is kept; key/value heads SDPA broadcasts are labelled as the math path."""
 
 from __future__ import annotations
 
@@ -57,13 +57,10 @@ def test_a_cpu_plan_keeps_sdpas_math_path_under_dropout(tmp_path: Path) -> None:
     assert cpu.activation_bytes > cuda.activation_bytes  # the CPU saves the scores and the dropout mask
 
 
-def test_broadcast_heads_are_labelled_as_sdpas_math_path(tmp_path: Path) -> None:
-    from transformers import FalconConfig
+def test_broadcast_heads_are_labelled_as_sdpas_math_path() -> None:
+    from tiny_attention import broadcast_mqa_workload
 
-    folder = tmp_path / "falcon"
-    FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
-                 new_decoder_architecture=False, architectures=["FalconForCausalLM"]).save_pretrained(folder)
-    facts = trace_workload(hf_workload(str(folder), seq_len=32), attentions=("sdpa",), micro_batches=(1,))
+    facts = trace_workload(broadcast_mqa_workload(), attentions=("sdpa",), micro_batches=(1,))
     assert facts.attention_traces.get("sdpa") == MATH_BROADCAST
 
 
