@@ -100,6 +100,14 @@ class Config:
     offload_activations: ActivationOffload = "none"
     """``cpu``: the checkpointed layers' inputs are kept in host memory between forward and backward (DeepSpeed's
     checkpoint-offload, ``get_checkpoint_hidden_states_offloading_ctx_manager``); needs ``checkpoint_ratio > 0``."""
+    quantized_weights: bool = False
+    """ZeRO++'s qwZ (``zero_optimization.zero_quantized_weights``, ZeRO-3): every parameter all-gather moves int8
+    blocks with an fp32 scale each instead of the working precision (``partition_parameters.py``, ``CUDAQuantizer``),
+    dequantized on arrival. It changes the forward's and backward's weights: only where the recipe allows ``qwz``."""
+    quantized_gradients: bool = False
+    """ZeRO++'s qgZ (``zero_optimization.zero_quantized_gradients``, ZeRO-3 across nodes): the gradients reduced by
+    two all-to-alls of int4 blocks, inside the node and then across nodes (``coalesced_collectives.py``,
+    ``all_to_all_quant_reduce``), instead of a reduce-scatter. It changes the gradients: only where allowed (``qgz``)."""
 
     def __post_init__(self) -> None:
         _check_int("micro_batch_size", self.micro_batch_size)
@@ -124,6 +132,8 @@ class Config:
         _check_bool("tiled_mlp", self.tiled_mlp)
         _check_bool("tiled_loss", self.tiled_loss)
         _check_choice("offload_activations", self.offload_activations, ACTIVATION_OFFLOADS)
+        _check_bool("quantized_weights", self.quantized_weights)
+        _check_bool("quantized_gradients", self.quantized_gradients)
 
     def to_dict(self) -> dict[str, Any]:
         """Every key and its value, in :data:`CONFIG_KEYS` order: what ``dataclasses.asdict`` gives, without its deep
@@ -188,6 +198,8 @@ class Config:
             parts.append(f"hpz{self.hpz_partition_size}")
         if self.tensor_parallel > 1:
             parts.append(f"tp{self.tensor_parallel}")
+        parts += ["qwz"] if self.quantized_weights else []
+        parts += ["qgz"] if self.quantized_gradients else []
         return " ".join(parts + self.long_context_labels())
 
     def long_context_labels(self) -> list[str]:
@@ -206,7 +218,8 @@ def trace_dtype_of(precision: str) -> TraceDtype:
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Config))
 _INT_KEYS = {"micro_batch_size", "grad_accum_steps", "zero_stage", "bucket_scale", "hpz_partition_size", "tensor_parallel",
              "sequence_parallel"}
-_BOOL_KEYS = {"overlap_comm", "contiguous_gradients", "tiled_mlp", "tiled_loss"}
+_BOOL_KEYS = {"overlap_comm", "contiguous_gradients", "tiled_mlp", "tiled_loss", "quantized_weights",
+              "quantized_gradients"}
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 
 

@@ -1,5 +1,6 @@
-"""The rules of model parallelism and of where ZeRO-3's parameters live: DeepSpeed AutoTP (``tensor_parallel``) and
-ZeRO++'s hierarchical partitioning (``hpz_partition_size``). Small pure checks as in :mod:`autofit.core.rules`, which
+"""The rules of model parallelism and of where ZeRO-3's parameters live: DeepSpeed AutoTP (``tensor_parallel``),
+ZeRO++'s hierarchical partitioning (``hpz_partition_size``) and its quantized communication (``quantized_weights``,
+``quantized_gradients``). Small pure checks as in :mod:`autofit.core.rules`, which
 lists them in ``RULES``; each reason names the DeepSpeed source that decides it.
 """
 
@@ -150,3 +151,52 @@ def hpz_without_param_offload(ctx: Context, hpz_partition_size: int, offload_par
         return None
     return ("under parameter offload hpZ's secondary partition lives on the host (partition_parameters.py, "
             "_partition_param_sec), where its gathers read host memory: hpz_partition_size 1 with offload_params")
+
+
+_QUANTIZER_SOURCE = "deepspeed/accelerator/cpu_accelerator.py, get_op_builder"
+_QGZ_SOURCE = "deepspeed/runtime/zero/stage3.py, __avg_scatter_grads"
+
+
+def quantized_needs_zero3(ctx: Context, quantized_weights: bool, quantized_gradients: bool,
+                          zero_stage: int) -> str | None:
+    # the engine hands both to ZeRO-3's optimizer and zero.Init only (engine.py, the ZeroStageEnum.weights branch of
+    # _configure_zero_optimizer); stage_1_and_2.py reads neither
+    if not (quantized_weights or quantized_gradients) or zero_stage == 3:
+        return None
+    return f"ZeRO++'s quantized communication is ZeRO-3's (its gathers and its gradient reduce): ZeRO-{zero_stage} has none"
+
+
+def quantized_needs_cuda(ctx: Context, quantized_weights: bool, quantized_gradients: bool) -> str | None:
+    # both quantize with the CUDA QuantizerBuilder op (partition_parameters.py CUDAQuantizer, coalesced_collectives.py
+    # all_to_all_quant_reduce), which DeepSpeed's CPU accelerator does not build (a NotImplementedBuilder: zero.Init with
+    # zero_quantized_weights on it raises "ValueError: This op had not been implemented on CPU backend")
+    if not (quantized_weights or quantized_gradients) or ctx.hardware.kind == "cuda":
+        return None
+    return (f"ZeRO++'s quantized communication runs DeepSpeed's CUDA quantizer op, which the {ctx.hardware.kind} "
+            f"accelerator does not build ({_QUANTIZER_SOURCE})")
+
+
+def qwz_needs_ranks(ctx: Context, quantized_weights: bool) -> str | None:
+    # one rank gathers nothing (partition_parameters.py all_gather_coalesced: _no_gather_coalesced), so nothing is
+    # quantized: the same config as without
+    if not quantized_weights or ctx.world_size > 1:
+        return None
+    return "qwZ quantizes ZeRO-3's parameter gathers; one rank gathers nothing (the same config without it)"
+
+
+def qgz_across_nodes(ctx: Context, quantized_gradients: bool) -> str | None:
+    # stage3.py quantizes the reduce only where num_nodes > 1 (else reduce_scatter_coalesced, as without it)
+    if not quantized_gradients or ctx.hardware.n_nodes(ctx.world_size) > 1:
+        return None
+    return f"qgZ quantizes the gradient reduce across nodes only ({_QGZ_SOURCE}): on one node it is the plain reduce-scatter"
+
+
+def qgz_without_model_parallel(ctx: Context, quantized_gradients: bool, tensor_parallel: int,
+                               sequence_parallel: int) -> str | None:
+    # its all-to-alls run over every rank of each node and the same local rank of every node (deepspeed/utils/groups.py
+    # _get_local_all_to_all_group; all_to_all_quant_reduce averages over dist.get_world_size()), not over the
+    # data-parallel group that AutoTP or Ulysses leave
+    if not quantized_gradients or (tensor_parallel == 1 and sequence_parallel == 1):
+        return None
+    return ("qgZ's all-to-alls span every rank of the world, not the data-parallel group that tensor or sequence "
+            "parallelism leaves (deepspeed/utils/groups.py, _get_local_all_to_all_group): quantized_gradients off with them")

@@ -47,6 +47,19 @@ SUBSTITUTES: dict[tuple[str, str], dict[str, str]] = {
         "bf16": "bf16 instead of fp16: the range of fp32 (no loss scaling) with 3 fewer mantissa bits",
     },
 }
+#: ZeRO++'s quantized communication (Wang et al. 2023, arXiv:2306.10209): ``--allow`` name -> (the config key it turns
+#: on, what running it means). The recipe's own communication is exact, so these substitute any recipe. Not by
+#: default: they change the numbers a step computes with, and DeepSpeed's tracker holds open reports against them
+#: (deepspeedai/DeepSpeed#4852, "ZeRO++ is broken: zero_quantized_weights fails"; #6926, a ZeRO++ run whose loss and
+#: gradient norm stopped moving).
+QUANTIZED_COMMUNICATION: dict[str, tuple[str, str]] = {
+    "qwz": ("quantized_weights",
+            "ZeRO++'s qwZ: ZeRO-3's parameter all-gathers in int8 blocks with an fp32 scale each (sec. 3.1), so the "
+            "forward and backward compute with weights rounded to 8 bits; the optimizer's own copy stays exact"),
+    "qgz": ("quantized_gradients",
+            "ZeRO++'s qgZ: the gradients averaged across nodes in int4 blocks by two all-to-alls (sec. 3.3) instead "
+            "of a reduce-scatter in the working precision, so the optimizer steps on rounded gradients"),
+}
 #: ``--allow`` shortcuts -> the substitute values they stand for (each applies where it substitutes the recipe's)
 SHORTCUTS: dict[str, tuple[str, ...]] = {
     # what the sources report as matching the recipe's training (docs/recipe.md): the same optimizer's 8-bit
@@ -110,7 +123,7 @@ class Recipe:
             raise AutofitError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, but got {self.optimizer!r}")
         if self.precision not in PRECISIONS:
             raise AutofitError(f"precision must be one of {', '.join(PRECISIONS)}, but got {self.precision!r}")
-        allowed = substitutes_of(self.optimizer, self.precision)
+        allowed = substitutes_of(self.optimizer, self.precision) | quantized_meanings()
         for value in self.allow:
             if value not in allowed:
                 raise AutofitError(f"allow: {value!r} is not a substitute for {self._words()} "
@@ -121,8 +134,12 @@ class Recipe:
     def _words(self) -> str:
         return f"the recipe {self.optimizer} + {self.precision}"
 
-    def values(self, key: str) -> tuple[str, ...]:
-        """The values of ``key`` (``optimizer`` or ``precision``) a search may run: the recipe's, then the allowed."""
+    def values(self, key: str) -> tuple[Any, ...]:
+        """The values of ``key`` (``optimizer`` or ``precision``; a key of :data:`QUANTIZED_COMMUNICATION`) a search
+        may run: the recipe's, then the allowed."""
+        for name, (quantized_key, _) in QUANTIZED_COMMUNICATION.items():
+            if key == quantized_key:
+                return (False, True) if name in self.allow else (False,)
         own = getattr(self, key)
         return (own, *(v for v in self.allow if v in SUBSTITUTES.get((key, own), {})))
 
@@ -175,6 +192,11 @@ def measuring_params(optimizer: str) -> dict[str, Any]:
 def substitutes_of(optimizer: str, precision: str) -> dict[str, str]:
     """Every substitute value for the recipe ``optimizer`` + ``precision``, with what it means."""
     return SUBSTITUTES.get(("optimizer", optimizer), {}) | SUBSTITUTES.get(("precision", precision), {})
+
+
+def quantized_meanings() -> dict[str, str]:
+    """Each ``--allow`` name of ZeRO++'s quantized communication, with what it means (:data:`QUANTIZED_COMMUNICATION`)."""
+    return {name: meaning for name, (_, meaning) in QUANTIZED_COMMUNICATION.items()}
 
 
 def expand_allow(names: Iterable[str], optimizer: str, precision: str) -> tuple[str, ...]:
@@ -277,7 +299,7 @@ class Difference:
     """One way a config differs from the recipe."""
 
     key: str
-    """The config key (``optimizer`` or ``precision``)."""
+    """The config key (``optimizer``, ``precision``, or ZeRO++'s ``quantized_weights`` / ``quantized_gradients``)."""
     recipe: str
     """The recipe's value."""
     value: str
@@ -313,14 +335,21 @@ def differences(recipe: Recipe, config: Any) -> tuple[Difference, ...]:
                        f"a different {key} than the recipe's {own}: not the same training")
         out.append(Difference(key=key, recipe=own, value=value, substitute=substitute,
                               allowed=value in recipe.allow, meaning=meaning))
+    for name, (key, meaning) in QUANTIZED_COMMUNICATION.items():
+        if getattr(config, key, False):
+            out.append(Difference(key=key, recipe="off", value=name, substitute=True, allowed=name in recipe.allow,
+                                  meaning=meaning))
     return tuple(out)
 
 
 def narrow_space(space: Any, recipe: Recipe) -> Any:
     """``space`` (a :class:`~autofit.core.space.SearchSpace`) with its optimizer and precision lists narrowed to the
-    recipe and its allowed substitutes, in the recipe's order. A space that lacks the recipe's own value is one
+    recipe and its allowed substitutes, in the recipe's order, and ZeRO++'s quantized communication to what is
+    allowed. A space that lacks the recipe's own value is one
     :class:`AutofitError` (the space was written for another recipe)."""
     values = dict(space.values)
+    for key, _ in QUANTIZED_COMMUNICATION.values():  # exact communication unless allowed, whatever the space lists
+        values[key] = tuple(v for v in recipe.values(key) if v in space.values[key]) or (False,)
     for key in ("optimizer", "precision"):
         listed = space.values[key]
         own = getattr(recipe, key)

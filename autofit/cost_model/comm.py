@@ -24,6 +24,15 @@ partition over the h ranks of a node: each rank holds S / h, and a gather from i
 intra-node links, ``(h - 1) / h x S / B_intra``. DeepSpeed makes the secondary as forward releases each module and
 drops it after the step, so of a step's 2a gathers the first forward's reads the primary partition over every rank
 and the other 2a - 1 the secondary; the reduce-scatter of the gradients still runs over every rank.
+
+ZeRO++'s quantized communication (sec. 3.1 and 3.3) changes the bytes, not the rings. qwZ gathers int8 blocks, each
+with an fp32 scale (``partition_parameters.py``: ``CUDAQuantizer``, blocks of at most ``target_group_size`` = 8,000
+elements), primary and secondary alike: :data:`QWZ_BYTES` an element instead of w. qgZ (only across nodes) reduces the
+gradients by an all-to-all of int4 blocks among the g ranks of a node, each then holding its reduced 1 / g, and an
+all-to-all of that among the N nodes (``coalesced_collectives.py``, ``all_to_all_quant_reduce``): per rank
+``(g - 1) / g x B4 / B_intra + (N - 1) / N x B4 / g / B_inter`` for ``B4`` = half a byte an element, the hierarchical
+reduce-scatter's expression at B4 (its per-row scales, a few bytes per row of thousands, are left out). Their kernels
+run on the device beside the step's own (:func:`quantization_seconds`).
 """
 
 from __future__ import annotations
@@ -34,6 +43,12 @@ from dataclasses import dataclass
 from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.hardware import Hardware
 from autofit.cost_model.facts import ModelFacts
+
+#: bytes of one element of a qwZ gather: int8, and an fp32 scale per block of at most 8,000 elements
+#: (partition_parameters.py, ``CUDAQuantizer.target_group_size``)
+QWZ_BYTES = 1.0 + 4.0 / 8000
+#: bytes of one element of a qgZ all-to-all: int4 (``all_to_all_quant_reduce``, ``swizzle_quant(..., 4, ...)``)
+QGZ_BYTES = 0.5
 
 
 def collective_volumes(config: Config) -> float:
@@ -111,14 +126,17 @@ def communication_phases(config: Config, facts: ModelFacts, hardware: Hardware, 
     backward's gathers and the later micro-batches' forward ones read the secondary partition (module docstring), so
     ``forward_gather`` is the micro-batches' mean.
     Each reduce pass is ``ceil(Psi / reduce_bucket_size)`` collectives, each paying ``latency_s``; its last bucket
-    (``reduce_bucket_size / Psi`` of it) is the tail."""
+    (``reduce_bucket_size / Psi`` of it) is the tail. ZeRO-3's gathers under qwZ and its reduce under qgZ move the
+    quantized bytes (module docstring)."""
     model_bytes = float(facts.n_trainable_params * WORKING_BYTES[config.precision])
     one = collective_seconds(model_bytes, hardware, world_size, efficiency)
     if one <= 0:
         return CommPhases()
     psi = max(1, facts.n_trainable_params)
     buckets = math.ceil(psi / max(1, reduce_bucket_elements))
-    reduce = one + buckets * latency_s
+    reduced = collective_seconds(psi * QGZ_BYTES, hardware, world_size, efficiency) \
+        if quantizes_gradients(config, hardware, world_size) else one
+    reduce = reduced + buckets * latency_s
     tail = reduce * min(1.0, reduce_bucket_elements / psi)
     a = config.grad_accum_steps
     if config.zero_stage == 0:
@@ -126,8 +144,39 @@ def communication_phases(config: Config, facts: ModelFacts, hardware: Hardware, 
     if config.zero_stage in (1, 2):
         return CommPhases(reduce=reduce, reduce_micro_batches=1 if config.zero_stage == 1 else a, tail=tail,
                           after_step=one)
+    gathered = psi * QWZ_BYTES if config.quantized_weights else model_bytes
+    gather = collective_seconds(gathered, hardware, world_size, efficiency)
     if config.hpz_partition_size == 1:
-        return CommPhases(forward_gather=one, backward_gather=one, reduce=reduce, reduce_micro_batches=a, tail=tail)
-    secondary = secondary_gather_seconds(model_bytes, hardware, config.hpz_partition_size, efficiency)
-    return CommPhases(forward_gather=(one + (a - 1) * secondary) / a, backward_gather=secondary, reduce=reduce,
+        return CommPhases(forward_gather=gather, backward_gather=gather, reduce=reduce, reduce_micro_batches=a, tail=tail)
+    secondary = secondary_gather_seconds(gathered, hardware, config.hpz_partition_size, efficiency)
+    return CommPhases(forward_gather=(gather + (a - 1) * secondary) / a, backward_gather=secondary, reduce=reduce,
                       reduce_micro_batches=a, tail=tail)
+
+
+def quantizes_gradients(config: Config, hardware: Hardware, world_size: int) -> bool:
+    """Whether qgZ runs: ZeRO-3 quantizes its reduce only across nodes (stage3.py ``__avg_scatter_grads``: ``num_nodes
+    > 1``, else the plain reduce-scatter)."""
+    return config.quantized_gradients and hardware.n_nodes(world_size) > 1
+
+
+def quantization_seconds(config: Config, facts: ModelFacts, hardware: Hardware, world_size: int,
+                         bytes_per_s: float) -> float:
+    """Device seconds a micro-batch spends in ZeRO++'s quantize and dequantize kernels, memory-bound at ``bytes_per_s``
+    (the achieved bandwidth of kernels that do no matmul); 0 without qwZ and qgZ or a bandwidth.
+
+    qwZ, in each of forward's and backward's gathers: the rank's share quantized (w bytes read, one written, 1 / n of
+    the model) and every gathered element dequantized (:data:`QWZ_BYTES` read, w written; ``AllGatherCoalescedHandle``
+    ``wait``). qgZ, in each micro-batch's reduce: the whole gradient quantized (``swizzle_quant``: w read, half a byte
+    written), its 1 / g share received from the node's ranks reduced and quantized again (``quantized_reduction``: g
+    halves read, one written), and the 1 / g received from the nodes dequantized to the working precision and its N
+    chunks summed into the rank's 1 / (g N) (``final_output.chunk(num_nodes)``)."""
+    if bytes_per_s <= 0 or not (config.quantized_weights or config.quantized_gradients):
+        return 0.0
+    w, psi = WORKING_BYTES[config.precision], float(facts.n_trainable_params)
+    moved = 0.0
+    if config.quantized_weights:
+        moved += 2 * psi * ((w + 1.0) / world_size + QWZ_BYTES + w)
+    if quantizes_gradients(config, hardware, world_size):
+        g, n_nodes = hardware.ranks_on_a_node(world_size), hardware.n_nodes(world_size)
+        moved += psi * (w + QGZ_BYTES + (g + 1) * QGZ_BYTES / g + (QGZ_BYTES + 2 * w) / g + w / (g * n_nodes))
+    return moved / bytes_per_s

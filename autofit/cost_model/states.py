@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 from autofit.core.config import WORKING_BYTES, Config
 from autofit.cost_model.allocation_sequence import largest_zero3_sub_group
+from autofit.cost_model.comm import QWZ_BYTES
 from autofit.cost_model.facts import ModelFacts
 from autofit.ds.buckets import ZeroBuckets, zero_buckets
 
@@ -285,7 +286,9 @@ def _stage3_states(config: Config, facts: ModelFacts, shard: float, world_size: 
         params=params, master=FP32 * shard, optimizer=optimizer,
         grads_resident=w * shard + reduce_buffers(config) * reduce_bucket_bytes(psi, buckets.reduce_bucket_size, w,
                                                                                 device_kind),
-        gathered_params=w * stage3_live_elements(partitioned, facts.largest_module_params, buckets) if gathers else 0.0,
+        gathered_params=(w * stage3_live_elements(partitioned, facts.largest_module_params, buckets)
+                         + qwz_in_flight_bytes(config, partitioned, facts.largest_module_params, buckets))
+        if gathers else 0.0,
         # stage3.py _prepare_fp32_grad_for_sub_group: the partition's gradients flattened into a new tensor and
         # cast to fp32 (``flatten(...).to(fp32)``: in 16-bit the flat copy and its fp32 cast are alive at once)
         # become the fp32 partition's .grad for the step, one sub-group at a time (``_release_sub_group`` drops it
@@ -336,6 +339,18 @@ def stage3_live_elements(gatherable: float, largest_module_params: float, bucket
     return min(gatherable, window + largest_module_params)
 
 
+def qwz_in_flight_bytes(config: Config, gatherable: float, largest_module_params: float,
+                        buckets: ZeroBuckets) -> float:
+    """qwZ's int8 gather buffers beside the gathered parameters: a quantized gather lands in a flat int8 tensor
+    (partition_parameters.py ``_all_gather_coalesced``, ``dtype=torch.int8``) that lives until ``wait`` dequantizes it
+    into the working precision, so at most what is in flight at once, the prefetched elements and the running module
+    (:func:`stage3_live_elements`), is held a byte an element more; 0 without qwZ."""
+    if not config.quantized_weights:
+        return 0.0
+    in_flight = min(buckets.stage3_prefetch_bucket_size, buckets.stage3_max_live_parameters) + largest_module_params
+    return QWZ_BYTES * min(gatherable, in_flight)
+
+
 def _offloaded(states: ModelStates, config: Config, facts: ModelFacts, world_size: int) -> ModelStates:
     """What stays on the device when ZeRO offloads the optimizer and/or the parameters.
 
@@ -362,7 +377,9 @@ def _offloaded(states: ModelStates, config: Config, facts: ModelFacts, world_siz
         partitioned = facts.n_trainable_params - persistent
         frozen = float(facts.n_params - facts.n_trainable_params)
         params = w * (persistent + frozen)
-        gathered = w * stage3_live_elements(partitioned, facts.largest_module_params, buckets_of(config, facts))
+        buckets = buckets_of(config, facts)
+        gathered = (w * stage3_live_elements(partitioned, facts.largest_module_params, buckets)
+                    + qwz_in_flight_bytes(config, partitioned, facts.largest_module_params, buckets))
         built = params + w * facts.largest_module_params + FP32 * facts.largest_param_numel
         changes |= {"params": params, "gathered_params": gathered, "built": built, "init_extra": 0.0,
                     "gathered_at_reduce": w * float(facts.largest_module_params)}

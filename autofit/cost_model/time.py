@@ -15,7 +15,8 @@ Per optimizer step of ``a`` micro-batches on ``N_d`` data-parallel ranks:
   step (reduce-scatter + all-gather); ZeRO-2 reduce-scatters every micro-batch and all-gathers
   the updated parameters once; ZeRO-3 moves 3 Psi per micro-batch (all-gather in forward, again
   in backward, reduce-scatter of gradients). A ring moves (N_d - 1)/N_d of that per rank, on the
-  intra-node links within a node and hierarchically across nodes (:mod:`autofit.cost_model.comm`).
+  intra-node links within a node and hierarchically across nodes (:mod:`autofit.cost_model.comm`). ZeRO++'s qwZ and
+  qgZ move their quantized bytes instead, and add their quantize and dequantize kernels to the compute.
 * offload (ZeRO-Offload, Ren et al. 2021): gradients down and parameters up once per step over
   PCIe (or NVMe), and the optimizer runs on the host; parameter offload streams the parameters
   in for forward and backward of every micro-batch.
@@ -46,7 +47,7 @@ from __future__ import annotations
 from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.hardware import Hardware
 from autofit.cost_model.coefficients import Coefficients
-from autofit.cost_model.comm import CommPhases, communication_phases
+from autofit.cost_model.comm import CommPhases, communication_phases, quantization_seconds
 from autofit.cost_model.dispatch import MEASURED_H200_MACHINE, host_step_time
 from autofit.cost_model.facts import ModelFacts
 from autofit.cost_model.fp8 import fp8_cast_seconds, fp8_flops
@@ -158,7 +159,8 @@ def predict_step_time(
     """Seconds per optimizer step, by cause."""
     a = config.grad_accum_steps
     micro_s = micro_batch_compute_s(config, facts, hardware, coefficients)
-    compute_s = a * micro_s
+    quantization_s = quantization_seconds(config, facts, hardware, world_size, coefficients.memory_bound_bytes_per_s)
+    compute_s = a * (micro_s + quantization_s)
 
     phases = communication_phases(config, facts, hardware, world_size, coefficients.comm_efficiency,
                                   buckets_of(config, facts).reduce_bucket_size, coefficients.collective_latency_s)

@@ -203,6 +203,10 @@ def _zero_section(config: Config, software: Software, hidden_size: int = 0) -> d
         }
         if config.hpz_partition_size > 1:  # ZeRO++'s hpZ (runtime/zero/config.py, zero_hpz_partition_size)
             zero["zero_hpz_partition_size"] = config.hpz_partition_size
+        if config.quantized_weights:  # ZeRO++'s qwZ and qgZ (runtime/zero/config.py)
+            zero["zero_quantized_weights"] = True
+        if config.quantized_gradients:
+            zero["zero_quantized_gradients"] = True
     if config.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload(config.offload_optimizer, software)
     if config.offload_params != "none":

@@ -170,6 +170,7 @@ def ladder_space(ladder: tuple[Rung, ...], micro_batch_size: int) -> SearchSpace
     values["compile"] = ["off"]  # the ladder's rungs run eager
     # DeepSpeed's communication as every JSON had it before these were searched: the seed's ladder has no rung for them
     values["overlap_comm"], values["contiguous_gradients"], values["bucket_scale"] = [False], [True], [1]
+    values["quantized_weights"], values["quantized_gradients"] = [False], [False]  # exact communication on every rung
     for config in rung_configs(Config(), ladder):
         for key in LADDER_KEYS:
             if getattr(config, key) not in values[key]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from autofit.core.config import WORKING_BYTES, Config
 from autofit.core.errors import AutofitError
 from autofit.core.hardware import Hardware
-from autofit.core.recipe import Recipe, narrow_space, recipe_for
+from autofit.core.recipe import QUANTIZED_COMMUNICATION, Recipe, narrow_space, recipe_for
 from autofit.core.software import Software
 from autofit.core.space import SearchSpace, enumerate_candidates
 from autofit.core.units import format_bytes
@@ -455,9 +455,13 @@ def pending_footprints(entry: str, configs: tuple[Config, ...], hardware: Hardwa
 
 def _checked_recipe(recipe: Recipe, fixed: dict[str, Any]) -> Recipe:
     """``recipe``, where every ``--set optimizer=`` / ``precision=`` in ``fixed`` is its value or an allowed substitute
-    (else one error line)."""
+    (else one error line), and every ``--set`` of ZeRO++'s quantized communication on is allowed (``--allow qwz``)."""
     for key in ("optimizer", "precision"):
         if key in fixed and fixed[key] not in recipe.values(key):
             raise AutofitError(f"--set {key}={fixed[key]} is neither the recipe's {key} "
                                f"{getattr(recipe, key)} nor a substitute it allows")
+    for name, (key, _) in QUANTIZED_COMMUNICATION.items():
+        if fixed.get(key) and True not in recipe.values(key):
+            raise AutofitError(f"--set {key}=true changes the recipe's numerics (ZeRO++'s {name}, docs/recipe.md): "
+                               f"allow it with --allow {name}")
     return recipe

@@ -44,6 +44,8 @@ def test_config_keys_are_the_design_table():
         "tiled_mlp",
         "tiled_loss",
         "offload_activations",
+        "quantized_weights",
+        "quantized_gradients",
     )
 
 

@@ -93,9 +93,11 @@ def test_the_default_space_narrows_to_the_recipe_and_each_tier_adds_exactly_its_
     ]:
         narrowed = narrow_space(space, Recipe("adamw", "bf16", allow=allow))
         assert (narrowed.values["optimizer"], narrowed.values["precision"]) == (optimizers, precisions), allow
-    # every other key keeps the space's values
-    assert {k: v for k, v in exact.values.items() if k not in ("optimizer", "precision")} == \
-        {k: v for k, v in space.values.items() if k not in ("optimizer", "precision")}
+    # ZeRO++'s quantized communication is exact unless allowed; every other key keeps the space's values
+    assert exact.values["quantized_weights"] == exact.values["quantized_gradients"] == (False,)
+    recipe_keys = ("optimizer", "precision", "quantized_weights", "quantized_gradients")
+    assert {k: v for k, v in exact.values.items() if k not in recipe_keys} == \
+        {k: v for k, v in space.values.items() if k not in recipe_keys}
 
 
 def test_a_space_without_the_recipes_value_is_one_clear_error() -> None:
