@@ -44,6 +44,7 @@ def test_estimate_with_every_dimension_fixed_returns_exactly_that_candidate() ->
         "attention": "sdpa", "checkpoint_granularity": "block", "compile": "off", "overlap_comm": False,
         "contiguous_gradients": True, "bucket_scale": 1, "hpz_partition_size": 1, "tensor_parallel": 1,
         "sequence_parallel": 1, "tiled_mlp": False, "tiled_loss": False, "offload_activations": "none",
+        "quantized_weights": False, "quantized_gradients": False,
     }
     predicted = candidate["predicted"]
     assert set(predicted["breakdown"]) == {"params", "grads", "optimizer", "activations", "other"}
@@ -67,6 +68,15 @@ def test_estimate_ranks_fitting_candidates_by_predicted_step_time() -> None:
     assert times == sorted(times)
     assert all(c["reason"] for c in candidates if not c["fits"])
     assert all(set(c["config"]) == set(CONFIG_KEYS) for c in candidates)
+    # under a budget half of them fit: a DeepSpeed JSON for each config that would run, none for one that would not
+    peaks = sorted(c["predicted"]["peak_bytes"] for c in candidates)
+    budget = int(peaks[len(peaks) // 2] / (1 - 0.1)) // 2**20  # the default 10% margin (docs/design.md, "What fits")
+    result = invoke("estimate", MLP, "--hardware", "cpu", "--memory", f"{budget}MiB", "--global-batch", "8",
+                    "--space", "cpu", "--set", "precision=fp32", "--set", "zero_stage=0", "--json")
+    halved = json.loads(result.stdout)["candidates"]
+    assert 0 < sum(c["fits"] for c in halved) < len(halved)
+    assert all(c["deepspeed"]["train_batch_size"] == 8 for c in halved if c["fits"])
+    assert all(c["deepspeed"] is None for c in halved if not c["fits"])
 
 
 @pytest.mark.parametrize(

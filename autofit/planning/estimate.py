@@ -23,11 +23,13 @@ from autofit.workload.hf import entry_lengths
 
 @dataclass(frozen=True)
 class Candidate:
-    """One config with its prediction and the exact DeepSpeed JSON it would run with."""
+    """One config with its prediction and, where it is predicted to fit, the exact DeepSpeed JSON it would run with."""
 
     config: Config
     prediction: Prediction
-    deepspeed: dict[str, Any]
+    deepspeed: dict[str, Any] | None
+    """None where the candidate does not fit: a config that would not run gets no JSON to run it with (a 405 B plan's
+    92,000 such JSONs were most of its 388 MB document and a third of its cold plan); ``--set`` it to see its JSON."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,13 +137,14 @@ def rank(candidates: list[Candidate]) -> list[Candidate]:
 
 
 def estimate(plan: Plan) -> EstimateResult:
-    """Price every candidate of ``plan`` with its prior coefficients, attach each one's DeepSpeed JSON (with the
-    plan's recipe: its hyperparameters, and what the candidate changes of it); ranked. Each ``fits`` is the plan's
+    """Price every candidate of ``plan`` with its prior coefficients, attach each fitting one's DeepSpeed JSON (with
+    the plan's recipe: its hyperparameters, and what the candidate changes of it); ranked. Each ``fits`` is the plan's
     judgement (:meth:`autofit.planning.plan.Plan.predict`: within ``(1 - margin) x`` the device memory)."""
     recipe = plan.stated_recipe
     with paused_gc():  # thousands of candidates, none in a cycle (autofit/core/bulk.py)
         candidates = [
-            Candidate(config=config, prediction=prediction, deepspeed=plan.deepspeed(config))
+            Candidate(config=config, prediction=prediction,
+                      deepspeed=plan.deepspeed(config) if prediction.fits else None)
             for config, prediction in plan.price()
         ]
     return EstimateResult(

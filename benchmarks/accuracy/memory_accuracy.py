@@ -129,6 +129,7 @@ def fully_fixed(zero_stage: int, precision: str, optimizer: str, ratio: float, m
         "offload_optimizer": "none", "offload_params": "none", "attention": "sdpa",
         "checkpoint_granularity": granularity, "overlap_comm": False, "contiguous_gradients": True, "bucket_scale": 1,
         "compile": "off", "sequence_parallel": 1, "tiled_mlp": False, "tiled_loss": False, "offload_activations": "none",
+        "hpz_partition_size": 1, "tensor_parallel": 1, "quantized_weights": False, "quantized_gradients": False,
     }
     missing = set(CONFIG_KEYS) - set(values)
     if missing:
