@@ -157,38 +157,42 @@ _QUANTIZER_SOURCE = "deepspeed/accelerator/cpu_accelerator.py, get_op_builder"
 _QGZ_SOURCE = "deepspeed/runtime/zero/stage3.py, __avg_scatter_grads"
 
 
-def quantized_needs_zero3(ctx: Context, quantized_weights: bool, quantized_gradients: bool,
-                          zero_stage: int) -> str | None:
-    # the engine hands both to ZeRO-3's optimizer and zero.Init only (engine.py, the ZeroStageEnum.weights branch of
-    # _configure_zero_optimizer); stage_1_and_2.py reads neither
-    if not (quantized_weights or quantized_gradients) or zero_stage == 3:
+def quantized_needs_zero3(ctx: Context, quantized: bool, zero_stage: int) -> str | None:
+    # the engine hands both zero_quantized_weights and zero_quantized_gradients to ZeRO-3's optimizer and zero.Init only
+    # (engine.py, the ZeroStageEnum.weights branch of _configure_zero_optimizer); stage_1_and_2.py reads neither
+    if not quantized or zero_stage == 3:
         return None
     return f"ZeRO++'s quantized communication is ZeRO-3's (its gathers and its gradient reduce): ZeRO-{zero_stage} has none"
 
 
-def quantized_needs_cuda(ctx: Context, quantized_weights: bool, quantized_gradients: bool) -> str | None:
+def qwz_runs_here(ctx: Context, quantized_weights: bool) -> str | None:
+    # one rank gathers nothing (partition_parameters.py all_gather_coalesced: _no_gather_coalesced), so nothing is
+    # quantized: the same config as without
+    if not quantized_weights:
+        return None
+    if ctx.world_size == 1:
+        return "qwZ quantizes ZeRO-3's parameter gathers; one rank gathers nothing (the same config without it)"
+    return _no_quantizer(ctx)
+
+
+def qgz_runs_here(ctx: Context, quantized_gradients: bool) -> str | None:
+    # stage3.py quantizes the reduce only where num_nodes > 1 (else reduce_scatter_coalesced, as without it)
+    if not quantized_gradients:
+        return None
+    if ctx.hardware.n_nodes(ctx.world_size) == 1:
+        return (f"qgZ quantizes the gradient reduce across nodes only ({_QGZ_SOURCE}): on one node it is the plain "
+                "reduce-scatter")
+    return _no_quantizer(ctx)
+
+
+def _no_quantizer(ctx: Context) -> str | None:
     # both quantize with the CUDA QuantizerBuilder op (partition_parameters.py CUDAQuantizer, coalesced_collectives.py
     # all_to_all_quant_reduce), which DeepSpeed's CPU accelerator does not build (a NotImplementedBuilder: zero.Init with
     # zero_quantized_weights on it raises "ValueError: This op had not been implemented on CPU backend")
-    if not (quantized_weights or quantized_gradients) or ctx.hardware.kind == "cuda":
+    if ctx.hardware.kind == "cuda":
         return None
     return (f"ZeRO++'s quantized communication runs DeepSpeed's CUDA quantizer op, which the {ctx.hardware.kind} "
             f"accelerator does not build ({_QUANTIZER_SOURCE})")
-
-
-def qwz_needs_ranks(ctx: Context, quantized_weights: bool) -> str | None:
-    # one rank gathers nothing (partition_parameters.py all_gather_coalesced: _no_gather_coalesced), so nothing is
-    # quantized: the same config as without
-    if not quantized_weights or ctx.world_size > 1:
-        return None
-    return "qwZ quantizes ZeRO-3's parameter gathers; one rank gathers nothing (the same config without it)"
-
-
-def qgz_across_nodes(ctx: Context, quantized_gradients: bool) -> str | None:
-    # stage3.py quantizes the reduce only where num_nodes > 1 (else reduce_scatter_coalesced, as without it)
-    if not quantized_gradients or ctx.hardware.n_nodes(ctx.world_size) > 1:
-        return None
-    return f"qgZ quantizes the gradient reduce across nodes only ({_QGZ_SOURCE}): on one node it is the plain reduce-scatter"
 
 
 def qgz_without_model_parallel(ctx: Context, quantized_gradients: bool, tensor_parallel: int,

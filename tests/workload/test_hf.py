@@ -257,7 +257,7 @@ FIXED = {"micro_batch_size": 4, "checkpoint_ratio": 0.5, "checkpoint_granularity
          "optimizer": "adamw", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none",
          "attention": "sdpa", "compile": "off", "overlap_comm": False, "contiguous_gradients": True, "bucket_scale": 1,
          "hpz_partition_size": 1, "tensor_parallel": 1, "sequence_parallel": 1, "tiled_mlp": False, "tiled_loss": False,
-         "offload_activations": "none"}
+         "offload_activations": "none", "quantized_weights": False, "quantized_gradients": False}
 
 
 def _estimated_peak(entry: str, hardware: str = "h100-80gb", attention: str = "sdpa") -> tuple[int, int]:
