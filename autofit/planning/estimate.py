@@ -28,9 +28,8 @@ class Candidate:
     config: Config
     prediction: Prediction
     deepspeed: dict[str, Any] | None
-    """None where the candidate does not fit: a config that would not run gets no JSON to run it with (a 405 B plan's
-    document: 388 MB with one for each of 96,560 candidates, 144 MB for 103,088 with one for each of the 7,472 that
-    fit); ``--set`` its keys to see its JSON."""
+    """None where the candidate does not fit: a config that would not run gets no JSON to run it with (most of a large
+    plan's candidates; docs/results/planning.md); ``--set`` its keys to see its JSON."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
