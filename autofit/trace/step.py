@@ -24,6 +24,7 @@ from autofit.trace.scaling import part_peaks
 from autofit.trace.sdpa import sdpa_as_dispatched
 from autofit.trace.structure import fp8_linear_flops
 from autofit.trace.tensors import (
+    InlineFlops,
     batch_tensors,
     cast_batch,
     first_line,
@@ -145,13 +146,14 @@ def makes_tensors(func: Any) -> bool:
     return any("Tensor" in str(ret.type) for ret in func._schema.returns)
 
 
-def make_tracker(counter: LiveBytes) -> Any:
+def make_tracker(counter: LiveBytes, flops: InlineFlops | None = None) -> Any:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
     class LiveMemoryMode(TorchDispatchMode):
-        """Counts every storage an op creates until that storage is freed."""
+        """Counts every storage an op creates until that storage is freed, and the FLOPs of each op (``flops``, where
+        given)."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if time.perf_counter() > counter.deadline and makes_tensors(func):
@@ -159,7 +161,7 @@ def make_tracker(counter: LiveBytes) -> Any:
                                    f"({TRACE_STEP_ENV}): the model runs a slow loop on these tensors "
                                    "(a state-space model's reference scan, without mamba-ssm and causal-conv1d); "
                                    f"trace a shorter --seq-len, install its fused kernels, or raise {TRACE_STEP_ENV}")
-            out = func(*args, **(kwargs or {}))
+            out = flops.run(func, args, kwargs or {}) if flops is not None else func(*args, **(kwargs or {}))
             for tensor in tree_leaves(out):
                 if isinstance(tensor, torch.Tensor):
                     self._track(tensor)
@@ -208,7 +210,7 @@ def trace_step(workload: Workload, n: int, dtype_name: str, attention: str, ckpt
             hooks = [p.register_post_accumulate_grad_hook(grad_hook(counter)) for p in params]
             flops = flop_counter()
             marking = counter.marks.tracking() if counter.marks else contextlib.nullcontext()
-            with flops, make_tracker(counter), marking, sdpa_as_dispatched(sdpa_dispatch), \
+            with flops, make_tracker(counter, flops), marking, sdpa_as_dispatched(sdpa_dispatch), \
                     causal_mask_as_eager(batch):
                 loss = workload.compute_loss(model, batch)
                 activation_bytes_at_loss = counter.live

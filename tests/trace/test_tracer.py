@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -216,23 +217,46 @@ class _NoFlops:
     def get_flop_counts(self) -> dict:
         return {}
 
+    def run(self, func: Any, args: Any, kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+
+class _StockFlops(_NoFlops):
+    """torch's own FlopCounterMode, entered as the dispatch mode it is (the trace's counter counts inline instead)."""
+
+    def __init__(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        from autofit.trace.tensors import sdpa_flop_formulas
+
+        self.mode = FlopCounterMode(display=False, custom_mapping=sdpa_flop_formulas())
+
+    def __enter__(self) -> _StockFlops:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        self.mode.__exit__(*args)
+
+    def get_total_flops(self) -> int:
+        return int(self.mode.get_total_flops())
+
+    def get_flop_counts(self) -> dict:
+        return dict(self.mode.get_flop_counts())
+
 
 def test_counting_flops_keeps_no_checkpointed_recompute_alive(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's FlopCounterMode hooked every recomputed module's tensors and so kept the recompute's graph alive to
     the end of backward (GPT mb4, every block checkpointed: 34.7 MiB where 26.9): the trace's counter must
     count the same FLOPs as torch's and leave the live bytes as they are without any counter."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     import autofit.trace.step as trace
     from autofit.trace.step import trace_step as _trace_step
-    from autofit.trace.tensors import sdpa_flop_formulas
 
     gpt = load_workload(f"{EXAMPLES}/gpt.py:workload")
     counted = _trace_step(gpt, 4, "fp32", "sdpa", (1.0, "block"), "fake")
     monkeypatch.setattr(trace, "flop_counter", _NoFlops)
     uncounted = _trace_step(gpt, 4, "fp32", "sdpa", (1.0, "block"), "fake")
-    monkeypatch.setattr(trace, "flop_counter",
-                        lambda: FlopCounterMode(display=False, custom_mapping=sdpa_flop_formulas()))
+    monkeypatch.setattr(trace, "flop_counter", _StockFlops)
     stock = _trace_step(gpt, 4, "fp32", "sdpa", (1.0, "block"), "fake")
     assert counted.peak_with_grads_bytes == uncounted.peak_with_grads_bytes
     assert counted.flops == stock.flops > 0
