@@ -71,6 +71,10 @@ class BuildFailed(AutofitError):
     """The model could not be built for the trace: the same error would recur at any depth, so nothing is retried."""
 
 
+class NoKernelRuns(AutofitError):
+    """None of the attention kernels asked for builds and runs the model (:func:`autofit.trace.tracer.runnable_kernels`)."""
+
+
 class TraceTooSlow(AutofitError):
     """A trace step ran past :func:`trace_step_limit_s`."""
 

@@ -221,7 +221,7 @@ def runnable_kernels(workload: Workload, structure: ModelStructure, attentions: 
     untraced = {k: why for k in attentions if (why := step.kernel_failure(checked, k, sdpa_dispatch)) is not None}
     if untraced and len(untraced) == len(attentions):
         kernel, why = next(iter(untraced.items()))
-        raise AutofitError(f"{workload.name} cannot be traced with attention={kernel}: {why}")
+        raise step.NoKernelRuns(f"{workload.name} cannot be traced with attention={kernel}: {why}")
     return tuple(k for k in attentions if k not in untraced), untraced
 
 
