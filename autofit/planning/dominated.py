@@ -18,13 +18,13 @@ Complete = Callable[[tuple[Config, ...], ModelFacts | None, Callable[[int], None
 Rejected = list[tuple[dict[str, Any], str]]
 
 
-def traced_beside_sdpa(complete: Complete, configs: tuple[Config, ...], pruned: tuple[tuple[Config, ...], Rejected],
+def traced_beside_sdpa(complete: Complete, configs: tuple[Config, ...], hardware: Hardware,
                        facts: ModelFacts | None, before_tracing: Callable[[int], None] | None
                        ) -> tuple[ModelFacts, tuple[Config, ...], Rejected]:
-    """The facts of the ``pruned`` configs (:func:`without_dominated_attention`), those configs and their rejection;
-    where their SDPA cannot run the model (nothing then stands in for eager), the facts of all ``configs``, and no
-    rejection."""
-    searched, dominated = pruned
+    """The facts of ``configs`` less those :func:`without_dominated_attention` leaves out, those configs and the
+    rejection; where their SDPA cannot run the model (nothing then stands in for eager), the facts of all
+    ``configs``, and no rejection."""
+    searched, dominated = without_dominated_attention(configs, hardware)
     traced: ModelFacts | None
     try:
         traced = complete(searched, facts, before_tracing)
@@ -48,7 +48,7 @@ def without_dominated_attention(configs: tuple[Config, ...], hardware: Hardware
                                 ) -> tuple[tuple[Config, ...], Rejected]:
     """``configs`` less those with eager attention where the device is CUDA and SDPA is among the kernels, and one
     rejection saying why (:data:`EAGER_BESIDE_SDPA`): each eager config has an SDPA twin that is never worse, so
-    tracing and pricing it (a third of a 70 B plan's trace steps and candidates) buys nothing. On a CPU, where
+    tracing and pricing it buys nothing. On a CPU, where
     PyTorch's SDPA runs its own flash kernel or eager's math at the CPU's speed, eager stays a candidate."""
     if hardware.kind != "cuda" or not {"eager", "sdpa"} <= {c.attention for c in configs}:
         return configs, []

@@ -37,7 +37,7 @@ from autofit.cost_model.states import optimizer_state_bytes
 from autofit.ds.emit import deepspeed_config
 from autofit.ds.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 from autofit.machine.software import detect_software
-from autofit.planning.dominated import traced_beside_sdpa, without_dominated_attention
+from autofit.planning.dominated import traced_beside_sdpa
 from autofit.planning.reserve_cache import kept_reserves
 from autofit.probe.footprint import PendingFootprints, footprints_for
 from autofit.probe.spec import probe_spec
@@ -249,11 +249,10 @@ def traced_candidates(entry: str, workload: Workload | SourcePlannedWorkload, co
     eager attention beside SDPA on CUDA (:func:`autofit.planning.dominated.without_dominated_attention`; searched
     after all where SDPA cannot trace the model), past the NVMe room (:func:`within_nvme_room`) or of a kernel that
     could not be traced (:func:`traced_kernels_only`)."""
-    searched, dominated = without_dominated_attention(configs, hardware)
-    with pending_footprints(entry, searched, hardware, facts) as pending:
+    with pending_footprints(entry, configs, hardware, facts) as pending:  # a CPU's: nothing is left out there
         facts, searched, dominated = traced_beside_sdpa(
             lambda some, earlier, before: completed_facts(workload, some, hardware.kind, earlier, before),
-            configs, (searched, dominated), facts, pending.start if pending is not None else None)
+            configs, hardware, facts, pending.start if pending is not None else None)
         searched, no_room = within_nvme_room(searched, facts, hardware, world_size, software)
         searched, untraced = traced_kernels_only(searched, facts)
         if hardware.kind == "cpu":

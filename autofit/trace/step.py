@@ -30,6 +30,7 @@ from autofit.trace.tensors import (
     first_line,
     flop_counter,
     kernel_workspace_bytes,
+    makes_tensors,
     to_dtype,
 )
 from autofit.trace.traffic import Traffic, storage_key
@@ -140,14 +141,6 @@ class LiveBytes:
             key = self.marks.segment()
             with_grads, without_grads = self.segment_peaks.get(key, (0, 0))
             self.segment_peaks[key] = (max(with_grads, live), max(without_grads, live - self.grads))
-
-
-def makes_tensors(func: Any) -> bool:
-    """Whether ``func``'s schema returns tensors: a step too slow is stopped only before such an op. A metadata query
-    (``prim::device``, ``aten::sym_size``) can come from C++ that cannot unwind a Python exception (autograd's
-    ``InputMetadata`` asks the output's device inside ``set_history``): raised there, the process aborts
-    (``terminate called after throwing an instance of 'python_error'``)."""
-    return any("Tensor" in str(ret.type) for ret in func._schema.returns)
 
 
 def make_tracker(counter: LiveBytes, flops: InlineFlops | None = None) -> Any:

@@ -104,8 +104,8 @@ def flop_counter() -> InlineFlops:
 
 class InlineFlops:
     """A ``FlopCounterMode`` (:func:`flop_counter`) that counts the ops another dispatch mode runs (:meth:`run`)
-    instead of being a dispatch mode of its own: the same counts, by module, without a layer of Python dispatch
-    around every op of a traced step (a fifth of a LLaMA-2-70B cut step's time on fake tensors).
+    instead of being a dispatch mode of its own: the same counts, by module, without a second layer of Python
+    dispatch around every op of a traced step.
 
     What the counter's mode does for each op, done here: an op with a FLOP formula is run and counted; one without
     that decomposes (a ``CompositeImplicitAutograd`` kernel, ``aten.silu_backward`` for one) is run under the
@@ -150,13 +150,21 @@ def _decomposes(func: Any) -> bool:
     them, which has no such kernel to look up)."""
     import torch
 
-    if not any("Tensor" in str(ret.type) for ret in func._schema.returns):
+    if not makes_tensors(func):
         return False
     key = torch._C.DispatchKey.CompositeImplicitAutograd
     try:
         return key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
     except RuntimeError:  # an operator the dispatcher does not know by name
         return False
+
+
+def makes_tensors(func: Any) -> bool:
+    """Whether ``func``'s schema returns tensors: a step too slow is stopped only before such an op. A metadata query
+    (``prim::device``, ``aten::sym_size``) can come from C++ that cannot unwind a Python exception (autograd's
+    ``InputMetadata`` asks the output's device inside ``set_history``): raised there, the process aborts
+    (``terminate called after throwing an instance of 'python_error'``)."""
+    return any("Tensor" in str(ret.type) for ret in func._schema.returns)
 
 
 def kernel_workspace_bytes(func: Any, args: Any, out: Any) -> int:
