@@ -6,7 +6,7 @@ No torch import: a ``ModelFacts`` can be saved as JSON and priced anywhere.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 
@@ -222,6 +222,27 @@ class ModelFacts:
         if fallback in self.profiles:
             return self.profiles[fallback]
         raise KeyError(f"no trace for {key}; traced: {sorted(self.profiles)}")
+
+    def kernels_priced_as_sdpa(self) -> frozenset[str]:
+        """The kernels whose traced profiles are ``sdpa``'s own here and in every traced AutoTP rank: each layout of
+        theirs traced, with the same points (``flash`` traced as SDPA's flash backend where its steps would be SDPA's:
+        :func:`autofit.trace.tracer._sdpa_as_flash`), or none traced (:meth:`profile` falls back to ``sdpa``'s). The
+        cost model reads a config's kernel only through its profiles, so such a kernel's config is priced as its
+        ``sdpa`` twin (:meth:`autofit.planning.plan.Plan.price` prices the two once)."""
+        kernels = {profile.attention for profile in self.profiles.values()} - {"sdpa"}
+        if not any(profile.attention == "sdpa" for profile in self.profiles.values()):
+            return frozenset()
+        return frozenset(k for k in kernels if all(facts._traced_as_sdpa(k) for facts in
+                                                   (self, *self.tensor_parallel_ranks.values())))
+
+    def _traced_as_sdpa(self, kernel: str) -> bool:
+        """Whether ``kernel``'s profiles are ``sdpa``'s, layout for layout, or absent (:meth:`kernels_priced_as_sdpa`)."""
+        def layouts(attention: str) -> dict[str, ActivationProfile]:
+            return {ActivationProfile.key_with_attention(key, "sdpa"): replace(profile, attention="sdpa")
+                    for key, profile in self.profiles.items() if profile.attention == attention}
+
+        own = layouts(kernel)
+        return not own or own == layouts("sdpa")
 
     def at_checkpointed(self, dtype: str, attention: str, n_checkpointed: int, micro_batch_size: int, attr: str,
                         granularity: str = "block") -> float:

@@ -38,6 +38,7 @@ from autofit.ds.emit import deepspeed_config
 from autofit.ds.swap_buffers import nvme_swap_bytes, optimizer_swap_pinned_bytes, param_swap_pinned_bytes
 from autofit.machine.software import detect_software
 from autofit.planning.dominated import traced_beside_sdpa
+from autofit.planning.parallel_pricing import priced_in_parallel
 from autofit.planning.reserve_cache import kept_reserves
 from autofit.probe.footprint import PendingFootprints, footprints_for
 from autofit.probe.spec import probe_spec
@@ -234,11 +235,35 @@ class Plan:
         # bound: cost_model/memory.py bounded_memory); those of a model planned before are read back
         bounded = partial(predict, exact_within_bytes=exact_within_bytes(budget.memory_bytes),
                           reserve_representatives=self._first_of_each_reserve_key())
+        # a kernel traced as SDPA's own is priced as its sdpa twin: once for both, where the calibration has no
+        # memory correction by family (whose families tell kernels apart)
+        as_sdpa = self.facts.kernels_priced_as_sdpa() if calibration.memory is None else frozenset()
+        twins: dict[tuple[Any, ...], Prediction] = {}
+
+        def priced_once(config: Config) -> Prediction:
+            key = _priced_as(config, as_sdpa)
+            if key not in twins:
+                twins[key] = calibration.predict(config, self.facts, budget, self.world_size, bounded)
+            return twins[key]
+
+        # a large plan in forked processes, each pricing whole reserve keys (twins share one: it leaves out the kernel)
+        workspace = cublas_workspace_bytes(self.hardware)
         with kept_reserves(self.facts) if self.hardware.kind == "cuda" else contextlib.nullcontext():
-            priced = [(c, calibration.predict(c, self.facts, budget, self.world_size, bounded))
-                      for c in self.candidates]
+            predictions = priced_in_parallel(
+                self.candidates, priced_once, lambda c: reserve_key(c, self.facts, self.world_size, workspace),
+                self.facts) or [priced_once(c) for c in self.candidates]
+        priced = list(zip(self.candidates, predictions, strict=True))
         priced.sort(key=lambda cp: -cp[1].samples_per_s)
         return priced
+
+
+def _priced_as(config: Config, as_sdpa: frozenset[str]) -> tuple[Any, ...]:
+    """``config``'s values with its kernel as the one it is priced as: ``sdpa`` for a kernel of ``as_sdpa``
+    (:meth:`ModelFacts.kernels_priced_as_sdpa`), else its own."""
+    values = config.to_dict()
+    if values["attention"] in as_sdpa:
+        values["attention"] = "sdpa"
+    return tuple(values.values())
 
 
 def traced_candidates(entry: str, workload: Workload | SourcePlannedWorkload, configs: tuple[Config, ...],

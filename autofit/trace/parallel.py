@@ -24,11 +24,11 @@ from autofit.trace.tensors import (
 if TYPE_CHECKING:
     from autofit.trace.tracer import _Tracer
 
-#: environment variable: how many processes trace the cut models at once, a positive integer (unset or empty:
-#: :func:`trace_workers` decides). On a quiet 2-core machine LLaMA-2-70B's cold plan takes 12.7 s in one process
-#: and 9.7-9.8 s with 2 workers; with its other core busy, 2 workers take 8.5-9.4 s to trace against 8.0-8.2 s in
-#: one process (each worker pays its own fake-tensor caches; docs/results/planning.md): set it to 1 on a loaded
-#: machine
+#: environment variable: how many processes trace the cut models at once (and price a large plan's candidates:
+#: :mod:`autofit.planning.parallel_pricing`), a positive integer (unset or empty: :func:`trace_workers` decides). On
+#: a quiet 2-core machine LLaMA-2-70B's cold plan takes 12.7 s in one process and 9.7-9.8 s with 2 workers; with its
+#: other core busy, 2 workers take 8.5-9.4 s to trace against 8.0-8.2 s in one process (each worker pays its own
+#: fake-tensor caches; docs/results/planning.md): set it to 1 on a loaded machine
 TRACE_WORKERS_ENV = "AUTOFIT_TRACE_WORKERS"
 #: the most forked tracers by default (36 steps for LLaMA-2-70B's default space)
 MAX_TRACE_WORKERS = 8

@@ -1,0 +1,82 @@
+"""A large plan's candidates priced in forked processes (:func:`priced_in_parallel`), as the cut traces are
+(:mod:`autofit.trace.parallel`): each candidate's price is a function of the candidate and the plan alone, so the
+processes hand back what this one would have made.
+
+The candidates are dealt out by group (:func:`dealt`), a group whole to one process: a group is one
+:func:`~autofit.cost_model.allocation_sequence.reserve_key`'s candidates, whose allocator replay (a few tens of
+milliseconds each; Llama-3.1-405B on 128 H100 replays 393) is then made once, as in one process, and whose twins
+priced alike (:meth:`~autofit.cost_model.facts.ModelFacts.kernels_priced_as_sdpa`) are priced together. Each process
+hands back its predictions and the reserves it replayed, which join the plan's own (:func:`reserve_memo`), so the
+reserve cache keeps them as it keeps this process's (:mod:`autofit.planning.reserve_cache`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from autofit.core.config import Config
+from autofit.cost_model import ModelFacts, Prediction
+from autofit.cost_model.allocation_sequence import reserve_memo
+from autofit.machine.lifetime import die_with_parent
+from autofit.trace.parallel import trace_workers
+
+#: fewer candidates than this are priced in this process: on the 2-core VM of docs/results/planning.md, a warm
+#: LLaMA-7B plan on 8 H100 (4,752 candidates) priced in 0.20-0.28 s either way, LLaMA-2-70B on 64 (7,380) in
+#: 0.30-0.35 s on two processes against 0.37-0.61 s in one (forking and handing back cost what they save at ~5,000)
+MIN_PARALLEL_CANDIDATES = 5_000
+
+#: what the forked processes price: (the candidates, the pricing function, the facts whose reserves they replay)
+_FORKED: list[Any] = []
+
+
+def priced_in_parallel(configs: Sequence[Config], price: Callable[[Config], Prediction], group: Callable[[Config], Hashable],
+                       facts: ModelFacts) -> list[Prediction] | None:
+    """``price`` of each of ``configs``, in order, made by :func:`~autofit.trace.parallel.trace_workers` forked
+    processes, each pricing whole ``group``\\ s (:func:`dealt`); the reserves they replayed added to ``facts``' memo.
+    None where it is not worth it (fewer than :data:`MIN_PARALLEL_CANDIDATES` candidates, one process) or a process
+    could not be forked or died: the caller prices them itself (the same predictions, slower)."""
+    workers = trace_workers() if len(configs) >= MIN_PARALLEL_CANDIDATES else 1
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    hands = dealt(configs, group, workers)
+    memo = reserve_memo(facts)
+    _FORKED[:] = [configs, price, facts]
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=die_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
+            handed = list(pool.map(_priced_hand, hands))
+    except (OSError, BrokenProcessPool):  # a fork refused, a process killed: priced in this process
+        return None
+    finally:
+        _FORKED.clear()
+    by_index: dict[int, Prediction] = {}
+    for hand, (priced, replayed) in zip(hands, handed, strict=True):
+        by_index.update(zip(hand, priced, strict=True))
+        memo.update(replayed)
+    return [by_index[index] for index in range(len(configs))]
+
+
+def dealt(configs: Sequence[Config], group: Callable[[Config], Hashable], hands: int) -> list[list[int]]:
+    """The indices of ``configs`` dealt into ``hands`` lists, each ``group`` whole in one, the largest groups first
+    each to the hand with the fewest (so the processes end together); each hand in the candidates' order."""
+    groups: dict[Hashable, list[int]] = {}
+    for index, config in enumerate(configs):
+        groups.setdefault(group(config), []).append(index)
+    dealt_hands: list[list[int]] = [[] for _ in range(hands)]
+    for members in sorted(groups.values(), key=len, reverse=True):
+        min(dealt_hands, key=len).extend(members)
+    return [sorted(hand) for hand in dealt_hands if hand]
+
+
+def _priced_hand(hand: list[int]) -> tuple[list[Prediction], dict[tuple[object, ...], int]]:
+    """In a forked process: the predictions of ``hand``'s candidates, and the reserves replayed meanwhile."""
+    configs, price, facts = _FORKED
+    memo = reserve_memo(facts)
+    before = set(memo)
+    priced = [price(configs[index]) for index in hand]
+    return priced, {key: value for key, value in memo.items() if key not in before}
