@@ -18,7 +18,7 @@ from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.budget import DEFAULT_MARGIN, budget_dict, usable_bytes
 from autofit.cost_model.uncertainty import cuda_bands
 from autofit.planning.plan import Plan
-from autofit.workload.hf import entry_lengths
+from autofit.trace.source_cache import recorded_entry_lengths
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Candidate:
 class ModelSummary:
     """What was planned, said first (as accelerate's ``estimate-memory`` leads with the parameter count): the model,
     its parameters as traced (each shared tensor once, as ``sum(p.numel() for p in model.parameters())`` counts
-    them), and what the plan says of its sequence (:func:`autofit.workload.hf.entry_lengths`)."""
+    them), and what the plan says of its sequence (:func:`autofit.workload.hf.entry_lengths`, kept for a warm plan)."""
 
     name: str
     """The workload's name."""
@@ -65,7 +65,7 @@ class ModelSummary:
 
 def model_summary(plan: Plan) -> ModelSummary:
     """:class:`ModelSummary` of ``plan``: its traced counts, and an ``hf:`` entry's notes from its config."""
-    lengths = entry_lengths(plan.entry)
+    lengths = recorded_entry_lengths(plan.entry)
     return ModelSummary(name=plan.name, n_params=plan.facts.n_params, n_trainable_params=plan.facts.n_trainable_params,
                         notes=lengths.notes if lengths else (), warnings=lengths.warnings if lengths else ())
 

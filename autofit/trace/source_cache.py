@@ -27,6 +27,8 @@ What the key cannot see: environment variables and files the entry reads when it
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -38,6 +40,8 @@ from autofit.core.sequence import SequenceShape
 from autofit.trace import cache, trace_workload
 from autofit.trace.parallel import trace_workers_setting
 from autofit.workload.entry import is_loadable
+from autofit.workload.hf import entry_lengths, is_hf_entry
+from autofit.workload.hf_positions import TextLengths
 from autofit.workload.preflight import load_workload_in_time
 from autofit.workload.sources import entry_source, import_root, local_sources
 
@@ -46,7 +50,8 @@ if TYPE_CHECKING:
     from autofit.workload.types import Workload
 
 #: autofit files (besides :data:`autofit.trace.cache.TRACED_SOURCES`) whose code turns an entry into what is kept
-PLANNING_SOURCES = ("workload/hf.py", "workload/hf_tasks.py", "workload/sources.py", "trace/source_cache.py")
+PLANNING_SOURCES = ("workload/hf.py", "workload/hf_tasks.py", "workload/hf_positions.py", "workload/sources.py",
+                    "trace/source_cache.py")
 #: what is kept of the workload itself
 WORKLOAD_FIELDS = ("name", "tokens_per_sample", "searches_attention", "sequence", "kernels", "kernel_note")
 
@@ -178,6 +183,39 @@ class SourcePlannedWorkload:
         cache.write_entry(f"source-{self.key}", {"workload": self._answers})
         cache.write_entry(name, {"facts": facts.to_dict()})
         return facts
+
+
+def recorded_entry_lengths(entry: str) -> TextLengths | None:
+    """:func:`autofit.workload.hf.entry_lengths`, kept under the entry's source key (its ``config.json``, the software,
+    the code that reads them): a plan the trace cache answers says what the first one said without importing
+    transformers to read the config again (Llama-3.1-405B: 5 s of a warm plan). Another entry, a Hub name or the
+    cache off: read as ever."""
+
+    key = source_key(entry) if is_hf_entry(entry) else None
+    if key is None:
+        return entry_lengths(entry)
+    name = f"lengths-{key}"
+    record = cache.read_entry(name)
+    kept = record.get("lengths", False) if record is not None else False
+    if kept is None:
+        return None
+    if isinstance(kept, dict):
+        with contextlib.suppress(TypeError, ValueError):
+            return _text_lengths(kept)
+    lengths = entry_lengths(entry)
+    cache.write_entry(name, {"lengths": None if lengths is None else dataclasses.asdict(lengths)})
+    return lengths
+
+
+def _text_lengths(kept: dict[str, Any]) -> TextLengths:
+    """The :class:`TextLengths` a record kept; a ``TypeError`` or ``ValueError`` where it is not one (edited, another
+    layout): read again."""
+    lengths = tuple(kept["lengths"])
+    notes, warnings = tuple(kept["notes"]), tuple(kept["warnings"])
+    if set(kept) != {"lengths", "notes", "warnings"} or not all(type(n) is int for n in lengths) or not all(
+            isinstance(line, str) for line in (*notes, *warnings)):
+        raise ValueError(f"not a record of lengths: {kept!r}")
+    return TextLengths(lengths=lengths, notes=notes, warnings=warnings)
 
 
 def planned_workload(entry: str) -> Workload | SourcePlannedWorkload:

@@ -210,3 +210,26 @@ def test_the_ladder_plans_warm_as_cold(cache_dir: Path, tmp_path: Path) -> None:
     warm = run_ladder(setup)
     assert setup.workload._loaded is None, "a warm ladder loaded the workload"
     assert [row.to_dict() for row in warm.rows] == cold
+
+
+def test_an_hf_entrys_lengths_are_read_from_its_config_once_and_kept(cache_dir: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the plan says of an ``hf:`` entry's sequence (a length past its positions) is kept under its source key:
+    a warm plan says it without reading the config again; a record of another layout is read again; a vision
+    entry (no lengths) is kept as none."""
+    folder = tmp_path / "llama"
+    shutil.copytree(ROOT / "examples" / "hf_configs" / "llama_gqa", folder)
+    entry = with_hf_options(f"hf:{folder}", seq_len=4096)  # past its 128 positions: a note and a warning
+    reads: list[str] = []
+    read = source_cache.entry_lengths
+    monkeypatch.setattr(source_cache, "entry_lengths", lambda e: reads.append(e) or read(e))
+    first = source_cache.recorded_entry_lengths(entry)
+    assert first is not None and first == read(entry) and first.warnings and reads == [entry]
+    assert source_cache.recorded_entry_lengths(entry) == first and reads == [entry]
+    kept = next(cache_dir.glob("lengths-*.json"))
+    kept.write_text(json.dumps({"key": kept.stem, "lengths": {"lengths": ["4096"], "notes": [], "warnings": []}}))
+    assert source_cache.recorded_entry_lengths(entry) == first and len(reads) == 2
+    vision = tmp_path / "vit"
+    shutil.copytree(ROOT / "examples" / "hf_configs" / "vit", vision)
+    assert source_cache.recorded_entry_lengths(f"hf:{vision}") is None
+    assert source_cache.recorded_entry_lengths(f"hf:{vision}") is None and len(reads) == 3
