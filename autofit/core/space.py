@@ -294,28 +294,29 @@ def check_runnable(space: SearchSpace, dims: dict[str, tuple[Any, ...]], bad: di
                            f"{MAX_CANDIDATES:,}): fix dimensions with --set or shorten its lists")
 
 
-def surviving_points(dims: dict[str, tuple[Any, ...]], bad: dict[str, set[tuple[Any, ...]]]) -> Iterable[dict[str, Any]]:
-    """The points of ``dims``' product that no rule refuses, in the product's order: each rule is checked as soon as
-    its last key is assigned, so a refused partial prunes its whole subtree (the long-context keys multiply the space,
-    not the time spent on what the rules refuse)."""
-    keys = list(dims)
+def surviving_points(dims: dict[str, tuple[Any, ...]], bad: dict[str, set[tuple[Any, ...]]]) -> list[dict[str, Any]]:
+    """The points of ``dims``' product that no rule refuses, in the product's order: each rule is checked once its
+    last key is assigned, so a refused partial prunes its subtree. A plain recursion fills one list (generators pass
+    each point up through every key's frame). ``checks``: each level's (refused tuples, their keys' positions)."""
+    keys, values = list(dims), [None] * len(dims)
     position = {key: i for i, key in enumerate(keys)}
-    checks: list[list[Any]] = [[] for _ in keys]
+    checks: list[list[tuple[set[tuple[Any, ...]], tuple[int, ...]]]] = [[] for _ in keys]
     for rule in RULES:
         if bad[rule.name]:
-            checks[max(position[k] for k in rule.keys)].append(rule)
-    point: dict[str, Any] = {}
+            checks[max(position[k] for k in rule.keys)].append((bad[rule.name], tuple(position[k] for k in rule.keys)))
+    points: list[dict[str, Any]] = []
 
-    def walk(i: int) -> Iterable[dict[str, Any]]:
+    def walk(i: int) -> None:
         if i == len(keys):
-            yield dict(point)
+            points.append(dict(zip(keys, values, strict=True)))
             return
         for value in dims[keys[i]]:
-            point[keys[i]] = value
-            if not any(tuple(point[k] for k in rule.keys) in bad[rule.name] for rule in checks[i]):
-                yield from walk(i + 1)
+            values[i] = value
+            if not any(tuple(values[j] for j in where) in refused for refused, where in checks[i]):
+                walk(i + 1)
 
-    return walk(0)
+    walk(0)
+    return points
 
 
 def count_surviving(dims: dict[str, tuple[Any, ...]], bad: dict[str, set[tuple[Any, ...]]]) -> int:
