@@ -200,7 +200,7 @@ def recorded_entry_lengths(entry: str) -> TextLengths | None:
     if kept is None:
         return None
     if isinstance(kept, dict):
-        with contextlib.suppress(TypeError, ValueError):
+        with contextlib.suppress(KeyError, TypeError, ValueError):
             return _text_lengths(kept)
     lengths = entry_lengths(entry)
     cache.write_entry(name, {"lengths": None if lengths is None else dataclasses.asdict(lengths)})
@@ -208,8 +208,8 @@ def recorded_entry_lengths(entry: str) -> TextLengths | None:
 
 
 def _text_lengths(kept: dict[str, Any]) -> TextLengths:
-    """The :class:`TextLengths` a record kept; a ``TypeError`` or ``ValueError`` where it is not one (edited, another
-    layout): read again."""
+    """The :class:`TextLengths` a record kept; a ``KeyError``, ``TypeError`` or ``ValueError`` where it is not one
+    (edited, another layout): read again."""
     lengths = tuple(kept["lengths"])
     notes, warnings = tuple(kept["notes"]), tuple(kept["warnings"])
     if set(kept) != {"lengths", "notes", "warnings"} or not all(type(n) is int for n in lengths) or not all(

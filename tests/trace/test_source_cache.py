@@ -227,9 +227,12 @@ def test_an_hf_entrys_lengths_are_read_from_its_config_once_and_kept(cache_dir: 
     assert first is not None and first == read(entry) and first.warnings and reads == [entry]
     assert source_cache.recorded_entry_lengths(entry) == first and reads == [entry]
     kept = next(cache_dir.glob("lengths-*.json"))
-    kept.write_text(json.dumps({"key": kept.stem, "lengths": {"lengths": ["4096"], "notes": [], "warnings": []}}))
-    assert source_cache.recorded_entry_lengths(entry) == first and len(reads) == 2
+    for edited in ({"lengths": ["4096"], "notes": [], "warnings": []}, {"notes": []}, {"lengths": 4096, "notes": [],
+                                                                                     "warnings": []}):
+        kept.write_text(json.dumps({"key": kept.stem, "lengths": edited}))
+        assert source_cache.recorded_entry_lengths(entry) == first
+    assert len(reads) == 4
     vision = tmp_path / "vit"
     shutil.copytree(ROOT / "examples" / "hf_configs" / "vit", vision)
     assert source_cache.recorded_entry_lengths(f"hf:{vision}") is None
-    assert source_cache.recorded_entry_lengths(f"hf:{vision}") is None and len(reads) == 3
+    assert source_cache.recorded_entry_lengths(f"hf:{vision}") is None and len(reads) == 5
