@@ -3,9 +3,9 @@
 processes hand back what this one would have made.
 
 The candidates are dealt out by group (:func:`dealt`), a group whole to one process: a group is one
-:func:`~autofit.cost_model.allocation_sequence.reserve_key`'s candidates, whose allocator replay (a few tens of
-milliseconds each; Llama-3.1-405B on 128 H100 replays 393) is then made once, as in one process, and whose twins
-priced alike (:meth:`~autofit.cost_model.facts.ModelFacts.kernels_priced_as_sdpa`) are priced together. Each process
+:func:`~autofit.cost_model.allocation_sequence.reserve_key`'s candidates, whose allocator replay is then made once, as
+in one process, and whose twins priced alike (:meth:`~autofit.cost_model.facts.ModelFacts.kernels_priced_as_sdpa`) are
+priced together. Each process
 hands back its predictions and the reserves it replayed, which join the plan's own (:func:`reserve_memo`), so the
 reserve cache keeps them as it keeps this process's (:mod:`autofit.planning.reserve_cache`).
 """
@@ -13,21 +13,16 @@ reserve cache keeps them as it keeps this process's (:mod:`autofit.planning.rese
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from autofit.core.config import Config
 from autofit.cost_model import ModelFacts, Prediction
 from autofit.cost_model.allocation_sequence import reserve_memo
-from autofit.machine.lifetime import die_with_parent
-from autofit.trace.parallel import trace_workers
+from autofit.trace.parallel import FORK_FAILURES, forked_map, trace_workers
 
-#: fewer candidates than this are priced in this process: on the 2-core VM of docs/results/planning.md, a warm
-#: LLaMA-7B plan on 8 H100 (4,752 candidates) priced in 0.20-0.28 s either way, LLaMA-2-70B on 64 (7,380) in
-#: 0.30-0.35 s on two processes against 0.37-0.61 s in one (forking and handing back cost what they save at ~5,000)
+#: fewer candidates than this are priced in this process: forking and handing the predictions back cost about what
+#: they save at this size (docs/results/planning.md, "Priced in bulk")
 MIN_PARALLEL_CANDIDATES = 5_000
 
 #: what the forked processes price: (the candidates, the pricing function, the facts whose reserves they replay)
@@ -47,10 +42,8 @@ def priced_in_parallel(configs: Sequence[Config], price: Callable[[Config], Pred
     memo = reserve_memo(facts)
     _FORKED[:] = [configs, price, facts]
     try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=die_with_parent,
-                                 initargs=(os.getpid(),)) as pool:
-            handed = list(pool.map(_priced_hand, hands))
-    except (OSError, BrokenProcessPool):  # a fork refused, a process killed: priced in this process
+        handed = forked_map(_priced_hand, hands, workers)
+    except FORK_FAILURES:  # priced in this process
         return None
     finally:
         _FORKED.clear()

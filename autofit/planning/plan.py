@@ -241,6 +241,8 @@ class Plan:
         twins: dict[tuple[Any, ...], Prediction] = {}
 
         def priced_once(config: Config) -> Prediction:
+            if not as_sdpa:  # no twins: nothing to share
+                return calibration.predict(config, self.facts, budget, self.world_size, bounded)
             key = _priced_as(config, as_sdpa)
             if key not in twins:
                 twins[key] = calibration.predict(config, self.facts, budget, self.world_size, bounded)

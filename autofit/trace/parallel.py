@@ -7,9 +7,10 @@ import multiprocessing
 import os
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autofit.core.errors import AutofitError, is_control
 from autofit.cost_model.facts import PeakPoint
@@ -125,18 +126,29 @@ def _forked_results(runs: list[_Run], keys: list[_StepKey], workers: int) -> dic
     global _FORKED_RUNS
     _FORKED_RUNS = runs
     try:
-        # a pool of ProcessPoolExecutor raises BrokenProcessPool where a worker dies (multiprocessing.Pool waits);
-        # each worker dies with this process (a SIGKILL from outside included): a tracer runs no subprocess, so the
-        # parent-death signal is enough (autofit/machine/lifetime.py); a fork pool starts its workers from this
-        # thread, the one that waits for them (the signal follows the thread that forked)
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=die_with_parent,
-                                 initargs=(os.getpid(),)) as pool:
-            return dict(zip(keys, pool.map(_forked_step, keys), strict=True))
-    except (OSError, BrokenProcessPool) as exc:  # a fork refused (no memory, a process limit), a worker killed
+        return dict(zip(keys, forked_map(_forked_step, keys, workers), strict=True))
+    except FORK_FAILURES as exc:
         _in_one_process(f"a trace worker could not start or died: {type(exc).__name__}: {first_line(exc)}")
         return None
     finally:
         _FORKED_RUNS = []
+
+
+#: what :func:`forked_map` raises where a process could not be forked (no memory, a process limit) or died (killed)
+FORK_FAILURES = (OSError, BrokenProcessPool)
+
+
+def forked_map(function: Callable[[Any], Any], items: list[Any], workers: int) -> list[Any]:
+    """``function`` of each of ``items``, in order, in ``workers`` processes forked from this one (what they read of
+    it set before the call), each dying with this process; :data:`FORK_FAILURES` where one could not start or died.
+    What else fails (a result that cannot be pickled: a bug) is raised as it is."""
+    # a pool of ProcessPoolExecutor raises BrokenProcessPool where a worker dies (multiprocessing.Pool waits); each
+    # worker dies with this process (a SIGKILL from outside included): a worker runs no subprocess, so the
+    # parent-death signal is enough (autofit/machine/lifetime.py); a fork pool starts its workers from this thread,
+    # the one that waits for them (the signal follows the thread that forked)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=die_with_parent,
+                             initargs=(os.getpid(),)) as pool:
+        return list(pool.map(function, items))
 
 
 def _in_one_process(why: str) -> None:

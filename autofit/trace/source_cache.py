@@ -188,8 +188,7 @@ class SourcePlannedWorkload:
 def recorded_entry_lengths(entry: str) -> TextLengths | None:
     """:func:`autofit.workload.hf.entry_lengths`, kept under the entry's source key (its ``config.json``, the software,
     the code that reads them): a plan the trace cache answers says what the first one said without importing
-    transformers to read the config again (Llama-3.1-405B: 5 s of a warm plan). Another entry, a Hub name or the
-    cache off: read as ever."""
+    transformers to read the config again. Another entry, a Hub name or the cache off: read as ever."""
 
     key = source_key(entry) if is_hf_entry(entry) else None
     if key is None:
